@@ -1,0 +1,12 @@
+"""Self-checks and grading for the decoder-only Transformer course.
+
+`checks.ModelConfig` and `checks.LLAMA2_7B` are the shared configuration; `checks.nbNN` holds
+one `check_<exercise>` per graded exercise of chapter NN; `checks.reference` is the course's own
+reference implementation. `python -m checks --help` lists the command line.
+"""
+
+from . import reference
+from .config import LLAMA2_7B, ModelConfig
+from .engine import CheckFailure, NotStarted, use_if_passing
+
+__all__ = ["reference", "LLAMA2_7B", "ModelConfig", "CheckFailure", "NotStarted", "use_if_passing"]

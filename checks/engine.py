@@ -1,0 +1,376 @@
+"""The comparison engine behind every self-check.
+
+A checker opens a `Check`, feeds the learner's function inputs through `Check.call`, and compares
+what comes back with `expect_tensor` / `expect_equal`. Comparisons go shape and dtype first, then
+values; when values disagree, the wrong output is compared with known-wrong variants so that the
+failure can name the likely mistake. Failures are `CheckFailure` (an `AssertionError`) and render
+as one short red block in Jupyter instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import math
+import numbers
+import os
+import secrets
+import traceback
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from . import display
+
+# --------------------------------------------------------------------------------------------
+# Failures
+
+
+class CheckFailure(AssertionError):
+    """A self-check failed. `hint` names the likely mistake when one is known."""
+
+    status = "failed"
+
+    def __init__(self, exercise: str, message: str, *, hint: str | None = None,
+                 seed: int | None = None):
+        self.exercise = exercise
+        self.message = message
+        self.hint = hint
+        self.seed = seed
+        super().__init__(self._text())
+
+    def _text(self) -> str:
+        lines = [f"{self.exercise}: {self.message}"]
+        if self.hint:
+            lines.append(f"likely mistake: {self.hint}")
+        if self.seed is not None:
+            lines.append(f"(random inputs from seed {self.seed}; pass seed={self.seed} to the "
+                         "check to see the same inputs again)")
+        return "\n".join(lines)
+
+    def _render_traceback_(self) -> list[str]:
+        # IPython calls this instead of printing a traceback: learners see only the diagnosis.
+        return display.failure_lines(self.status, self._text())
+
+
+class NotStarted(CheckFailure):
+    """The exercise still raises NotImplementedError."""
+
+    status = "not started"
+
+    def __init__(self, exercise: str):
+        super().__init__(exercise, "not started yet: replace `raise NotImplementedError()` "
+                                   "with your implementation, then run this cell again.")
+
+
+class LearnerError(CheckFailure):
+    """The learner's function raised an exception while being checked."""
+
+
+class ForbiddenCall(CheckFailure):
+    """The learner's function called a library shortcut the chapter asks them to write."""
+
+
+# --------------------------------------------------------------------------------------------
+# Seeds and random inputs
+
+_quiet = contextvars.ContextVar("checks_quiet", default=False)
+
+
+def fresh_seed() -> int:
+    """A new seed per check, unless CHECKS_SEED pins one (for reproducing a failure)."""
+    pinned = os.environ.get("CHECKS_SEED")
+    return int(pinned) if pinned else secrets.randbelow(2**31)
+
+
+@contextlib.contextmanager
+def quiet():
+    """Suppress the pass display (used when a check only decides which implementation to use)."""
+    token = _quiet.set(True)
+    try:
+        yield
+    finally:
+        _quiet.reset(token)
+
+
+# --------------------------------------------------------------------------------------------
+# Describing inputs and outputs in messages
+
+
+def describe(value: Any) -> str:
+    """A short description of a value for messages: tensors by dtype and shape."""
+    if isinstance(value, torch.Tensor):
+        dtype = str(value.dtype).removeprefix("torch.")
+        return f"{dtype}[{', '.join(map(str, value.shape))}]"
+    if isinstance(value, (list, tuple)):
+        if len(value) > 6:
+            inner = ", ".join(describe(v) for v in value[:3])
+            return f"{type(value).__name__} of {len(value)} items [{inner}, ...]"
+        inner = ", ".join(describe(v) for v in value)
+        return f"[{inner}]" if isinstance(value, list) else f"({inner})"
+    if isinstance(value, str):
+        return repr(value) if len(value) <= 40 else repr(value[:37] + "...")
+    if callable(value) and hasattr(value, "__name__"):
+        return value.__name__
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _shape_text(shape: Iterable[int], dims: Iterable[str] | None) -> str:
+    shape = list(shape)
+    if dims is None or len(list(dims)) != len(shape):
+        return f"[{', '.join(map(str, shape))}]"
+    return "[" + ", ".join(f"{d}={n}" for d, n in zip(dims, shape)) + "]"
+
+
+def _learner_frame(tb) -> str | None:
+    """The last traceback line that sits in the learner's own code (a notebook cell or file)."""
+    skip = (os.path.dirname(__file__), os.path.dirname(torch.__file__),
+            os.path.dirname(os.__file__))
+    last = None
+    for frame in traceback.extract_tb(tb):
+        if not frame.filename.startswith(skip):
+            last = frame
+    if last is None:
+        return None
+    code = f": {last.line.strip()}" if last.line else ""
+    return f"line {last.lineno}{code}"
+
+
+# --------------------------------------------------------------------------------------------
+# Forbidden shortcuts
+
+
+class _Forbid(TorchFunctionMode):
+    """Raise ForbiddenCall when the learner's code reaches a forbidden torch function.
+
+    A torch-function mode sees every torch API call however it was imported (`F.softmax`,
+    `torch.softmax`, `x.softmax`), so renaming the import does not get around it.
+    """
+
+    def __init__(self, check: "Check", forbidden: Mapping[str, str]):
+        super().__init__()
+        self.check = check
+        self.forbidden = forbidden
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in self.forbidden:
+            raise ForbiddenCall(self.check.exercise, f"calls `{name}`, which this exercise asks "
+                                f"you to write yourself.", hint=self.forbidden[name])
+        return func(*args, **(kwargs or {}))
+
+
+# --------------------------------------------------------------------------------------------
+# Tolerances
+
+_TOLERANCES = {  # dtype: (atol, rtol)
+    torch.float64: (1e-9, 1e-7),
+    torch.float32: (2e-5, 2e-4),
+    torch.float16: (2e-3, 2e-3),
+    torch.bfloat16: (2e-2, 2e-2),
+}
+
+
+def tolerance(dtype: torch.dtype) -> tuple[float, float]:
+    return _TOLERANCES.get(dtype, (0.0, 0.0))
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, atol: float, rtol: float) -> bool:
+    """Elementwise |got - want| <= atol + rtol * |want|, with inf/nan equal to themselves."""
+    if got.shape != want.shape:
+        return False
+    if not want.is_floating_point():
+        return bool((got == want).all())
+    got64, want64 = got.detach().double(), want.detach().double()
+    same_special = (got64 == want64) | (got64.isnan() & want64.isnan())
+    diff = (got64 - want64).abs()
+    ok = same_special | (diff <= atol + rtol * want64.abs())
+    return bool(ok.all())
+
+
+# --------------------------------------------------------------------------------------------
+# The check itself
+
+
+class Check:
+    """One run of one exercise's check: inputs, calls, comparisons and the final report.
+
+    Use as a context manager; leaving it without an exception reports a pass.
+    """
+
+    def __init__(self, exercise: str, fn: Callable, *, seed: int | None = None,
+                 forbid: Mapping[str, str] | None = None):
+        if not callable(fn):
+            raise CheckFailure(exercise, f"expected a function, got {describe(fn)}.")
+        self.exercise = exercise
+        self.fn = fn
+        self.seed = fresh_seed() if seed is None else seed
+        self.gen = torch.Generator().manual_seed(self.seed)
+        self.forbid = dict(forbid or {})
+        self.calls = 0
+        self.properties: list[str] = []
+
+    # ---- context manager ----
+    def __enter__(self) -> "Check":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is None and not _quiet.get():
+            display.show_pass(self.exercise, self.calls, self.properties)
+        return False
+
+    # ---- random inputs ----
+    def randn(self, *shape: int, dtype: torch.dtype = torch.float32, scale: float = 1.0):
+        return (torch.randn(*shape, generator=self.gen, dtype=torch.float64) * scale).to(dtype)
+
+    def randint(self, low: int, high: int, shape: tuple[int, ...] = ()) -> torch.Tensor | int:
+        """Uniform integers in [low, high); a Python int when `shape` is empty."""
+        t = torch.randint(low, high, shape or (1,), generator=self.gen)
+        return t if shape else int(t.item())
+
+    def sizes(self, count: int, low: int = 2, high: int = 9) -> list[int]:
+        """`count` distinct sizes in [low, high), so that swapped dimensions show up as errors."""
+        if high - low < count:
+            raise ValueError("size range too small for distinct sizes")
+        perm = torch.randperm(high - low, generator=self.gen)[:count] + low
+        return [int(v) for v in perm]
+
+    def choice(self, options: list) -> Any:
+        return options[self.randint(0, len(options))]
+
+    # ---- calling the learner ----
+    def call(self, *args, **kwargs) -> Any:
+        """Call the learner's function; turn its exceptions into readable failures."""
+        self.calls += 1
+        guard = _Forbid(self, self.forbid) if self.forbid else contextlib.nullcontext()
+        try:
+            with guard:
+                return self.fn(*args, **kwargs)
+        except CheckFailure:
+            raise
+        except NotImplementedError:
+            raise NotStarted(self.exercise) from None
+        except Exception as exc:  # the learner's bug, reported without a traceback wall
+            shown = ", ".join([describe(a) for a in args] +
+                              [f"{k}={describe(v)}" for k, v in kwargs.items()])
+            where = _learner_frame(exc.__traceback__)
+            message = f"raised {type(exc).__name__}: {exc}\n  called with ({shown})"
+            if where:
+                message += f"\n  at {where}"
+            raise LearnerError(self.exercise, message, seed=self.seed) from None
+
+    # ---- failing ----
+    def fail(self, message: str, hint: str | None = None, *, show_seed: bool = True):
+        raise CheckFailure(self.exercise, message, hint=hint,
+                           seed=self.seed if show_seed else None)
+
+    def note(self, prop: str) -> None:
+        """Record a property that was verified, for the pass summary."""
+        if prop not in self.properties:
+            self.properties.append(prop)
+
+    # ---- comparisons ----
+    def expect_tensor(self, got: Any, want: torch.Tensor, *, what: str = "output",
+                      dims: Iterable[str] | None = None,
+                      wrong: Mapping[str, Callable[[], Any] | Any] | None = None,
+                      atol: float | None = None, rtol: float | None = None,
+                      check_dtype: bool = True) -> None:
+        """Compare a tensor with the expected one: type, shape, dtype, then values."""
+        dims = list(dims) if dims is not None else None
+        if not isinstance(got, torch.Tensor) or type(got) not in (torch.Tensor,
+                                                                    torch.nn.Parameter):
+            self.fail(f"{what} should be a torch.Tensor, got {type(got).__name__}.")
+        if got.shape != want.shape:
+            hint = self._diagnose(got, wrong, atol, rtol)
+            self.fail(f"{what} has shape {_shape_text(got.shape, None)}, expected "
+                      f"{_shape_text(want.shape, dims)}.", hint)
+        if check_dtype and got.dtype != want.dtype:
+            self.fail(f"{what} has dtype {got.dtype}, expected {want.dtype}.")
+        default_atol, default_rtol = tolerance(want.dtype)
+        atol = default_atol if atol is None else atol
+        rtol = default_rtol if rtol is None else rtol
+        if not _close(got, want, atol, rtol):
+            hint = self._diagnose(got, wrong, atol, rtol)
+            self.fail(f"{what} has the right shape but wrong values; "
+                      f"{_mismatch_text(got, want, atol, rtol, dims)}", hint)
+        self.note(what)
+
+    def expect_equal(self, got: Any, want: Any, *, what: str = "output",
+                     wrong: Mapping[str, Callable[[], Any] | Any] | None = None) -> None:
+        """Exact equality for ints, strings, lists, tuples, dicts (no tensors)."""
+        if isinstance(want, int) and not isinstance(want, bool):
+            # NumPy integers are fine; floats and bools are not (128.0 is not a size).
+            same = (isinstance(got, numbers.Integral) and not isinstance(got, bool)
+                    and got == want)
+        else:
+            same = type(got) is type(want) and got == want
+        if not same:
+            hint = self._diagnose(got, wrong, 0.0, 0.0)
+            self.fail(f"{what} is {describe(got)}, expected {describe(want)}.", hint)
+        self.note(what)
+
+    def _diagnose(self, got: Any, wrong, atol, rtol) -> str | None:
+        """Name the first known-wrong variant that reproduces the learner's output."""
+        for mistake, variant in (wrong or {}).items():
+            try:
+                value = variant() if callable(variant) else variant
+            except Exception:  # a variant that cannot be formed for these inputs says nothing
+                continue
+            if _matches(got, value, atol or 0.0, rtol or 0.0):
+                return mistake
+        return None
+
+
+def _matches(got: Any, value: Any, atol: float, rtol: float) -> bool:
+    if isinstance(value, torch.Tensor):
+        if not isinstance(got, torch.Tensor) or got.shape != value.shape:
+            return False
+        tol_a, tol_r = tolerance(value.dtype)
+        return _close(got.to(value.dtype), value, max(atol, tol_a), max(rtol, tol_r))
+    try:
+        return bool(got == value) and type(got) is type(value)
+    except Exception:
+        return False
+
+
+def _mismatch_text(got, want, atol, rtol, dims) -> str:
+    got64, want64 = got.detach().double(), want.detach().double()
+    bad = ~((got64 - want64).abs() <= atol + rtol * want64.abs())
+    bad &= ~((got64 == want64) | (got64.isnan() & want64.isnan()))
+    index = tuple(int(i) for i in bad.nonzero()[0])
+    where = ", ".join(f"{d}={i}" for d, i in zip(dims, index)) if dims and \
+        len(dims) == len(index) else ", ".join(map(str, index))
+    count = int(bad.sum())
+    return (f"{count} of {bad.numel()} entries differ; first at [{where}]: got "
+            f"{_num(got64[index])}, expected {_num(want64[index])}.")
+
+
+def _num(t: torch.Tensor) -> str:
+    v = float(t)
+    return repr(v) if math.isnan(v) or math.isinf(v) else f"{v:.6g}"
+
+
+# --------------------------------------------------------------------------------------------
+# Choosing between a learner's implementation and the reference
+
+
+def use_if_passing(fn: Callable, checker: Callable, fallback: Callable, *,
+                   name: str | None = None) -> Callable:
+    """Return `fn` if it passes `checker`, else `fallback`, saying which one is used.
+
+    Later chapters build on earlier exercises; this lets a learner who is stuck on one exercise
+    keep going with the course's reference implementation.
+    """
+    label = name or getattr(fn, "__name__", "your function")
+    try:
+        with quiet():
+            checker(fn)
+    except CheckFailure:
+        print(f"Using the course's reference `{label}` (yours does not pass its check yet).")
+        return fallback
+    print(f"Using your own `{label}`.")
+    return fn
+

@@ -1,0 +1,16 @@
+"""The course's reference implementation, written independently of the solution notebooks.
+
+Expected values in the checks come from here. Where torch has a built-in for an operation the
+reference uses it (so the learner is compared with PyTorch itself); elsewhere it uses another
+formulation than the one the notebooks teach. Later chapters import earlier building blocks from
+here, so a learner stuck in one chapter can still finish the next.
+
+One module per topic; each chapter's names are re-exported here under the spec's names.
+"""
+
+from .attention import (attention, attention_scores, fuse_qkv_weights, grouped_query_attention,
+                        kv_cache_bytes, kv_head_index, masked_softmax, merge_heads,
+                        multi_head_attention, project_qkv, repeat_kv, split_heads, split_qkv)
+from .masks import (bidirectional_mask, causal_mask, combine_masks, padding_mask,
+                    to_additive_mask)
+from .notation import head_dim, kv_group_size, tensor_shape, validate_config
