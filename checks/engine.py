@@ -187,7 +187,8 @@ def _close(got: torch.Tensor, want: torch.Tensor, atol: float, rtol: float) -> b
     got64, want64 = got.detach().double(), want.detach().double()
     same_special = (got64 == want64) | (got64.isnan() & want64.isnan())
     diff = (got64 - want64).abs()
-    ok = same_special | (diff <= atol + rtol * want64.abs())
+    # A finite value is never "close" to an infinite one (inf <= inf would say it is).
+    ok = same_special | (want64.isfinite() & (diff <= atol + rtol * want64.abs()))
     return bool(ok.all())
 
 
@@ -338,7 +339,7 @@ def _matches(got: Any, value: Any, atol: float, rtol: float) -> bool:
 
 def _mismatch_text(got, want, atol, rtol, dims) -> str:
     got64, want64 = got.detach().double(), want.detach().double()
-    bad = ~((got64 - want64).abs() <= atol + rtol * want64.abs())
+    bad = ~(want64.isfinite() & ((got64 - want64).abs() <= atol + rtol * want64.abs()))
     bad &= ~((got64 == want64) | (got64.isnan() & want64.isnan()))
     index = tuple(int(i) for i in bad.nonzero()[0])
     where = ", ".join(f"{d}={i}" for d, i in zip(dims, index)) if dims and \

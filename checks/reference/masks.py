@@ -31,4 +31,5 @@ def combine_masks(*masks: torch.Tensor) -> torch.Tensor:
 
 
 def to_additive_mask(mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    return torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask.bool(), float("-inf"))
+    zeros = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+    return zeros.masked_fill(~mask.bool(), float("-inf"))

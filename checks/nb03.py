@@ -1,0 +1,355 @@
+"""Checks for chapter 03: architectures and their attention masks.
+
+Boolean masks hold True where a query may attend to a key; rows are queries, columns are keys.
+Causal masks are bottom-right aligned (query i sits at absolute position k_len - q_len + i).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import reference as ref
+from .engine import Check, LearnerError
+
+_NOT_BOOL = ("a mask is boolean (True = may attend): build it from a comparison such as `<=`, or "
+             "pass dtype=torch.bool; 0/1 integers or floats are a different kind of mask")
+_TOP_LEFT = ("top-left aligned (`torch.tril(torch.ones(q_len, k_len))`): the queries are the LAST "
+             "q_len of the k_len positions, so query i sits at position k_len - q_len + i and sees "
+             "keys 0 ..= k_len - q_len + i; shift the diagonal by k_len - q_len")
+_INVERTED = ("inverted: True must mean 'may attend' (the past and the query's own position), "
+             "not 'blocked'; `torch.triu(..., diagonal=1)` marks the blocked future instead")
+_INVERTED_TOP_LEFT = ("inverted and top-left aligned (`torch.triu(ones(q_len, k_len), diagonal=1)` "
+                      "marks the blocked keys of a top-left triangle): True must mean 'may "
+                      "attend', and query i sits at position k_len - q_len + i")
+_NO_DIAGONAL = ("off by one: a query may also attend to its own position, so the diagonal "
+                "must be True (use `<=`, not `<`)")
+_ONE_AHEAD = ("off by one: each query also sees the next, future key; the last key query i may see "
+              "is its own position k_len - q_len + i")
+_TRANSPOSED = ("transposed: rows are queries and columns are keys, so the mask is "
+               "[q_len, k_len] and row i is True up to and including query i's own position")
+
+
+def _expect_mask(c: Check, got, want: torch.Tensor, *, what: str, dims, wrong=None) -> None:
+    """expect_tensor for boolean masks, with a specific hint when the dtype is not bool."""
+    if isinstance(got, torch.Tensor) and got.shape == want.shape and got.dtype != torch.bool:
+        c.fail(f"{what} has dtype {got.dtype}, expected torch.bool.", _NOT_BOOL)
+    c.expect_tensor(got, want, what=what, dims=dims, wrong=wrong)
+
+
+def _headline(c: Check, prop: str) -> None:
+    """Record a verified property ahead of the individual comparisons in the pass summary."""
+    if prop not in c.properties:
+        n = getattr(c, "_headlines", 0)
+        c.properties.insert(n, prop)
+        c._headlines = n + 1
+
+
+def _random_bool(c: Check, *shape: int) -> torch.Tensor:
+    """A random boolean tensor with at least one True and one False."""
+    m = c.randn(*shape) > 0
+    flat = m.view(-1)
+    flat[0], flat[-1] = True, False
+    return m
+
+
+def _lengths_to_mask(lengths: list[int], s: int, *, left: bool = False) -> torch.Tensor:
+    pos = torch.arange(s).unsqueeze(0)
+    lens = torch.tensor(lengths).unsqueeze(1)
+    return pos >= s - lens if left else pos < lens
+
+
+def _padded_batch(c: Check, b: int, s: int, *, left: bool = False) -> torch.Tensor:
+    """attention_mask [B, S]: one full row, one padded row, the rest random lengths >= 1."""
+    lengths = [s, c.randint(1, s)] + [c.randint(1, s + 1) for _ in range(b - 2)]
+    order = torch.randperm(b, generator=c.gen).tolist()
+    return _lengths_to_mask([lengths[i] for i in order], s, left=left)
+
+
+# --------------------------------------------------------------------------------------------
+# causal_mask
+
+
+def _causal_mixups(q: int, k: int) -> dict:
+    want = ref.causal_mask(q, k)
+    ones = torch.ones(q, k, dtype=torch.bool)
+    mixups = {
+        _TOP_LEFT: ones.tril(),
+        _INVERTED: ~want,
+        _INVERTED_TOP_LEFT: ones.triu(1),
+        _NO_DIAGONAL: ones.tril(k - q - 1),
+        _ONE_AHEAD: ones.tril(k - q + 1),
+        _TRANSPOSED: want.T.contiguous(),
+    }
+    if q != k:
+        mixups["ignored k_len: the mask has one row per query and one column per key, "
+               "[q_len, k_len]"] = ref.causal_mask(q)
+    return mixups
+
+
+def check_causal_mask(f, *, seed: int | None = None, thorough: bool = False) -> None:
+    with Check("causal_mask", f, seed=seed) as c:
+        # The article's example, 我 喜欢 学习 AI: four tokens, k_len left to its default.
+        _expect_mask(c, c.call(4), ref.causal_mask(4), what="causal_mask(4)",
+                     dims=("S_q", "S_k"), wrong=_causal_mixups(4, 4))
+        _headline(c, "the article's 4-token example")
+        for _ in range(3 if thorough else 1):
+            s = c.randint(5, 12)
+            _expect_mask(c, c.call(s, s), ref.causal_mask(s), what=f"causal_mask({s}, {s})",
+                         dims=("S_q", "S_k"), wrong=_causal_mixups(s, s))
+        _expect_mask(c, c.call(1), ref.causal_mask(1), what="causal_mask(1)",
+                     dims=("S_q", "S_k"), wrong=_causal_mixups(1, 1))
+        _headline(c, "square masks")
+        # Chunked prefill: fewer queries than keys; the queries are the last q_len positions.
+        for _ in range(4 if thorough else 2):
+            q = c.randint(2, 7)
+            k = q + c.randint(2, 7)
+            _expect_mask(c, c.call(q, k), ref.causal_mask(q, k),
+                         what=f"causal_mask({q}, {k}) (q_len < k_len, as in chunked prefill)",
+                         dims=("S_q", "S_k"), wrong=_causal_mixups(q, k))
+        _headline(c, "bottom-right aligned for q_len < k_len")
+        # A decode step: one query, the newest token, sees every cached key.
+        k = c.randint(3, 12)
+        _expect_mask(c, c.call(1, k), ref.causal_mask(1, k),
+                     what=f"causal_mask(1, {k}) (one decode step over {k} keys)",
+                     dims=("S_q", "S_k"), wrong=_causal_mixups(1, k))
+        _headline(c, "a decode query sees every key")
+
+
+# --------------------------------------------------------------------------------------------
+# bidirectional_mask
+
+
+def _bidirectional_mixups(q: int, k: int) -> dict:
+    return {
+        "returned a causal mask: in bidirectional attention (an encoder, or cross-attention) "
+        "every query sees every key": ref.causal_mask(q, k),
+        "inverted: True means 'may attend', so a bidirectional mask is all True":
+            torch.zeros(q, k, dtype=torch.bool),
+        "ignored k_len: the mask is [q_len, k_len]": torch.ones(q, q, dtype=torch.bool),
+        "transposed: rows are queries and columns are keys, [q_len, k_len]":
+            torch.ones(k, q, dtype=torch.bool),
+    }
+
+
+def check_bidirectional_mask(f, *, seed: int | None = None, thorough: bool = False) -> None:
+    with Check("bidirectional_mask", f, seed=seed) as c:
+        s = c.randint(3, 10)
+        _expect_mask(c, c.call(s), ref.bidirectional_mask(s), what=f"bidirectional_mask({s})",
+                     dims=("S_q", "S_k"), wrong=_bidirectional_mixups(s, s))
+        for _ in range(3 if thorough else 1):
+            # cross-attention: target queries against source keys, both ways round
+            q, k = c.sizes(2, 2, 11)
+            for a, b in ((q, k), (k, q)):
+                _expect_mask(c, c.call(a, b), ref.bidirectional_mask(a, b),
+                             what=f"bidirectional_mask({a}, {b})", dims=("S_q", "S_k"),
+                             wrong=_bidirectional_mixups(a, b))
+        _headline(c, "q_len != k_len (cross-attention)")
+        k = c.randint(2, 10)
+        _expect_mask(c, c.call(1, k), ref.bidirectional_mask(1, k),
+                     what=f"bidirectional_mask(1, {k})", dims=("S_q", "S_k"),
+                     wrong=_bidirectional_mixups(1, k))
+        _headline(c, "every query sees every key")
+
+
+# --------------------------------------------------------------------------------------------
+# padding_mask
+
+
+def _padding_mixups(am: torch.Tensor) -> dict:
+    return {
+        "returned [B, S]: add a head axis and a query axis, [B, 1, 1, S], so that the mask "
+        "broadcasts against scores [B, N, S_q, S_k]": am.clone(),
+        "masked queries instead of keys ([B, 1, S, 1]): padding hides padded KEYS, so the "
+        "sequence axis must be the last one, [B, 1, 1, S]": am[:, None, :, None],
+        "masked padded queries as well as keys ([B, 1, S, S]): only the keys are masked, "
+        "[B, 1, 1, S]; a padded query's output is simply ignored later": (
+            am[:, None, :, None] & am[:, None, None, :]),
+        "put the sequence on the wrong axis ([B, S, 1, 1]): keys are the last axis, "
+        "[B, 1, 1, S]": am[:, :, None, None],
+        "added only one axis ([B, 1, S]): scores are [B, N, S_q, S_k], so the mask needs a head "
+        "axis and a query axis, [B, 1, 1, S]": am[:, None, :],
+        "inverted: True marks real tokens (may attend); padding positions are False":
+            ~am[:, None, None, :],
+    }
+
+
+def check_padding_mask(f, *, seed: int | None = None, thorough: bool = False) -> None:
+    with Check("padding_mask", f, seed=seed) as c:
+        cases = [("the article's sentence and a shorter one, right-padded",
+                  _lengths_to_mask([4, 3], 4))]
+        for _ in range(3 if thorough else 1):
+            b, s = c.sizes(2, 2, 10)
+            cases.append(("a right-padded batch", _padded_batch(c, b, s)))
+        b, s = c.sizes(2, 2, 10)
+        cases.append(("a left-padded batch", _padded_batch(c, b, s, left=True)))
+        for label, am in cases:
+            before = am.clone()
+            got = c.call(am)
+            b, s = am.shape
+            _expect_mask(c, got, ref.padding_mask(am),
+                         what=f"padding_mask of {label} (attention_mask [B={b}, S={s}])",
+                         dims=("B", "N", "S_q", "S_k"), wrong=_padding_mixups(am))
+            if not torch.equal(am, before):
+                c.fail("changed the attention_mask it was given.",
+                       "build a new tensor (or a view) instead of writing into the input")
+        _headline(c, "padded keys masked, shape [B, 1, 1, S]")
+        _headline(c, "right and left padding")
+
+
+# --------------------------------------------------------------------------------------------
+# combine_masks
+
+
+def _combine_mixups(masks: list[torch.Tensor]) -> dict:
+    ored = masks[0]
+    for m in masks[1:]:
+        ored = ored | m
+    return {
+        "combined with OR: a query may attend to a key only if EVERY mask allows it, "
+        "so combine with AND (`&`)": ored,
+        "kept only the first mask: AND all of them together": masks[0],
+        "kept only the last mask: AND all of them together": masks[-1],
+    }
+
+
+_VARARGS = ("accept any number of masks, `def combine_masks(*masks)`, and AND them all together "
+            "(one mask alone comes back unchanged)")
+
+
+def check_combine_masks(f, *, seed: int | None = None, thorough: bool = False) -> None:
+    with Check("combine_masks", f, seed=seed) as c:
+        b, n, sq, sk = c.sizes(4, 2, 10)
+        s = sk
+
+        def run(masks: list[torch.Tensor], label: str, dims) -> None:
+            before = [m.clone() for m in masks]
+            try:
+                got = c.call(*masks)
+            except LearnerError as err:
+                first = err.message.splitlines()[0]
+                if "TypeError" in first and "argument" in first:
+                    c.fail(f"combine_masks with {len(masks)} mask(s) {first}", _VARARGS)
+                shapes = {tuple(m.shape) for m in masks}
+                if len(shapes) > 1:
+                    c.fail(f"combine_masks({label}) {first}",
+                           "masks of different shapes must broadcast against each other: `a & b` "
+                           "broadcasts; stacking them, or writing into the first one with `&=`, "
+                           "does not")
+                raise
+            if any(not torch.equal(m, m0) for m, m0 in zip(masks, before)):
+                c.fail(f"changed one of its input masks in place ({label}).",
+                       "`&=` (or `logical_and_`) writes into the first mask, which the caller "
+                       "still uses; build a new tensor with `&`")
+            _expect_mask(c, got, ref.combine_masks(*masks), what=f"combine_masks({label})",
+                         dims=dims, wrong=_combine_mixups(masks))
+
+        # Same shapes first, so that writing into the first mask shows up.
+        for _ in range(3 if thorough else 1):
+            x, y = _random_bool(c, sq, sk), _random_bool(c, sq, sk)
+            run([x, y], f"two random [{sq}, {sk}] masks", ("S_q", "S_k"))
+        _headline(c, "AND of two masks")
+        am = _padded_batch(c, b, s)
+        run([ref.causal_mask(s), ref.padding_mask(am)],
+            f"causal [{s}, {s}], padding [{b}, 1, 1, {s}]", ("B", "N", "S_q", "S_k"))
+        _headline(c, "causal & padding broadcast to [B, 1, S, S]")
+        am = _padded_batch(c, b, sk)
+        heads = _random_bool(c, 1, n, sq, sk)
+        run([ref.causal_mask(sq, sk), ref.padding_mask(am), heads],
+            f"three masks: [{sq}, {sk}], [{b}, 1, 1, {sk}], [1, {n}, {sq}, {sk}]",
+            ("B", "N", "S_q", "S_k"))
+        _headline(c, "three masks")
+        one = _random_bool(c, b, 1, sq, sk)
+        run([one], f"a single [{b}, 1, {sq}, {sk}] mask", ("B", "N", "S_q", "S_k"))
+        _headline(c, "a single mask")
+
+
+# --------------------------------------------------------------------------------------------
+# to_additive_mask
+
+
+def _additive_mixups(mask: torch.Tensor, dtype: torch.dtype) -> dict:
+    m = mask.bool()
+    zero = torch.zeros(m.shape, dtype=dtype)
+    return {
+        "inverted signs: 0 where the mask is True (may attend) and -inf where it is False":
+            zero.masked_fill(m, float("-inf")),
+        "returned the mask as 0/1 numbers: the additive mask is 0 where True and -inf where "
+        "False": m.to(dtype),
+        "multiplied by -inf: 0 * -inf is NaN; use `masked_fill` or `torch.where` instead":
+            (1 - m.to(dtype)) * float("-inf"),
+        "+inf instead of -inf: blocked scores must go to -inf so that exp() gives 0":
+            zero.masked_fill(~m, float("inf")),
+    }
+
+
+def _expect_additive(c: Check, got, mask: torch.Tensor, dtype: torch.dtype, *, what: str,
+                     dims) -> None:
+    want = ref.to_additive_mask(mask, dtype)
+    if isinstance(got, torch.Tensor) and got.shape == want.shape:
+        if got.dtype != want.dtype:
+            if got.dtype == torch.bool:
+                hint = ("returned a boolean mask: the additive mask holds numbers, 0 where the "
+                        "mask is True and -inf where it is False")
+            elif got.dtype == torch.float32:
+                hint = ("ignored the `dtype` argument: create the additive mask in the requested "
+                        "dtype, the dtype of the scores it is added to")
+            else:
+                hint = "create the additive mask with the requested dtype (`dtype=dtype`)"
+            c.fail(f"{what} has dtype {got.dtype}, expected {want.dtype} (the dtype asked for).",
+                   hint)
+        if got.is_floating_point():
+            blocked = ~mask.bool()
+            vals = got.detach()[blocked]
+            if (vals.numel() and bool(torch.isfinite(vals).all()) and bool((vals < 0).all())
+                    and bool((got.detach()[~blocked] == 0).all())):
+                c.fail(f"{what} holds {float(vals.max()):g} at blocked positions, expected -inf.",
+                       "used a large finite number (such as -1e9 or the dtype's minimum) instead "
+                       "of -inf: the convention is exactly float('-inf'), so exp() gives exactly "
+                       "0 and a fully masked row cannot pass unnoticed")
+        # Exact comparison: the engine's relative tolerance would call any finite number
+        # close to -inf (|got - want| = inf <= rtol * |want| = inf).
+        if got.dtype == want.dtype and not _same_exactly(got, want):
+            mixups = _additive_mixups(mask, dtype)
+            hint = next((m for m, v in mixups.items() if _same_exactly(got, v)), None)
+            c.fail(f"{what} has the right shape but wrong values; "
+                   f"{_exact_mismatch(got, want, dims)}", hint)
+    c.expect_tensor(got, want, what=what, dims=dims, wrong=_additive_mixups(mask, dtype))
+
+
+def _same_exactly(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Equal entry by entry, infinities included (NaN equals NaN)."""
+    if got.shape != want.shape:
+        return False
+    got, want = got.detach().double(), want.detach().double()
+    return bool(((got == want) | (got.isnan() & want.isnan())).all())
+
+
+def _exact_mismatch(got: torch.Tensor, want: torch.Tensor, dims) -> str:
+    got, want = got.detach().double(), want.detach().double()
+    bad = ~((got == want) | (got.isnan() & want.isnan()))
+    index = tuple(int(i) for i in bad.nonzero()[0])
+    where = ", ".join(f"{d}={i}" for d, i in zip(dims, index))
+    return (f"{int(bad.sum())} of {bad.numel()} entries differ; first at [{where}]: got "
+            f"{float(got[index]):g}, expected {float(want[index]):g}.")
+
+
+def check_to_additive_mask(f, *, seed: int | None = None, thorough: bool = False) -> None:
+    with Check("to_additive_mask", f, seed=seed) as c:
+        b, sq, sk = c.sizes(3, 2, 10)
+        causal = ref.causal_mask(4)
+        _expect_additive(c, c.call(causal), causal, torch.float32,
+                         what="to_additive_mask(causal_mask(4))", dims=("S_q", "S_k"))
+        _headline(c, "0 where True, -inf where False")
+        for _ in range(3 if thorough else 1):
+            m = _random_bool(c, sq, sk)
+            _expect_additive(c, c.call(m, dtype=torch.float32), m, torch.float32,
+                             what=f"to_additive_mask of a random [{sq}, {sk}] mask",
+                             dims=("S_q", "S_k"))
+        combined = ref.combine_masks(ref.causal_mask(sk), ref.padding_mask(_padded_batch(c, b, sk)))
+        dtypes = [torch.float16, torch.bfloat16, torch.float64]
+        for dtype in dtypes if thorough else [c.choice(dtypes[:2]), torch.float64]:
+            name = str(dtype).removeprefix("torch.")
+            _expect_additive(c, c.call(combined, dtype=dtype), combined, dtype,
+                             what=f"to_additive_mask(causal & padding [{b}, 1, {sk}, {sk}], "
+                                  f"dtype={name})", dims=("B", "N", "S_q", "S_k"))
+        _headline(c, "the requested dtype")
