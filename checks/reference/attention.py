@@ -82,3 +82,35 @@ def grouped_query_attention(q, k, v, mask=None):
 
 def kv_cache_bytes(n_layers, batch, seq_len, n_kv_heads, head_dim, bytes_per_elem) -> int:
     return 2 * n_layers * batch * seq_len * n_kv_heads * head_dim * bytes_per_elem
+
+
+def torch_mha_reference(x, w_qkv, w_o, n_heads: int, mask=None):
+    """Standard multi-head self-attention computed by `torch.nn.MultiheadAttention`.
+
+    Our weights are `[in, out]` and applied as `x @ W`; the module keeps `[out, in]` and applies
+    `x @ W.T`, so `in_proj_weight = w_qkv.T` (rows Q | K | V, each head-major, which is the
+    module's own split) and `out_proj.weight = w_o.T`. Our boolean mask (True = may attend,
+    broadcastable to `[B, N, S, S]`) becomes the module's (True = may NOT attend), one
+    `[S, S]` slice per (batch, head), batch-major.
+
+    The module gives NaN for a fully masked query row; the course's convention is zeros. So the
+    keys and values get one extra token whose hidden vector is zero (without biases its key and
+    value are zero too), visible only to fully masked rows: those rows then average zeros and
+    every other row is unchanged.
+    """
+    b, s, h = x.shape
+    # Built on the meta device, so the module's random initialisation leaves torch's RNG alone.
+    mha = torch.nn.MultiheadAttention(h, n_heads, bias=False, batch_first=True,
+                                      device="meta", dtype=x.dtype).to_empty(device=x.device)
+    mha.eval()
+    with torch.no_grad():
+        mha.in_proj_weight.copy_(w_qkv.T)
+        mha.out_proj.weight.copy_(w_o.T)
+        if mask is None:
+            return mha(x, x, x, need_weights=False)[0]
+        allowed = mask.to(x.device).bool().expand(b, n_heads, s, s)
+        empty = ~allowed.any(-1, keepdim=True)
+        kv = torch.cat([x, x.new_zeros(b, 1, h)], dim=1)
+        allowed = torch.cat([allowed, empty], dim=-1)
+        not_allowed = ~allowed.reshape(b * n_heads, s, s + 1)
+        return mha(x, kv, kv, attn_mask=not_allowed, need_weights=False)[0]

@@ -1,0 +1,471 @@
+"""Checks for chapter 05: multi-head attention (split and merge heads, fused QKV, W_O)."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Mapping
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from . import reference as ref
+from .engine import Check, ForbiddenCall, LearnerError
+from .reference.attention import torch_mha_reference
+
+HEADS_FIRST = ("B", "N", "S", "D")
+
+# --------------------------------------------------------------------------------------------
+# The mistakes this chapter diagnoses, each with the words a failure shows.
+
+SPLIT_NO_TRANSPOSE = ("reshaped straight to [B, N, S, D] without a transpose, so each 'head' holds "
+                      "pieces of several tokens (heads mixing tokens): reshape to [B, S, N, D], "
+                      "then transpose(1, 2)")
+SPLIT_TOKENS_FIRST = ("forgot the transpose: per-head tensors are heads-first [B, N, S, D], not "
+                      "[B, S, N, D]")
+SPLIT_HEAD_MINOR = ("split head-minor (head h got features h, h+N, h+2N, ...): each head owns a "
+                    "contiguous block of D features, so reshape to [B, S, N, D] (head index "
+                    "before feature index)")
+SPLIT_TOKENWISE = ("split the sequence into N chunks of tokens (splitting heads token-wise): "
+                   "heads split the features of every token, and every head sees all S tokens")
+SPLIT_WRONG_AXES = "transposed the wrong axes: the result must be [B, N, S, D]"
+
+MERGE_NO_TRANSPOSE = ("merged in the wrong order: reshaped [B, N, S, D] straight to [B, S, N*D] "
+                      "without transposing back, which mixes tokens: transpose(1, 2) first, "
+                      "then reshape")
+MERGE_HEAD_MINOR = ("merged in the wrong order (head-minor: feature d of every head, then d+1, "
+                    "...): the concatenation is [head 0's D features | head 1's | ...], i.e. "
+                    "[B, S, N, D] flattened")
+MERGE_UNFLATTENED = "transposed back but did not flatten the last two axes into N*D"
+MERGE_SUM = "summed the heads: heads are concatenated along the features, not added"
+VIEW_NOT_CONTIGUOUS = ("`.view` needs contiguous memory, and a transposed tensor is not: use "
+                       "`.reshape(...)` (or `.contiguous().view(...)`)")
+
+FUSE_ROWS = ("fused weights concatenated along the wrong axis (rows, dim 0): weights are "
+             "[in, out], so Q, K and V sit side by side along the output columns (dim=1)")
+FUSE_ORDER = "put the blocks in the wrong order (got {}): the fused columns are Q | K | V"
+FUSE_STACK = ("stacked the three matrices along a new axis: concatenate them along the output "
+              "columns into one [H, (N_h + 2 N_kv) D_h] matrix")
+FUSE_OUT_IN = ("returned the [out, in] layout of nn.Linear.weight / in_proj_weight: the course "
+               "keeps weights [in, out] and concatenates along the output columns")
+
+VIEW_ON_SLICE = ("`.view` failed on a column slice of qkv: a slice can be viewed as [B, S, N, D] "
+                 "(that only splits its last axis), but viewing it straight as [B, N, S, D] "
+                 "regroups features across tokens (heads mixing tokens); view as [B, S, N, D], "
+                 "then transpose(1, 2)")
+QKV_SWAPPED = "Q/K/V slices swapped: the columns of qkv are Q | K | V, in that order"
+KV_HEADS = ("K and V were sliced (or split) with N_h heads: with grouped-query attention "
+            "(N_kv < N_h) K and V have only n_kv_heads heads each, so the column widths are "
+            "N_h*D_h | N_kv*D_h | N_kv*D_h")
+
+MHA_SPLIT_MERGE_NO_TRANSPOSE = ("split and merged the heads with plain reshapes ([B, S, H] <-> "
+                                "[B, N, S, D]) and no transposes, so each 'head' holds pieces of "
+                                "several tokens (heads mixing tokens): split as [B, S, N, D] then "
+                                "transpose(1, 2); merge by transposing back, then reshaping")
+MHA_SPLIT_HEAD_MINOR_ONLY = ("split head-minor (head h got features h, h+N, ...) but merged "
+                             "head-major: each head owns a contiguous block of D features")
+MHA_NO_WO = ("forgot W_O: after concatenating the heads, multiply by w_o (the output projection "
+             "that mixes the heads)")
+MHA_WO_T = "applied W_O transposed: weights are [in, out], so the last step is `concat @ w_o`"
+MHA_SCALE_H = "scaled the scores by 1/sqrt(H): each head scales by 1/sqrt(D_h), its own width"
+MHA_NO_SCALE = "forgot the 1/sqrt(D_h) scale of the scores"
+MHA_ONE_HEAD = ("computed one big head over all H features: split Q, K and V into n_heads heads "
+                "of D_h = H / N_h features each")
+MHA_MASK_INVERTED = "mask inverted: True means 'may attend'"
+MHA_MASK_IGNORED = "ignored the mask"
+
+# --------------------------------------------------------------------------------------------
+# Known-wrong building blocks (the variants a diagnosis compares with)
+
+
+def _split(x, n):
+    b, s, w = x.shape
+    return x.reshape(b, s, n, w // n).transpose(1, 2)
+
+
+def _split_no_transpose(x, n):
+    b, s, w = x.shape
+    return x.reshape(b, n, s, w // n)
+
+
+def _split_tokens_first(x, n):
+    b, s, w = x.shape
+    return x.reshape(b, s, n, w // n)
+
+
+def _split_head_minor(x, n):
+    b, s, w = x.shape
+    return x.reshape(b, s, w // n, n).permute(0, 3, 1, 2)
+
+
+def _split_tokenwise(x, n):
+    b, s, w = x.shape
+    return x.reshape(b, n, s // n, w)
+
+
+def _split_wrong_axes(x, n):
+    b, s, w = x.shape
+    return x.reshape(b, s, n, w // n).permute(0, 2, 3, 1)
+
+
+def _merge(x):
+    b, n, s, d = x.shape
+    return x.transpose(1, 2).reshape(b, s, n * d)
+
+
+def _merge_no_transpose(x):
+    b, n, s, d = x.shape
+    return x.reshape(b, s, n * d)
+
+
+def _merge_head_minor(x):
+    b, n, s, d = x.shape
+    return x.permute(0, 2, 3, 1).reshape(b, s, d * n)
+
+
+def _split_wrongs(x, n) -> dict:
+    return {SPLIT_NO_TRANSPOSE: lambda: _split_no_transpose(x, n),
+            SPLIT_TOKENS_FIRST: lambda: _split_tokens_first(x, n),
+            SPLIT_HEAD_MINOR: lambda: _split_head_minor(x, n),
+            SPLIT_TOKENWISE: lambda: _split_tokenwise(x, n),
+            SPLIT_WRONG_AXES: lambda: _split_wrong_axes(x, n)}
+
+
+def _mha_variant(x, w_qkv, w_o, n, mask=None, *, split=_split, merge=_merge, order=(0, 1, 2),
+                 scale=None, w_o_mode="ok", mask_mode="ok"):
+    """Multi-head attention written out by hand, with one known mistake switched on."""
+    h = x.shape[-1]
+    parts = (x @ w_qkv).split(h, dim=-1)
+    q, k, v = (split(parts[i], n) for i in order)
+    d = q.shape[-1]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(d if scale is None else scale)
+    if mask is not None and mask_mode == "inverted":
+        mask = ~mask.bool()
+    weights = ref.masked_softmax(scores, None if mask_mode == "ignored" else mask)
+    out = merge(weights @ v)
+    if w_o_mode == "none":
+        return out
+    return out @ (w_o.T if w_o_mode == "transposed" else w_o)
+
+
+# --------------------------------------------------------------------------------------------
+# Helpers
+
+
+def _others(c: Check, count: int, taken, low: int = 2, high: int = 10) -> list[int]:
+    """`count` distinct sizes in [low, high) that differ from every size in `taken`."""
+    pool = [v for v in range(low, high) if v not in set(taken)]
+    perm = torch.randperm(len(pool), generator=c.gen)[:count]
+    return [pool[int(i)] for i in perm]
+
+
+def _call(c: Check, *args, hints: Mapping[str, str] | None = None, hint: str | None = None):
+    """c.call, adding a likely mistake to the learner's exception when its text gives one away."""
+    try:
+        return c.call(*args)
+    except LearnerError as err:
+        found = hint
+        for pattern, text in (hints or {}).items():
+            if pattern in err.message:
+                found = text
+                break
+        if found is None:
+            raise
+        raise LearnerError(c.exercise, err.message, hint=found, seed=c.seed) from None
+
+
+def _as_triple(c: Check, got, what: str):
+    if not isinstance(got, (tuple, list)) or len(got) != 3:
+        c.fail(f"{what} should return a tuple (q, k, v) of three tensors, got {_brief(got)}.")
+    return got
+
+
+def _brief(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {list(value.shape)}"
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of {len(value)} items"
+    return type(value).__name__
+
+
+# --------------------------------------------------------------------------------------------
+# Forbidden shortcuts, except inside the course's reference
+
+
+_REFERENCE_DIR = os.path.dirname(ref.__file__) + os.sep
+
+_MHA_FORBIDDEN = {
+    "scaled_dot_product_attention":
+        "compute each head's attention yourself (scores, masked softmax, weights @ V) or call "
+        "chapter 04's `attention` from checks.reference",
+    "multi_head_attention_forward":
+        "nn.MultiheadAttention is what this check compares against: build the layer from "
+        "fused QKV, split_qkv, attention and merge_heads",
+    "_native_multi_head_attention":
+        "nn.MultiheadAttention is what this check compares against: build the layer from "
+        "fused QKV, split_qkv, attention and merge_heads",
+}
+
+
+class _ForbidOutsideReference(TorchFunctionMode):
+    """Reject the forbidden torch functions when the learner's own code calls them.
+
+    Calls made from inside `checks.reference` are allowed: the chapter lets learners use the
+    course's `attention` (chapter 04), which is built on scaled_dot_product_attention.
+    """
+
+    def __init__(self, c: Check, forbidden: Mapping[str, str]):
+        super().__init__()
+        self.c = c
+        self.forbidden = forbidden
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in self.forbidden and not _called_from_reference():
+            raise ForbiddenCall(self.c.exercise, f"calls `{name}`, which this exercise asks "
+                                "you not to use.", hint=self.forbidden[name])
+        return func(*args, **(kwargs or {}))
+
+
+def _called_from_reference() -> bool:
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_filename.startswith(_REFERENCE_DIR):
+            return True
+        frame = frame.f_back
+    return False
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 1: split_heads
+
+
+def check_split_heads(f, *, seed: int | None = None, thorough: bool = False) -> None:
+    with Check("split_heads", f, seed=seed) as c:
+        cases = [(2, 6, 3, 4),           # S divisible by N: splitting tokens would fit too
+                 (1, 5, 32, 128)]        # the article's 4096 = 32 x 128
+        for _ in range(6 if thorough else 2):
+            cases.append(tuple(c.sizes(4, 2, 9)))
+        for b, s, n, d in cases:
+            x = c.randn(b, s, n * d)
+            got = _call(c, x.clone(), n)
+            c.expect_tensor(got, ref.split_heads(x, n),
+                            what=f"split_heads(x [B={b}, S={s}, H={n * d}], n_heads={n})",
+                            dims=HEADS_FIRST, wrong=_split_wrongs(x, n))
+        # Labelled input: entry (s, n, d) holds token s's feature n * D + d.
+        b, s, n, d = 3, 4, 2, 5
+        x = (torch.arange(s)[:, None] * 100 + torch.arange(n * d)).float().repeat(b, 1, 1)
+        got = _call(c, x.clone(), n)
+        c.expect_tensor(got, ref.split_heads(x, n), what="split_heads of a labelled input",
+                        dims=HEADS_FIRST, wrong=_split_wrongs(x, n))
+        c.note("head h of token s holds that token's features h*D .. h*D+D-1")
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 2: merge_heads
+
+
+def check_merge_heads(f, *, seed: int | None = None, thorough: bool = False) -> None:
+    with Check("merge_heads", f, seed=seed) as c:
+        cases = []
+        for _ in range(6 if thorough else 2):
+            cases.append(tuple(c.sizes(4, 2, 9)))
+        cases.append((1, 5, 32, 128))
+        hints = {"view size is not compatible": VIEW_NOT_CONTIGUOUS}
+        for i, (b, s, n, d) in enumerate(cases):
+            x = c.randn(b, n, s, d)
+            if i == 1:  # heads-first tensors usually come out of a transpose: not contiguous
+                x = c.randn(b, s, n, d).transpose(1, 2)
+            got = _call(c, x.clone(), hints=hints)  # clone() keeps the strides
+            c.expect_tensor(got, ref.merge_heads(x), what=f"merge_heads(x [B={b}, N={n}, "
+                            f"S={s}, D={d}])", dims=("B", "S", "N*D"),
+                            wrong={MERGE_NO_TRANSPOSE: lambda: _merge_no_transpose(x),
+                                   MERGE_HEAD_MINOR: lambda: _merge_head_minor(x),
+                                   MERGE_UNFLATTENED: lambda: x.transpose(1, 2),
+                                   MERGE_SUM: lambda: x.sum(1)})
+        c.note("a transposed (non-contiguous) input works")
+        b, s, n, d = c.sizes(4, 2, 9)
+        x = c.randn(b, s, n * d)
+        back = _call(c, ref.split_heads(x, n), hints=hints)
+        c.expect_tensor(back, x, what="merge_heads(split_heads(x)) (should give x back)",
+                        dims=("B", "S", "H"))
+        c.note("merge_heads undoes split_heads")
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 3: fuse_qkv_weights
+
+
+def check_fuse_qkv_weights(f, *, seed: int | None = None, thorough: bool = False) -> None:
+    with Check("fuse_qkv_weights", f, seed=seed) as c:
+        # Standard MHA first: three square [H, H] matrices.
+        trials = 4 if thorough else 1
+        for _ in range(trials):
+            n, d = c.sizes(2, 2, 9)
+            h = n * d
+            w_q, w_k, w_v = c.randn(h, h), c.randn(h, h), c.randn(h, h)
+            _expect_fused(c, w_q, w_k, w_v, f"w_q, w_k, w_v [H={h}, {h}]")
+        # Grouped-query attention: K and V are narrower than Q.
+        for _ in range(trials):
+            n_kv = c.choice([1, 2, 3])
+            n_h = n_kv * c.choice([2, 4])
+            d = _others(c, 1, (n_h, n_kv))[0]
+            h = c.choice([n_h * d, n_h * d + 2])  # H need not equal N_h * D_h here
+            w_q, w_k, w_v = c.randn(h, n_h * d), c.randn(h, n_kv * d), c.randn(h, n_kv * d)
+            _expect_fused(c, w_q, w_k, w_v,
+                          f"w_q [H={h}, N_h*D={n_h * d}], w_k and w_v [H={h}, "
+                          f"N_kv*D={n_kv * d}]")
+        c.note("grouped-query shapes (narrower K and V)")
+        w_q, w_k, w_v = (c.randn(6, 6, dtype=torch.float64) for _ in range(3))
+        _expect_fused(c, w_q, w_k, w_v, "float64 w_q, w_k, w_v [6, 6]")
+
+
+def _expect_fused(c, w_q, w_k, w_v, shown):
+    want = torch.cat([w_q, w_k, w_v], dim=1)
+    got = _call(c, w_q.clone(), w_k.clone(), w_v.clone())
+
+    c.expect_tensor(got, want, what=f"fuse_qkv_weights with {shown}",
+                    dims=("H", "(N_h+2N_kv)*D"),
+                    wrong={FUSE_ROWS: lambda: torch.cat([w_q, w_k, w_v], 0),
+                           FUSE_STACK: lambda: torch.stack([w_q, w_k, w_v]),
+                           FUSE_OUT_IN: lambda: want.T,
+                           FUSE_ORDER.format("K | Q | V"): lambda: torch.cat([w_k, w_q, w_v], 1),
+                           FUSE_ORDER.format("Q | V | K"): lambda: torch.cat([w_q, w_v, w_k], 1),
+                           FUSE_ORDER.format("V | K | Q"): lambda: torch.cat([w_v, w_k, w_q], 1),
+                           FUSE_ORDER.format("K | V | Q"): lambda: torch.cat([w_k, w_v, w_q], 1),
+                           FUSE_ORDER.format("V | Q | K"): lambda: torch.cat([w_v, w_q, w_k], 1)})
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 4: split_qkv
+
+
+def check_split_qkv(f, *, seed: int | None = None, thorough: bool = False) -> None:
+    with Check("split_qkv", f, seed=seed) as c:
+        cases = []
+        for _ in range(3 if thorough else 1):          # standard MHA: N_kv = N_h
+            b, s, n, d = c.sizes(4, 2, 9)
+            cases.append((b, s, n, n, d))
+        for _ in range(3 if thorough else 1):          # GQA: 1 < N_kv < N_h
+            n_kv = c.choice([2, 3])
+            n_h = n_kv * c.choice([2, 3])
+            b, s, d = _others(c, 3, (n_h, n_kv))
+            cases.append((b, s, n_h, n_kv, d))
+        n_h = c.choice([4, 6])                         # MQA: N_kv = 1
+        b, s, d = _others(c, 3, (n_h, 1))
+        cases.append((b, s, n_h, 1, d))
+        for b, s, n_h, n_kv, d in cases:
+            _expect_split_qkv(c, b, s, n_h, n_kv, d)
+        c.note("N_kv = N_h, 1 < N_kv < N_h and N_kv = 1")
+
+
+def _expect_split_qkv(c, b, s, n_h, n_kv, d):
+    qkv = c.randn(b, s, (n_h + 2 * n_kv) * d)
+    want = ref.split_qkv(qkv, n_h, n_kv, d)
+    gqa = n_kv < n_h
+    shown = (f"split_qkv(qkv [B={b}, S={s}, (N_h+2N_kv)*D={(n_h + 2 * n_kv) * d}], "
+             f"n_heads={n_h}, n_kv_heads={n_kv}, head_dim={d})")
+    got = _as_triple(c, _call(c, qkv.clone(), n_h, n_kv, d,
+                              hints={"view size is not compatible": VIEW_ON_SLICE},
+                              hint=KV_HEADS if gqa else None), shown)
+    slices = dict(zip("qkv", qkv.split([n_h * d, n_kv * d, n_kv * d], dim=-1)))
+    heads = {"q": n_h, "k": n_kv, "v": n_kv}
+    for name, g, w in zip("qkv", got, want):
+        if gqa and name != "q" and isinstance(g, torch.Tensor) and g.dim() == 4 \
+                and n_h in (g.shape[1], g.shape[2]) and g.shape != w.shape:
+            c.fail(f"{name} of {shown} has shape {list(g.shape)}, expected "
+                   f"[B={b}, N_kv={n_kv}, S={s}, D={d}].", KV_HEADS)
+        x, n = slices[name], heads[name]
+        wrong = {}
+        for other in "qkv":
+            if other != name:
+                wrong[f"{QKV_SWAPPED} ({name} came from the {other.upper()} slice)"] = \
+                    (lambda o=other: _split(slices[o], n))
+        wrong.update({SPLIT_NO_TRANSPOSE: lambda: _split_no_transpose(x, n),
+                      SPLIT_TOKENS_FIRST: lambda: _split_tokens_first(x, n),
+                      SPLIT_HEAD_MINOR: lambda: _split_head_minor(x, n)})
+        c.expect_tensor(g, w, what=f"{name} from {shown}", dims=HEADS_FIRST, wrong=wrong)
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 5: multi_head_attention
+
+
+def check_multi_head_attention(f, *, seed: int | None = None, thorough: bool = False) -> None:
+    with Check("multi_head_attention", f, seed=seed) as c:
+        for trial in range(3 if thorough else 1):
+            b, s, n, d = c.sizes(4, 2, 9)
+            h = n * d
+            x, w_qkv, w_o = _mha_inputs(c, b, s, h)
+            masks = {"no mask": None, "causal mask": ref.causal_mask(s),
+                     "causal + left-padding mask": _padded_causal(c, b, s),
+                     "per-head mask": _per_head_mask(c, b, n, s)}
+            for label, mask in masks.items():
+                _expect_mha(c, x, w_qkv, w_o, n, mask, label)
+        c.note("same output as torch.nn.MultiheadAttention with the same weights")
+        c.note("no mask, causal, padded (fully masked rows give 0) and per-head masks")
+        b, s, n, d = c.sizes(4, 2, 9)
+        x, w_qkv, w_o = _mha_inputs(c, b, s, n * d, dtype=torch.float64)
+        _expect_mha(c, x, w_qkv, w_o, n, ref.causal_mask(s), "causal mask, float64")
+        c.note("float64 stays float64")
+
+
+def _mha_inputs(c, b, s, h, dtype=torch.float32):
+    scale = 1.5 / math.sqrt(h)  # a little sharper than uniform attention
+    return (c.randn(b, s, h, dtype=dtype), c.randn(h, 3 * h, dtype=dtype, scale=scale),
+            c.randn(h, h, dtype=dtype, scale=1 / math.sqrt(h)))
+
+
+def _padded_causal(c, b, s):
+    """Causal AND left padding ([B, 1, S, S]); a sequence's leading pads see no key at all."""
+    pads = torch.tensor([c.randint(0, s - 1) for _ in range(b)])
+    pads[0] = 1
+    real = torch.arange(s)[None, :] >= pads[:, None]
+    return ref.causal_mask(s)[None, None] & real[:, None, None, :]
+
+
+def _per_head_mask(c, b, n, s):
+    mask = torch.rand(b, n, s, s, generator=c.gen) < 0.6
+    mask[0, -1, 0] = False  # one fully masked row in one head only
+    return mask
+
+
+def _expect_mha(c, x, w_qkv, w_o, n, mask, label):
+    b, s, h = x.shape
+    want = torch_mha_reference(x, w_qkv, w_o, n, mask)
+    shown = label if mask is None else f"{label} {list(mask.shape)}"
+    what = f"multi_head_attention(x [B={b}, S={s}, H={h}], n_heads={n}, {shown})"
+    with _ForbidOutsideReference(c, _MHA_FORBIDDEN):
+        got = _call(c, x.clone(), w_qkv.clone(), w_o.clone(), n,
+                    None if mask is None else mask.clone())
+
+    def v(**kw):
+        return lambda: _mha_variant(x, w_qkv, w_o, n, mask, **kw)
+
+    wrong = {
+        MHA_NO_WO: v(w_o_mode="none"),
+        MHA_WO_T: v(w_o_mode="transposed"),
+        SPLIT_NO_TRANSPOSE: v(split=_split_no_transpose),
+        MHA_SPLIT_MERGE_NO_TRANSPOSE:
+            v(split=_split_no_transpose, merge=_merge_no_transpose),
+        MERGE_NO_TRANSPOSE: v(merge=_merge_no_transpose),
+        MERGE_HEAD_MINOR: v(merge=_merge_head_minor),
+        SPLIT_HEAD_MINOR: v(split=_split_head_minor, merge=_merge_head_minor),
+        MHA_SPLIT_HEAD_MINOR_ONLY: v(split=_split_head_minor),
+        MHA_SCALE_H: v(scale=h),
+        MHA_NO_SCALE: v(scale=1),
+        MHA_ONE_HEAD: lambda: _mha_variant(x, w_qkv, w_o, 1, _one_head_mask(mask)),
+        MHA_MASK_INVERTED: v(mask_mode="inverted"),
+        MHA_MASK_IGNORED: v(mask_mode="ignored"),
+    }
+    for order in [(1, 0, 2), (0, 2, 1), (2, 1, 0), (1, 2, 0), (2, 0, 1)]:
+        names = "".join("QKV"[i] for i in order)
+        wrong[f"{QKV_SWAPPED} (used {names[0]} | {names[1]} | {names[2]})"] = v(order=order)
+    c.expect_tensor(got, want, what=what, dims=("B", "S", "H"), wrong=wrong)
+
+
+def _one_head_mask(mask):
+    if mask is None or mask.dim() < 4 or mask.shape[1] == 1:
+        return mask
+    raise ValueError("a per-head mask has no one-head counterpart")
