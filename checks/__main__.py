@@ -1,0 +1,7 @@
+"""`python -m checks`: see `checks.cli`."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())
