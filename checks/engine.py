@@ -369,8 +369,12 @@ def use_if_passing(fn: Callable, checker: Callable, fallback: Callable, *,
     try:
         with quiet():
             checker(fn)
-    except Exception:  # a failed check, or anything else that went wrong while checking
+    except CheckFailure:
         print(f"Using the course's reference `{label}` (yours does not pass its check yet).")
+        return fallback
+    except Exception as exc:  # never stop a notebook because checking went wrong
+        print(f"Using the course's reference `{label}` (checking yours raised "
+              f"{type(exc).__name__}: {exc}).")
         return fallback
     print(f"Using your own `{label}`.")
     return fn

@@ -19,7 +19,9 @@ def attention_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     """Softmax over the last axis; fully masked rows give zeros instead of NaN."""
     if mask is None:
-        return torch.softmax(scores, dim=-1)
+        # A row that is all -inf (an additive mask hiding every key) is fully masked too: zeros.
+        dead = (scores == float("-inf")).all(-1, keepdim=True)
+        return torch.softmax(scores, dim=-1).masked_fill(dead, 0.0)
     mask = mask.bool()
     weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
     return weights.nan_to_num(0.0).masked_fill(~mask, 0.0)

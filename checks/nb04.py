@@ -1,0 +1,579 @@
+"""Checks for chapter 04: self-attention (projections, scaled scores, masked softmax, attention).
+
+Conventions (course-spec section 2): weights are [in, out] and applied as `x @ W`; scores are
+scaled by 1/sqrt(D), D the last dimension of q; boolean masks hold True where a query may attend;
+softmax runs over the last (key) axis; a fully masked query row gets all-zero weights, never NaN;
+causal masks are bottom-right aligned.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import reference as ref
+from .engine import Check, CheckFailure, LearnerError, _matches
+
+# --------------------------------------------------------------------------------------------
+# Forbidden shortcuts. The engine matches a torch function's `__name__` exactly; calls through
+# `torch.ops.aten` carry overload names such as "softmax.int", so those are listed too.
+
+
+def _with_overloads(names: tuple[str, ...], hint: str) -> dict[str, str]:
+    forbidden = {}
+    for name in names:
+        forbidden[name] = hint
+        try:
+            overloads = getattr(torch.ops.aten, name).overloads()
+        except Exception:  # not an aten operator (a Python function), or not in this build
+            overloads = []
+        for overload in overloads:
+            forbidden[f"{name}.{overload}"] = hint
+    return forbidden
+
+
+_SOFTMAX_HINT = ("write the softmax yourself: subtract each row's max, exponentiate, divide by the "
+                 "row sum (library softmax, log_softmax, softmin and logsumexp are off limits "
+                 "here)")
+_SDPA_HINT = ("build attention from your own pieces: scores = Q K^T / sqrt(D), weights = "
+              "masked_softmax(scores, mask), out = weights @ V")
+
+_SOFTMAX_NAMES = ("softmax", "_softmax", "log_softmax", "_log_softmax", "softmin",
+                  "special_softmax", "special_log_softmax", "_safe_softmax", "_masked_softmax",
+                  "_sparse_softmax", "_sparse_log_softmax", "gumbel_softmax",
+                  "logsumexp", "special_logsumexp", "logcumsumexp")
+_ATTENTION_NAMES = ("scaled_dot_product_attention", "_scaled_dot_product_attention_math",
+                    "_scaled_dot_product_attention_math_for_mps",
+                    "_scaled_dot_product_flash_attention",
+                    "_scaled_dot_product_flash_attention_for_cpu",
+                    "_scaled_dot_product_efficient_attention",
+                    "_scaled_dot_product_cudnn_attention",
+                    "_scaled_dot_product_fused_attention_overrideable",
+                    "_efficient_attention_forward", "_flash_attention_forward",
+                    "_native_multi_head_attention", "multi_head_attention_forward",
+                    "flex_attention")
+
+FORBID_SOFTMAX = {**_with_overloads(_SOFTMAX_NAMES, _SOFTMAX_HINT),
+                  # attention kernels compute a softmax inside (weights = SDPA(q, k, I))
+                  **_with_overloads(_ATTENTION_NAMES, _SOFTMAX_HINT)}
+FORBID_ATTENTION = _with_overloads(_ATTENTION_NAMES, _SDPA_HINT)
+
+# --------------------------------------------------------------------------------------------
+# Diagnoses (shared by the checkers so that the same mistake reads the same everywhere)
+
+NO_SCALE = "forgot the scale: divide the scores by sqrt(D), D = q.shape[-1] (the head dimension)"
+SCALE_BY_D = "divided by D instead of sqrt(D): the scale is 1 / sqrt(D_h)"
+SCALE_BY_H = ("scaled by sqrt(H) = sqrt(N * D), the width of all heads together, instead of "
+              "sqrt(D_h), one head's width (the last dimension of q)")
+SCALE_BY_S = ("scaled by the square root of a sequence length; the scale uses the feature "
+              "dimension D = q.shape[-1]")
+SCALE_MULTIPLIED = "multiplied by sqrt(D) instead of dividing by it"
+QK_SWAPPED = ("Q and K swapped: scores are Q K^T, shape [..., S_q, S_k] (row = query, column = "
+              "key), not K Q^T")
+QT_K = "computed Q^T K ([..., D, D]); the scores are Q K^T: q @ k.transpose(-2, -1)"
+QUERY_AXIS = ("softmax over the query axis (dim=-2): each query's weights over the keys must sum "
+              "to 1, so normalise over the last axis (dim=-1)")
+WHOLE_TENSOR = "normalised over the whole tensor instead of each row (the last axis) separately"
+NOT_NORMALISED = "exponentiated without dividing by the row sum: weights must sum to 1 per row"
+INVERTED = ("mask inverted: True means 'may attend', so fill the scores with -inf where the mask "
+            "is False (`~mask`), not where it is True")
+AFTER_SOFTMAX = ("mask applied after the softmax: zeroing weights afterwards leaves rows that no "
+                 "longer sum to 1; fill masked scores with -inf before normalising")
+IGNORED_MASK = "ignored the mask argument: masked keys must get weight 0"
+NO_DIAGONAL = ("mask off by one: the diagonal was masked too, but a token may attend to its own "
+               "position; use the mask you are given (True = may attend)")
+ONE_AHEAD = "mask off by one: each query also sees the next (future) key"
+TOP_LEFT = ("used a top-left causal mask (`torch.tril(ones(S_q, S_k))`) instead of the mask "
+            "argument; causal masks are bottom-right aligned when S_q != S_k")
+FINITE_FILL = ("filled masked scores with a large finite number (like -1e9): a fully masked row "
+               "then spreads its weight evenly over keys it may not see; such a row must be all "
+               "zeros (fill with -inf and turn the NaN rows into zeros, or zero rows whose mask "
+               "is all False)")
+FULLY_MASKED_NAN = ("a fully masked row gives NaN (its max is -inf, and -inf - (-inf) or 0 / 0 is "
+                    "NaN); return all-zero weights for such rows, e.g. torch.where on the row sum "
+                    "or nan_to_num")
+OVERFLOW = ("exp overflowed or underflowed for large scores (exp(1e4) = inf, exp(-1e4) = 0): "
+            "subtract each row's own max, `scores.amax(dim=-1, keepdim=True)`, before exp")
+MAX_BEFORE_MASK = ("took the row max before masking: a masked key with a huge score makes every "
+                   "visible exp(...) underflow to 0; fill masked scores with -inf first, then take "
+                   "the max over what remains")
+IN_PLACE = ("modified an input in place (`masked_fill_`, `-=`, `add_`, ...): build new tensors "
+            "instead (e.g. the out-of-place `masked_fill`) so the caller's tensors stay unchanged")
+WEIGHTS_T_V = ("used the transposed weights (A^T V): the output is weights @ v, row m mixing the "
+               "values with query m's weights")
+OUT_TRANSPOSED = ("returned the output transposed ([..., D_v, S_q]): out = weights @ v has shape "
+                  "[..., S_q, D_v]")
+WEIGHTS_K = "mixed the keys instead of the values: out = weights @ v, not weights @ k"
+PAIR_ORDER = "returned (weights, out) in the wrong order: return (out, weights)"
+SHAPES = ("check the shapes: scores = q @ k.transpose(-2, -1) is [..., S_q, S_k] (not k @ q^T), "
+          "and out = weights @ v is [..., S_q, D_v]")
+PROJ_SHAPES = "check the shapes: x [..., H] @ W [H, out] -> [..., out]; no transpose needed"
+W_TRANSPOSED = ("applied the weights transposed (x @ W.T, or F.linear(x, W)): course weights are "
+                "[in_features, out_features], applied as x @ W")
+
+
+# --------------------------------------------------------------------------------------------
+# Helpers
+
+
+def _summary(c: Check, *props: str) -> None:
+    """Replace the per-comparison notes with the few properties that tell the learner what was
+    verified (the pass line shows the first three)."""
+    c.properties[:] = list(props)
+
+
+def _any_of(got, *candidates):
+    """The first candidate that reproduces `got` (so one mistake can have several forms)."""
+    for cand in candidates:
+        if _matches(got, cand, 0.0, 0.0):
+            return cand
+    return candidates[0]
+
+
+def _observable(variant, want):
+    """A wrong variant that equals the right answer here (up to NaN rows) names no mistake."""
+    def value():
+        v = variant()
+        if isinstance(v, torch.Tensor) and v.shape == want.shape and \
+                _matches(v.nan_to_num(0.0), want.nan_to_num(0.0), 0.0, 0.0):
+            raise ValueError("not observable with these inputs")  # _diagnose skips it
+        return v
+    return value
+
+
+def _expect(c: Check, got, want, *, what: str, dims, wrong=None, fallback=None, **kw) -> None:
+    """expect_tensor, plus a fallback hint (from `fallback(got)`) when no known variant matches."""
+    wrong = {name: _observable(v, want) for name, v in (wrong or {}).items()}
+    try:
+        c.expect_tensor(got, want, what=what, dims=dims, wrong=wrong, **kw)
+    except CheckFailure as failure:
+        if failure.hint is None and fallback is not None and isinstance(got, torch.Tensor):
+            hint = fallback(got)
+            if hint:
+                raise CheckFailure(failure.exercise, failure.message, hint=hint,
+                                   seed=failure.seed) from None
+        raise
+
+
+def _call_unchanged(c: Check, args: tuple, *, hint: str | None = None, **kwargs):
+    """Call the learner; fail if an input tensor was modified in place."""
+    before = [a.clone() if isinstance(a, torch.Tensor) else None for a in args]
+    try:
+        got = c.call(*args, **kwargs)
+    except LearnerError as err:
+        if hint is None or err.hint is not None:
+            raise
+        raise LearnerError(err.exercise, err.message, hint=hint, seed=err.seed) from None
+    for a, b in zip(args, before):
+        if b is not None and not (a.shape == b.shape and
+                                  bool(((a == b) | (a.isnan() & b.isnan())).all())
+                                  if a.is_floating_point() else bool((a == b).all())):
+            c.fail("changed one of its input tensors in place.", IN_PLACE)
+    return got
+
+
+def _rows_fully_masked(mask: torch.Tensor | None, shape) -> torch.Tensor | None:
+    """[..., S_q, 1] True where a query may attend to no key at all."""
+    if mask is None:
+        return None
+    return ~mask.bool().expand(shape).any(-1, keepdim=True)
+
+
+def _nonfinite_hint(mask, shape, default: str, *, weights: bool = False):
+    """A fallback that explains NaN/inf in the learner's output (for `weights`, also rows that
+    should sum to 1 but came out all zero, as a guarded 0 / 0 does)."""
+    def hint(got: torch.Tensor) -> str | None:
+        bad = ~torch.isfinite(got)
+        dead = _rows_fully_masked(mask, shape)
+        if not bad.any():
+            if weights and got.shape == tuple(shape):
+                sums = got.detach().double().sum(-1, keepdim=True)
+                live = torch.ones_like(sums, dtype=torch.bool) if dead is None else ~dead
+                if bool((sums[live] < 0.5).any()):
+                    return default
+            return None
+        if dead is not None and dead.any() and got.shape[:-1] == dead.shape[:-1]:
+            bad_rows = bad.any(-1, keepdim=True)
+            if bool(bad_rows[dead].all()) and not bool(bad_rows[~dead].any()):
+                return FULLY_MASKED_NAN
+        return default
+    return hint
+
+
+def _dims(ndim: int, last: str) -> list[str] | None:
+    """Names for [B, N, S_q, last], [B, S_q, last] or [S_q, last]."""
+    return {2: ["S_q", last], 3: ["B", "S_q", last], 4: ["B", "N", "S_q", last]}.get(ndim)
+
+
+def _query_key_sizes(c: Check) -> tuple[int, int]:
+    """(short, long) sequence lengths for causal cases: at least 3 and at least 2 apart, so that a
+    top-left, a diagonal-less and a one-ahead causal mask all differ from each other and from
+    the bottom-right one."""
+    short = c.randint(3, 7)
+    return short, short + c.randint(2, 5)
+
+
+def _random_mask(c: Check, *shape: int, fully_masked_rows: bool = False) -> torch.Tensor:
+    """Random boolean mask; every row has a True and a False (so the inverted mask has no empty
+    row), and with `fully_masked_rows` some rows are entirely False."""
+    m = c.randn(*shape) > 0
+    m[..., 0] = True
+    m[..., -1] = False
+    if fully_masked_rows:
+        rows = m.view(-1, shape[-2], shape[-1])
+        for r in rows:
+            r[c.randint(0, shape[-2])] = False
+    return m
+
+
+def _softmax(scores, mask=None, dim=-1):
+    """Reference masked softmax along `dim` (for building wrong variants)."""
+    if dim in (-1, scores.dim() - 1):
+        return ref.masked_softmax(scores, mask)
+    mt = None if mask is None else mask.transpose(dim, -1)
+    return ref.masked_softmax(scores.transpose(dim, -1), mt).transpose(dim, -1)
+
+
+def _naive(scores, mask=None, dim=-1):
+    """The usual hand-written masked softmax without the fully-masked-row guard (NaN rows)."""
+    s = scores if mask is None else scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(s, dim=dim)
+
+
+def _both(scores, mask, dim=-1):
+    """Zero-row and NaN-row forms of the same masked softmax (a learner may produce either)."""
+    return _softmax(scores, mask, dim), _naive(scores, mask, dim)
+
+
+def _mask_variants(got, scores, mask) -> dict:
+    """Wrong masked softmax results for `mask` (boolean, broadcastable to scores)."""
+    sq, sk = scores.shape[-2:]
+    variants = {
+        INVERTED: lambda: _any_of(got, *_both(scores, ~mask)),
+        AFTER_SOFTMAX: lambda: ref.masked_softmax(scores) * mask,
+        IGNORED_MASK: lambda: ref.masked_softmax(scores),
+        QUERY_AXIS: lambda: _any_of(got, *_both(scores, mask, dim=-2)),
+        FINITE_FILL: lambda: torch.softmax(scores.masked_fill(~mask, -1e9), dim=-1),
+    }
+    ones = torch.ones(sq, sk, dtype=torch.bool)
+    if mask.dim() == 2 and torch.equal(mask, ref.causal_mask(sq, sk)):
+        variants[NO_DIAGONAL] = lambda: _any_of(got, *_both(scores, ones.tril(sk - sq - 1)))
+        variants[ONE_AHEAD] = lambda: ref.masked_softmax(scores, ones.tril(sk - sq + 1))
+        if sq != sk:
+            variants[TOP_LEFT] = lambda: _any_of(got, *_both(scores, ones.tril()))
+    return variants
+
+
+def _rows_sum_to_one(c: Check, weights: torch.Tensor, mask) -> None:
+    """Every row that may see a key sums to 1; fully masked rows are exactly zero."""
+    sums = weights.detach().double().sum(-1, keepdim=True)
+    dead = _rows_fully_masked(mask, weights.shape)
+    live = torch.ones_like(sums, dtype=torch.bool) if dead is None else ~dead
+    if not torch.allclose(sums[live], torch.ones_like(sums[live]), atol=1e-4):
+        c.fail("weights of a query that may see some key must sum to 1 over the keys.")
+    if dead is not None and dead.any():
+        c.note("fully masked rows are zero")
+    c.note("rows sum to 1")
+
+
+# --------------------------------------------------------------------------------------------
+# project_qkv
+
+
+def check_project_qkv(f, *, seed: int | None = None, thorough: bool = False) -> None:
+    with Check("project_qkv", f, seed=seed) as c:
+        # The article's case first: square [H, H] weights, so transposed or swapped weights give
+        # the right shapes and wrong values (which names the mistake).
+        b, s, h = c.sizes(3, 2, 10)
+        cases = [((b, s), h, h, h)]
+        for _ in range(3 if thorough else 1):
+            b, s, h, dqk, dv = c.sizes(5, 2, 12)
+            cases.append(((b, s), h, dqk, dv))
+        n = c.sizes(1, 2, 6)[0]
+        cases.append(((b, n, s), h, dqk, dv))   # extra leading dims
+        cases.append(((s,), h, dqk, dv))        # no batch dim: [S, H]
+        for lead, h, dqk, dv in cases:
+            x = c.randn(*lead, h)
+            w_q, w_k, w_v = c.randn(h, dqk), c.randn(h, dqk), c.randn(h, dv)
+            _check_qkv_once(c, x, w_q, w_k, w_v, lead)
+        # float64 stays float64
+        x = c.randn(2, 3, 4, dtype=torch.float64)
+        ws = [c.randn(4, 4, dtype=torch.float64) for _ in range(3)]
+        _check_qkv_once(c, x, *ws, (2, 3))
+        _summary(c, "Q = X W_Q, K = X W_K, V = X W_V with [in, out] weights",
+                 "[B, S, H], [S, H] and extra leading dims", "float64 kept")
+
+
+def _check_qkv_once(c: Check, x, w_q, w_k, w_v, lead) -> None:
+    got = _call_unchanged(c, (x, w_q, w_k, w_v), hint=PROJ_SHAPES)
+    shown = f"x {list(x.shape)}, w_q {list(w_q.shape)}, w_k {list(w_k.shape)}, " \
+            f"w_v {list(w_v.shape)}"
+    if isinstance(got, torch.Tensor):
+        c.fail(f"returned one tensor {list(got.shape)}; return the tuple (q, k, v).",
+               "return three separate tensors: `return q, k, v`")
+    if not isinstance(got, (tuple, list)) or len(got) != 3:
+        c.fail(f"should return a tuple (q, k, v), got {type(got).__name__}"
+               f"{' of length ' + str(len(got)) if isinstance(got, (tuple, list)) else ''}.")
+    weights = {"q": w_q, "k": w_k, "v": w_v}
+    lead_dims = [f"L{i}" for i in range(len(lead) - 1)] + ["S"]
+    wants = ref.project_qkv(x, w_q, w_k, w_v)
+    for (name, w), value, want in zip(weights.items(), got, wants):
+        wrong = {W_TRANSPOSED: lambda w=w: x @ w.T}
+        for other, w_other in weights.items():
+            if other != name:
+                wrong[f"{name} computed with w_{other}: q = x @ w_q, k = x @ w_k, v = x @ w_v, "
+                      f"returned in the order (q, k, v)"] = lambda w_other=w_other: x @ w_other
+        c.expect_tensor(value, want, what=f"{name} for {shown}",
+                        dims=lead_dims + ["out"], wrong=wrong)
+
+
+# --------------------------------------------------------------------------------------------
+# attention_scores
+
+
+def _scores_wrong(got, q, k) -> dict:
+    d = q.shape[-1]
+    raw = q @ k.transpose(-2, -1)
+    variants = {
+        NO_SCALE: lambda: raw,
+        SCALE_BY_D: lambda: raw / d,
+        SCALE_MULTIPLIED: lambda: raw * math.sqrt(d),
+        QK_SWAPPED: lambda: k @ q.transpose(-2, -1) / math.sqrt(d),
+        QK_SWAPPED + " (and unscaled)": lambda: k @ q.transpose(-2, -1),
+        QT_K: lambda: q.transpose(-2, -1) @ k / math.sqrt(d),
+        SCALE_BY_S: lambda: _any_of(got, raw / math.sqrt(q.shape[-2]),
+                                    raw / math.sqrt(k.shape[-2])),
+    }
+    if q.dim() == 4:
+        h = q.shape[-3] * d
+        variants[SCALE_BY_H] = lambda: raw / math.sqrt(h)
+        variants[SCALE_BY_H + " (and divided by H itself, not its square root)"] = lambda: raw / h
+    return variants
+
+
+def check_attention_scores(f, *, seed: int | None = None, thorough: bool = False) -> None:
+    with Check("attention_scores", f, seed=seed) as c:
+        cases = [_score_sizes(c) for _ in range(3 if thorough else 1)]
+        for b, n, sq, sk, d in cases:
+            # the article's single head [B, S, D] @ [B, D, S], with S_q != S_k
+            _check_scores_once(c, c.randn(b, sq, d), c.randn(b, sk, d), ("B", "S_q", "S_k"))
+            # heads-first [B, N, S, D]
+            _check_scores_once(c, c.randn(b, n, sq, d), c.randn(b, n, sk, d),
+                               ("B", "N", "S_q", "S_k"))
+        b, n, sq, sk, d = cases[0]
+        _check_scores_once(c, c.randn(sq, d), c.randn(sk, d), ("S_q", "S_k"))
+        _check_scores_once(c, c.randn(b, n, sq, d, dtype=torch.float64),
+                           c.randn(b, n, sk, d, dtype=torch.float64), ("B", "N", "S_q", "S_k"))
+        _summary(c, "Q K^T / sqrt(D)", "S_q != S_k", "[S, D], [B, S, D] and [B, N, S, D] inputs")
+
+
+def _score_sizes(c: Check) -> tuple[int, ...]:
+    """Distinct B, N, S_q, S_k, D whose wrong scales differ too: a scale by sqrt(S) must not
+    coincide with one by D (S = D^2) or by sqrt(H) (S = N * D)."""
+    while True:
+        b, n, sq, sk, d = c.sizes(5, 2, 11)
+        if not {sq, sk} & {d * d, n * d}:
+            return b, n, sq, sk, d
+
+
+def _check_scores_once(c: Check, q, k, dims) -> None:
+    got = _call_unchanged(c, (q, k), hint=SHAPES)
+    want = ref.attention_scores(q, k)
+    _expect(c, got, want, what=f"scores for q {list(q.shape)}, k {list(k.shape)}", dims=dims,
+            wrong=_scores_wrong(got, q, k))
+
+
+# --------------------------------------------------------------------------------------------
+# masked_softmax
+
+
+def check_masked_softmax(f, *, seed: int | None = None, thorough: bool = False) -> None:
+    with Check("masked_softmax", f, seed=seed, forbid=FORBID_SOFTMAX) as c:
+        for _ in range(3 if thorough else 1):
+            # lengths >= 3, so random masks leave rows with a choice among several keys
+            b, n, sq, sk = c.sizes(4, 3, 11)
+            lo, hi = _query_key_sizes(c)
+            # 1. no mask (the default argument): normalise each row over the keys
+            scores = c.randn(b, n, sq, sk, scale=2.0)
+            got = _call_unchanged(c, (scores,))
+            _expect_weights(c, got, scores, None, what="weights without a mask")
+            _rows_sum_to_one(c, got, None)
+            # 2. a bottom-right causal mask, S_q < S_k (queries are the last S_q positions)
+            scores = c.randn(b, n, lo, hi, scale=2.0)
+            _softmax_case(c, scores, ref.causal_mask(lo, hi), "a causal mask (S_q < S_k)")
+            # 3. a random mask shared by the heads [B, 1, S_q, S_k]
+            scores = c.randn(b, n, sq, sk, scale=2.0)
+            _softmax_case(c, scores, _random_mask(c, b, 1, sq, sk),
+                          "a random mask [B, 1, S_q, S_k]")
+            # 4. fully masked rows: a causal mask with S_q > S_k (the first queries sit before
+            #    the first key) and a random mask with empty rows
+            scores = c.randn(b, n, hi, lo, scale=2.0)
+            _softmax_case(c, scores, ref.causal_mask(hi, lo),
+                          "a causal mask with S_q > S_k (its first rows see no key)")
+            scores = c.randn(b, n, sq, sk, scale=2.0)
+            _softmax_case(c, scores, _random_mask(c, b, n, sq, sk, fully_masked_rows=True),
+                          "a mask with fully masked rows")
+            # 5. a padding mask [B, 1, 1, S_k]
+            pad = torch.ones(b, 1, 1, sk, dtype=torch.bool)
+            for i in range(b):
+                pad[i, ..., c.randint(1, sk + 1):] = False
+            _softmax_case(c, c.randn(b, n, sq, sk, scale=2.0), pad,
+                          "a padding mask [B, 1, 1, S_k]")
+        # 6. scores that already hold -inf (an additive mask), no boolean mask: a row of nothing
+        #    but -inf is fully masked too
+        keep = _random_mask(c, b, n, sq, sk, fully_masked_rows=True)
+        scores = c.randn(b, n, sq, sk, scale=2.0).masked_fill(~keep, float("-inf"))
+        got = _call_unchanged(c, (scores,))
+        _expect(c, got, ref.masked_softmax(scores), dims=_dims(4, "S_k"),
+                what="weights for scores that hold -inf (an additive mask, scores "
+                     f"{list(scores.shape)})",
+                fallback=_nonfinite_hint(keep, scores.shape, OVERFLOW, weights=True))
+        _large_scores(c)
+        # float64 stays float64
+        scores = c.randn(3, 4, 5, dtype=torch.float64)
+        _softmax_case(c, scores, _random_mask(c, 3, 4, 5), "float64 scores")
+        _summary(c, "softmax over the keys without a library softmax",
+                 "causal (S_q != S_k), random and padding masks", "fully masked rows are zeros",
+                 "stable for scores ~1e4", "inputs unchanged")
+
+
+def _expect_weights(c, got, scores, mask, *, what, fallback=None, variants=True) -> None:
+    want = ref.masked_softmax(scores, mask)
+    wrong = {
+        QUERY_AXIS: lambda: _softmax(scores, mask, dim=-2),
+        NOT_NORMALISED: lambda: _any_of(got, _unnormalised(scores, mask, shift=True),
+                                        _unnormalised(scores, mask, shift=False)),
+        WHOLE_TENSOR: lambda: (scores - scores.max()).exp() / (scores - scores.max()).exp().sum(),
+    }
+    if mask is not None:
+        wrong.update(_mask_variants(got, scores, mask))
+    dims = _dims(scores.dim(), "S_k")
+    _expect(c, got, want, what=f"{what} (scores {list(scores.shape)})", dims=dims,
+            wrong=wrong if variants else None,
+            fallback=fallback or _nonfinite_hint(mask, want.shape, OVERFLOW, weights=True))
+
+
+def _unnormalised(scores, mask, *, shift: bool):
+    s = scores if mask is None else scores.masked_fill(~mask, float("-inf"))
+    return (s - s.amax(-1, keepdim=True)).exp() if shift else s.exp()
+
+
+def _softmax_case(c: Check, scores, mask, what: str, **kwargs) -> torch.Tensor:
+    got = _call_unchanged(c, (scores, mask))
+    _expect_weights(c, got, scores, mask, what=f"weights with {what}", **kwargs)
+    _rows_sum_to_one(c, got, mask)
+    return got
+
+
+def _large_scores(c: Check) -> None:
+    """Scores around +-1e4: exp overflows (inf/inf = NaN) or underflows (0/0 = NaN) unless the
+    row max is subtracted first. The ordinary mistakes were diagnosed on ordinary scores already;
+    here a failure is about stability (with one-hot rows, several mistakes look alike)."""
+    b, sq, sk = c.sizes(3, 3, 10)
+    # masked keys hold the largest scores: the max must be taken after masking
+    mask = _random_mask(c, b, sq, sk)
+    scores = c.randn(b, sq, sk).masked_fill(~mask, 1e4)
+    _softmax_case(c, scores, mask, "masked keys scoring 1e4 above the visible ones",
+                  variants=False, fallback=_nonfinite_hint(mask, scores.shape, MAX_BEFORE_MASK,
+                                                           weights=True))
+    # whole rows near +1e4, -1e4, +3e4 and 0: exp(s) overflows or underflows without the max
+    offsets = torch.tensor([1e4, -1e4, 3e4, 0.0])[torch.arange(sq) % 4].view(1, sq, 1)
+    scores = offsets + c.randn(b, sq, sk, scale=5.0)
+    got = _call_unchanged(c, (scores,))
+    _expect_weights(c, got, scores, None, what="weights for scores near +-1e4", variants=False)
+    # a spread of 1e4 within each row: (nearly) one-hot weights, still finite
+    scores = c.randn(b, sq, sk, scale=1e4)
+    _softmax_case(c, scores, ref.causal_mask(sq, sk), "a causal mask and scores ~1e4",
+                  variants=False)
+
+
+# --------------------------------------------------------------------------------------------
+# attention
+
+
+def check_attention(f, *, seed: int | None = None, thorough: bool = False) -> None:
+    with Check("attention", f, seed=seed, forbid=FORBID_ATTENTION) as c:
+        for _ in range(3 if thorough else 1):
+            b, n, sq, sk, d, dv = c.sizes(6, 3, 12)
+            lo, hi = _query_key_sizes(c)
+            # 1. the article's single head, self-attention (S_q == S_k), no mask, D != D_v
+            q, k, v = c.randn(b, sq, d), c.randn(b, sq, d), c.randn(b, sq, dv)
+            _attention_case(c, q, k, v, None, "self-attention [B, S, D], no mask")
+            # 2. heads-first, cached-decoding shapes: S_q < S_k with a bottom-right causal mask
+            q, k, v = c.randn(b, n, lo, d), c.randn(b, n, hi, d), c.randn(b, n, hi, dv)
+            _attention_case(c, q, k, v, ref.causal_mask(lo, hi), "a causal mask, S_q < S_k")
+            # 3. a random mask [B, 1, S_q, S_k] with some fully masked rows
+            q, k, v = c.randn(b, n, sq, d), c.randn(b, n, sk, d), c.randn(b, n, sk, dv)
+            _attention_case(c, q, k, v, _random_mask(c, b, 1, sq, sk, fully_masked_rows=True),
+                            "a mask with fully masked rows")
+            # 4. S_q > S_k causal: the first queries see no key at all
+            q, k, v = c.randn(b, n, hi, d), c.randn(b, n, lo, d), c.randn(b, n, lo, dv)
+            _attention_case(c, q, k, v, ref.causal_mask(hi, lo), "a causal mask, S_q > S_k")
+        # 5. huge scores (float64, so both sides round the same way): ~1e4 and beyond
+        b, n, sq, sk, d, dv = c.sizes(6, 2, 11)
+        q = c.randn(b, n, sq, d, dtype=torch.float64, scale=100.0)
+        k = c.randn(b, n, sk, d, dtype=torch.float64, scale=100.0)
+        v = c.randn(b, n, sk, dv, dtype=torch.float64)
+        _attention_case(c, q, k, v, None, "scores ~1e4 (float64)")
+        _attention_case(c, q, k, v, _random_mask(c, b, n, sq, sk, fully_masked_rows=True),
+                        "scores ~1e4 and fully masked rows (float64)")
+        _summary(c, "out and weights agree with scaled_dot_product_attention",
+                 "S_q != S_k, D != D_v, causal and random masks", "fully masked rows give zeros",
+                 "stable for scores ~1e4")
+
+
+def _attention_case(c: Check, q, k, v, mask, what: str) -> None:
+    args = (q, k, v) if mask is None else (q, k, v, mask)
+    got = _call_unchanged(c, args, hint=SHAPES)
+    want_out, want_w = ref.attention(q, k, v, mask)
+    shapes = f"q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}" + \
+        ("" if mask is None else f", mask {list(mask.shape)}")
+    if isinstance(got, torch.Tensor):
+        c.fail(f"returned one tensor {list(got.shape)} for {shapes}; return the pair "
+               "(out, weights).")
+    if not isinstance(got, (tuple, list)) or len(got) != 2:
+        c.fail(f"should return a pair (out, weights), got {type(got).__name__} for {shapes}.")
+    out, weights = got
+    if (isinstance(out, torch.Tensor) and isinstance(weights, torch.Tensor) and
+            want_w.shape != want_out.shape and
+            out.shape == want_w.shape and weights.shape == want_out.shape):
+        c.fail(f"the first returned tensor has the weights' shape {list(want_w.shape)} for "
+               f"{shapes}.", PAIR_ORDER)
+    nd = q.dim()
+    w_dims, o_dims = _dims(nd, "S_k"), _dims(nd, "D_v")
+
+    # Wrong weights, each from the same inputs.
+    raw = q @ k.transpose(-2, -1)
+    d = q.shape[-1]
+    scaled = raw / math.sqrt(d)
+
+    def sm(s, m=mask, dim=-1):
+        return _any_of(weights, *_both(s, m, dim)) if m is not None else _softmax(s, None, dim)
+
+    w_wrong = {
+        NO_SCALE: lambda: sm(raw),
+        SCALE_BY_D: lambda: sm(raw / d),
+        QUERY_AXIS: lambda: sm(scaled, dim=-2),
+        QK_SWAPPED: lambda: sm(k @ q.transpose(-2, -1) / math.sqrt(d)),
+    }
+    if nd == 4:
+        w_wrong[SCALE_BY_H] = lambda: sm(raw / math.sqrt(q.shape[-3] * d))
+    if mask is not None:
+        w_wrong.update(_mask_variants(weights, scaled, mask))
+    dead = _rows_fully_masked(mask, want_w.shape)
+    _expect(c, weights, want_w, what=f"weights for {shapes}", dims=w_dims, wrong=w_wrong,
+            fallback=_nonfinite_hint(mask, want_w.shape, OVERFLOW, weights=True))
+
+    o_wrong = {
+        OUT_TRANSPOSED: lambda: (want_w @ v).transpose(-2, -1),
+        WEIGHTS_T_V: lambda: want_w.transpose(-2, -1) @ v,
+        WEIGHTS_K: lambda: want_w @ k,
+        PAIR_ORDER: lambda: want_w,
+    }
+    for mistake, variant in w_wrong.items():
+        o_wrong.setdefault(mistake, lambda variant=variant: variant() @ v)
+    _expect(c, out, want_out, what=f"out for {shapes}", dims=o_dims, wrong=o_wrong,
+            fallback=_nonfinite_hint(mask, want_w.shape, OVERFLOW))
+    if dead is not None and dead.any():
+        c.note("fully masked rows give zeros")
