@@ -1,0 +1,60 @@
+"""nbgrader settings for this course (nbgrader 0.9.6).
+
+Layout, relative to this file (nbgrader's `{nbgrader_step}/{student_id}/{assignment_id}`; the
+source and release steps use the student id `.`):
+
+    solutions/NN_slug/NN_slug.ipynb                       source: instructor notebooks
+    notebooks/NN_slug/NN_slug.ipynb                       release: learner notebooks (committed)
+    grading/submitted/STUDENT/NN_slug/NN_slug.ipynb       submissions you collected
+    grading/autograded/STUDENT/NN_slug/...                written by `nbgrader autograde`
+    grading/feedback/STUDENT/NN_slug/...                  written by `nbgrader generate_feedback`
+    grading/gradebook.db                                  the sqlite gradebook
+
+`grading/` is ignored by git. Run nbgrader from the repository root (this file is read from the
+current directory), with the course environment's `bin/` on PATH: nbgrader runs the `alembic`
+command to set up its database.
+
+Release the learner notebooks with `make release` (python -m checks.release), not with
+`nbgrader generate_assignment --force` here: --force deletes notebooks/NN_slug first. Before
+autograding a chapter, record it in the gradebook without touching notebooks/ (the notebook it
+writes to grading/release/ is byte-identical to the committed release):
+
+    nbgrader generate_assignment 01_notation --force --CourseDirectory.release_directory=grading/release
+    nbgrader autograde 01_notation        # every student under grading/submitted/
+    nbgrader export --to grading/grades.csv
+"""
+
+import os
+
+c = get_config()  # noqa: F821 (provided by traitlets when it reads this file)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# --- where things live -------------------------------------------------------------------------
+c.CourseDirectory.course_id = "llama-transformer"
+c.CourseDirectory.root = HERE
+c.CourseDirectory.source_directory = "solutions"
+c.CourseDirectory.release_directory = "notebooks"
+c.CourseDirectory.submitted_directory = os.path.join("grading", "submitted")
+c.CourseDirectory.autograded_directory = os.path.join("grading", "autograded")
+c.CourseDirectory.feedback_directory = os.path.join("grading", "feedback")
+c.CourseDirectory.solution_directory = os.path.join("grading", "solution")
+c.CourseDirectory.source_with_tests_directory = os.path.join("grading", "source_with_tests")
+c.CourseDirectory.db_url = "sqlite:///" + os.path.join(HERE, "grading", "gradebook.db")
+# sqlite creates the database file but not its folder.
+os.makedirs(os.path.join(HERE, "grading"), exist_ok=True)
+
+# --- what the learner gets ---------------------------------------------------------------------
+# The code between `### BEGIN SOLUTION` and `### END SOLUTION` becomes this stub. The checks package
+# reads NotImplementedError as "not started".
+c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
+c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
+
+# --- autograding -------------------------------------------------------------------------------
+# Per-cell time limit in seconds. A hidden test runs the thorough checks; on a slow laptop the
+# heaviest chapters need a few seconds, so two minutes is generous and still stops an infinite loop.
+c.Execute.timeout = 120
+c.Execute.interrupt_on_timeout = True
+# A deleted test cell is put back (after the answer cell before it) and graded as usual. Edited
+# locked cells are always restored from the gradebook, hidden tests included.
+c.OverwriteCells.add_missing_cells = True
