@@ -14,3 +14,11 @@ from .attention import (attention, attention_scores, fuse_qkv_weights, grouped_q
 from .masks import (bidirectional_mask, causal_mask, combine_masks, padding_mask,
                     to_additive_mask)
 from .notation import head_dim, kv_group_size, tensor_shape, validate_config
+from .tokens import (bpe_decode, bpe_encode, bpe_merge, bpe_train, embed, embedding_table_bytes,
+                     one_hot, pad_batch, utf8_bytes)
+from .positions import (equivariance_error, permutation_matrix, permute_tokens,
+                        sinusoidal_positions)
+from .rope import (apply_rope, interleaved_to_half_permutation, rope_angles, rope_frequencies,
+                   rotation_matrix)
+from .ffn import ffn, ffn_param_count, gelu, relu, silu, swiglu_ffn
+from .norms import layer_norm, post_norm_residual, pre_norm_residual, rms_norm
