@@ -1,0 +1,518 @@
+"""Checks for chapter 06: grouped-query and multi-query attention, and the KV-cache size.
+
+`grouped_query_attention` must not materialise the repeated keys and values. A torch-function
+mode watches every torch call the learner's function makes (see `_NoRepeatedKV`): copying
+functions (`repeat_interleave`, `repeat`, `tile`, `cat`, `stack` ...) applied to K or V are
+rejected outright; and since the random sizes are distinct primes, the element count of any tensor
+factors into the sizes it spans, so a tensor whose element count is a multiple of G * S_k * D (or
+G * S_k * D_v) holds some KV head's keys (or values) once per query head of its group: a repeated
+K (or V), however it was made (expand + reshape, indexing, a preallocated buffer, one group at a
+time or all at once). It is caught when it is created or when an expanded view of that size is
+fed to a computation. `torch.matmul` broadcasting a [B, N_kv, 1, D, S_k] view of K against
+[B, N_kv, G, S_q, D] queries copies K internally; that is recognised from the operands' shapes.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten
+
+from . import reference as ref
+from .engine import Check, CheckFailure, ForbiddenCall, tolerance
+
+# --------------------------------------------------------------------------------------------
+# Exercise 1: kv_head_index
+
+
+def _integral(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _kv_index_mixups(n_heads: int, n_kv: int) -> dict:
+    """Head maps (one KV head per query head) that the common mistakes produce."""
+    g = n_heads // n_kv
+    heads = range(n_heads)
+    return {
+        "used h % N_kv (round-robin groups); the course's groups are consecutive: query heads "
+        "0..G-1 share KV head 0, so h reads KV head h // G": [h % n_kv for h in heads],
+        "used h // N_kv: divide by the group size G = N_h / N_kv, not by the number of KV heads":
+            [h // n_kv for h in heads],
+        "returned the query head itself, as if N_kv were N_h (that is MHA); with fewer KV heads "
+        "G = N_h / N_kv query heads share one": list(heads),
+        "divided by N_h, which sends every head to KV head 0 (that is MQA); divide by "
+        "G = N_h / N_kv": [h // n_heads for h in heads],
+        "counted heads from 1 as the article's table does; the course counts from 0":
+            [h // g + 1 for h in heads],
+        "rounded h / G to the nearest integer; use floor division h // G":
+            [round(h / g) for h in heads],
+    }
+
+
+def check_kv_head_index(f, *, seed: int | None = None, thorough: bool = False) -> None:
+    with Check("kv_head_index", f, seed=seed) as c:
+        cases = [(32, 8), (32, 32), (32, 1)]  # LLaMA-2-7B shapes as GQA, MHA, MQA
+        for _ in range(6 if thorough else 2):
+            n_kv, g = c.sizes(2, 2, 6)
+            cases.append((n_kv * g, n_kv))
+        for n_heads, n_kv in cases:
+            got = []
+            for h in range(n_heads):
+                value = c.call(h, n_heads, n_kv)
+                if not _integral(value):
+                    c.fail(f"kv_head_index({h}, n_heads={n_heads}, n_kv_heads={n_kv}) returned "
+                           f"{type(value).__name__} {value!r}; it should return a Python int.",
+                           "use integer (floor) division `//`" if isinstance(value, float)
+                           else None)
+                got.append(int(value))
+            want = [ref.kv_head_index(h, n_heads, n_kv) for h in range(n_heads)]
+            if got != want:
+                h = next(i for i in range(n_heads) if got[i] != want[i])
+                g, j = n_heads // n_kv, want[h]
+                c.fail(f"kv_head_index({h}, n_heads={n_heads}, n_kv_heads={n_kv}) returned "
+                       f"{got[h]}, expected {j}: with G = {g}, query heads {j * g}..{j * g + g - 1}"
+                       f" share KV head {j}.", c._diagnose(got, _kv_index_mixups(n_heads, n_kv),
+                                                          0.0, 0.0))
+        c.note("consecutive groups for GQA, MHA (N_kv = N_h) and MQA (N_kv = 1)")
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 2: repeat_kv
+
+
+def check_repeat_kv(f, *, seed: int | None = None, thorough: bool = False) -> None:
+    with Check("repeat_kv", f, seed=seed) as c:
+        c.note("repeat-interleave head order (head h is KV head h // n_rep)")
+        c.note("N_kv = 1, n_rep = 1 and float64 inputs")
+        cases = []
+        for _ in range(4 if thorough else 2):
+            b, n_kv, s, d, n_rep = c.sizes(5, 2, 9)
+            cases.append((b, n_kv, s, d, n_rep, torch.float32))
+        b, s, d, n_rep = c.sizes(4, 2, 9)
+        cases.append((b, 1, s, d, n_rep, torch.float32))  # MQA: one KV head
+        b, n_kv, s, d = c.sizes(4, 2, 9)
+        cases.append((b, n_kv, s, d, 1, torch.float32))  # MHA: nothing to repeat
+        b, n_kv, s, d, n_rep = c.sizes(5, 2, 9)
+        cases.append((b, n_kv, s, d, n_rep, torch.float64))  # dtype is kept
+        for b, n_kv, s, d, n_rep, dtype in cases:
+            x = c.randn(b, n_kv, s, d, dtype=dtype)
+            x_before = x.clone()
+            got = c.call(x, n_rep)
+            if not torch.equal(x, x_before):
+                c.fail("modified its input x in place; return a new tensor instead.")
+            c.expect_tensor(got, ref.repeat_kv(x, n_rep),
+                            what=f"repeat_kv(x of [B={b}, N_kv={n_kv}, S={s}, D={d}], "
+                                 f"n_rep={n_rep})",
+                            dims=("B", "N_kv*n_rep", "S", "D"), wrong=_repeat_mixups(x, n_rep))
+
+
+def _repeat_mixups(x: torch.Tensor, n_rep: int) -> dict:
+    return {
+        "repeated the whole block of heads (tiling, like `x.repeat(1, n_rep, 1, 1)` or "
+        "`torch.cat([x] * n_rep, dim=1)`): head h then reads KV head h % N_kv; use "
+        "repeat-interleave order, where each KV head's copies sit next to each other":
+            lambda: x.repeat(1, n_rep, 1, 1),
+        "repeated along the sequence axis (dim 2); repeat the heads axis, dim 1":
+            lambda: x.repeat_interleave(n_rep, dim=2),
+        "repeated along the feature axis (dim 3); repeat the heads axis, dim 1":
+            lambda: x.repeat_interleave(n_rep, dim=3),
+        "repeated along the batch axis (dim 0); repeat the heads axis, dim 1":
+            lambda: x.repeat_interleave(n_rep, dim=0),
+        "`repeat_interleave` without `dim=` flattens the tensor first; pass dim=1":
+            lambda: x.repeat_interleave(n_rep),
+        "returned x unchanged; each KV head must appear n_rep times": lambda: x,
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 3: grouped_query_attention, and the guard against materialising repeated K/V
+
+# Functions that copy their inputs into a bigger tensor: never applied to K or V here.
+_COPYING = frozenset({"repeat_interleave", "repeat", "tile", "cat", "concat", "concatenate",
+                      "stack", "hstack", "vstack", "dstack", "column_stack", "index_select",
+                      "gather", "take", "take_along_dim", "broadcast_tensors"})
+# Metadata reads (including properties such as `.shape`, seen as `__get__`): never a copy.
+_METADATA = frozenset({"__get__", "__len__", "size", "dim", "ndimension", "stride", "numel",
+                       "nelement", "is_contiguous", "data_ptr", "storage_offset",
+                       "untyped_storage", "element_size", "is_floating_point", "is_complex",
+                       "__repr__", "__str__", "__format__", "type", "get_device"})
+# Functions that return a view of (or may return) their input: an expanded view passed to them
+# costs nothing by itself; if they copy, the copy is caught as their result.
+_VIEWS = frozenset({"view", "view_as", "expand", "expand_as", "broadcast_to", "unsqueeze",
+                    "squeeze", "transpose", "swapaxes", "swapdims", "permute", "movedim",
+                    "moveaxis", "t", "narrow", "select", "unflatten", "__getitem__", "unbind",
+                    "split", "chunk", "tensor_split", "as_strided", "diagonal", "detach",
+                    "alias", "reshape", "reshape_as", "flatten", "contiguous", "unfold", "to",
+                    "type_as", "float", "double", "half", "bfloat16", "clone"})
+_MATMULS = frozenset({"matmul", "__matmul__", "__rmatmul__"})
+_FOLD_HINT = ("fold the G query heads of a group into the rows of one matrix: "
+              "q.reshape(B, N_kv, G * S_q, D) @ k.transpose(-2, -1) gives [B, N_kv, G * S_q, S_k] "
+              "scores without copying K; do the same for the weights times V")
+
+
+def _tensors(tree) -> list[torch.Tensor]:
+    return [t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)]
+
+
+def _storage(t: torch.Tensor) -> int:
+    try:
+        return t.untyped_storage().data_ptr()
+    except Exception:  # tensors without storage (e.g. meta) have nothing to compare
+        return -1
+
+
+class _Watch:
+    """What the guard needs to know about one call: K, V and the element counts to watch."""
+
+    def __init__(self):
+        self.exercise = "grouped_query_attention"
+        self.kv: list[torch.Tensor] = []
+        # G * S_k * D and G * S_k * D_v: with distinct prime sizes, a tensor whose element
+        # count is a multiple of one of them holds a KV head's keys (or values) once for each of
+        # the G query heads that share it; no honest intermediate spans G, S_k and D at once.
+        self.divisors: tuple[int, ...] = ()
+        self.sizes_text = ""
+
+    def repeated(self, n: int) -> bool:
+        return n > 0 and any(n % d == 0 for d in self.divisors)
+
+
+class _NoRepeatedKV(TorchFunctionMode):
+    """Fail as soon as the learner's code copies K or V out to every query head.
+
+    A torch-function mode sees each torch call the learner's code makes (not the calls inside
+    torch), so three things are checked per call: copying functions applied to K or V; a tensor
+    of repeated-K/V size passed to a computation (an expanded view gets copied there) or created
+    by it; and `torch.matmul` broadcasting a K/V operand over the group axis, which it does by
+    expanding and copying.
+    """
+
+    def __init__(self, watch: _Watch):
+        super().__init__()
+        self.watch = watch
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if name in _METADATA:
+            return func(*args, **kwargs)
+        inputs = _tensors((args, kwargs))
+        if name in _COPYING and self._touches_kv(inputs):
+            raise ForbiddenCall(
+                self.watch.exercise,
+                f"calls `{name}` on the keys or values: that materialises the repeated K/V, "
+                "which grouped-query attention exists to avoid.", hint=_FOLD_HINT)
+        if self.watch.divisors:
+            if name not in _VIEWS:
+                for t in inputs:
+                    if self.watch.repeated(t.numel()):
+                        self._fail(f"a tensor of shape {list(t.shape)} goes into `{name}`",
+                                   "an expanded view of K or V costs nothing until an operation "
+                                   "such as this one reads it; then it is copied or processed "
+                                   f"once per query head. Instead, {_FOLD_HINT}")
+            if name in _MATMULS and len(inputs) >= 2:
+                self._check_matmul(name, inputs[0], inputs[1])
+        out = func(*args, **kwargs)
+        if self.watch.divisors:
+            storages = {_storage(t) for t in inputs}
+            for t in _tensors(out):
+                if self.watch.repeated(t.numel()) and _storage(t) not in storages:
+                    if name == "__getitem__":
+                        hint = ("indexing with a list or tensor of head indices (k[:, idx]) "
+                                "copies the selected heads; slices and single indices (k[:, j]) "
+                                "are views.")
+                    elif name in _VIEWS:
+                        hint = ("expand() alone is free, but making the expanded K/V contiguous "
+                                "(reshape, contiguous, clone) copies it; that is what repeat_kv "
+                                "does.")
+                    else:
+                        hint = ("a tensor with one K (or V) per query head is a copy, however it "
+                                "is filled.")
+                    self._fail(f"`{name}` built a tensor of shape {list(t.shape)}",
+                               f"{hint} Instead, {_FOLD_HINT}")
+        return out
+
+    def _touches_kv(self, inputs) -> bool:
+        storages = {_storage(t) for t in self.watch.kv}
+        shapes = {tuple(t.shape) for t in self.watch.kv}
+        return any(_storage(t) in storages or tuple(t.shape) in shapes for t in inputs)
+
+    def _check_matmul(self, name, a, b):
+        """torch.matmul expands both operands to the common batch shape, then reshapes them into
+        one batched GEMM: an operand with fewer batch entries than that shape gets copied."""
+        if a.dim() < 3 and b.dim() < 3:
+            return
+        try:
+            batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        except RuntimeError:
+            return  # the call itself will report the mismatch
+        for x in (a, b):
+            if x.dim() >= 3 and math.prod(x.shape[:-2]) < math.prod(batch):
+                expanded = [*batch, *x.shape[-2:]]
+                if self.watch.repeated(math.prod(expanded)):
+                    self._fail(f"`{name}` broadcasts an operand of shape {list(x.shape)} to "
+                               f"{expanded}",
+                               "torch.matmul implements broadcast batch dimensions by expanding "
+                               "the operand and copying it into one big batch, so a "
+                               "[B, N_kv, 1, S_k, D] view of K against [B, N_kv, G, S_q, D] "
+                               f"queries copies K once per query head. Instead, {_FOLD_HINT}")
+
+    def _fail(self, what: str, hint: str):
+        raise CheckFailure(self.watch.exercise,
+                           f"materialises the repeated K/V: {what}, which holds a KV head's keys "
+                           "(or values) once for each of the G query heads sharing it "
+                           f"({self.watch.sizes_text}). The G query heads of a group must share "
+                           "their KV head without copying it.",
+                           hint=hint)
+
+
+def _watched(f, watch: _Watch):
+    """`f`, run under the guard."""
+
+    def grouped_query_attention(*args, **kwargs):
+        kv = list(args[1:3]) + [kwargs[n] for n in ("k", "v") if n in kwargs]
+        watch.kv = [t for t in kv if isinstance(t, torch.Tensor)]
+        with _NoRepeatedKV(watch):
+            return f(*args, **kwargs)
+
+    return grouped_query_attention
+
+
+_FORBID_SDPA = {"scaled_dot_product_attention":
+                "write the grouping yourself; the demo after the exercise compares your function "
+                "with F.scaled_dot_product_attention(..., enable_gqa=True)"}
+
+
+def _prime_sizes(c: Check, *, n_kv: int | None = None, s_q: int | None = None,
+                 kv_more: bool = False):
+    """(B, N_kv, G, S_q, S_k, D, D_v): distinct primes (N_kv or S_q may be pinned to 1).
+
+    With `kv_more`, N_kv > G, so that "h // N_kv" is still a valid head index and its output can
+    be recognised.
+    """
+    small = [2, 3, 5]
+    order = torch.randperm(3, generator=c.gen).tolist()
+    b, g, nk = (small[i] for i in order)
+    if kv_more and g > nk:
+        g, nk = nk, g
+    if n_kv is not None:
+        nk = n_kv
+    big = [7, 11, 13, 17, 19]
+    order = torch.randperm(5, generator=c.gen).tolist()
+    sq, sk, d, dv = (big[i] for i in order[:4])
+    if s_q is not None:
+        sq = s_q
+    return b, nk, g, sq, sk, d, dv
+
+
+def _gqa64(q, k, v, mask=None, *, kv_index=None, scale=None, softmax_dim=-1, mask_mode="bool",
+           masked_rows="zero"):
+    """Attention with an explicit head map, in float64: expected values for known mistakes."""
+    n_h, n_kv, d = q.shape[1], k.shape[1], q.shape[-1]
+    if kv_index is None:
+        kv_index = [h // (n_h // n_kv) for h in range(n_h)]
+    if max(kv_index) >= n_kv or min(kv_index) < 0:
+        raise ValueError("head map out of range")
+    idx = torch.tensor(kv_index)
+    q64, k64, v64 = q.double(), k.double()[:, idx], v.double()[:, idx]
+    scale = 1 / math.sqrt(d) if scale is None else scale
+    scores = q64 @ k64.transpose(-2, -1) * scale
+    if mask is not None and mask_mode != "ignore":
+        allowed = mask.bool().expand(scores.shape)
+        if mask_mode == "inverted":
+            allowed = ~allowed
+        if mask_mode == "added":
+            scores = scores + mask.double()
+            allowed = torch.ones_like(allowed)
+    else:
+        allowed = torch.ones(scores.shape, dtype=torch.bool)
+    weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=softmax_dim)
+    weights = weights.nan_to_num(0.0)
+    out = weights @ v64
+    empty = ~allowed.any(-1, keepdim=True)
+    if masked_rows == "nan":
+        out = out.masked_fill(empty, float("nan"))
+    elif masked_rows == "mean":
+        out = torch.where(empty, v64.mean(-2, keepdim=True), out)
+
+    return out.to(q.dtype)
+
+
+def _gqa_mixups(q, k, v, mask) -> dict:
+    n_h, n_kv = q.shape[1], k.shape[1]
+    d = q.shape[-1]
+    wrong = {
+        "query head h read KV head h % N_kv (round-robin groups, as from `repeat` instead of "
+        "`repeat_interleave`, or from viewing q as [B, G, N_kv, S_q, D]); the groups are "
+        "consecutive: q must be viewed as [B, N_kv, G, S_q, D]":
+            lambda: _gqa64(q, k, v, mask, kv_index=[h % n_kv for h in range(n_h)]),
+        "query head h read KV head h // N_kv; divide by the group size G = N_h / N_kv":
+            lambda: _gqa64(q, k, v, mask, kv_index=[h // n_kv for h in range(n_h)]),
+        "forgot the 1/sqrt(D_h) scale": lambda: _gqa64(q, k, v, mask, scale=1.0),
+        "scaled by 1/D_h instead of 1/sqrt(D_h)": lambda: _gqa64(q, k, v, mask, scale=1 / d),
+        "softmax over the query axis; it runs over the keys (last axis)":
+            lambda: _gqa64(q, k, v, mask, softmax_dim=-2),
+    }
+    if mask is not None:
+        wrong.update({
+            "ignored the mask": lambda: _gqa64(q, k, v, mask, mask_mode="ignore"),
+            "mask inverted: True means 'may attend'":
+                lambda: _gqa64(q, k, v, mask, mask_mode="inverted"),
+            "added the boolean mask to the scores; blocked positions need -inf (masked_fill), "
+            "not +0/+1": lambda: _gqa64(q, k, v, mask, mask_mode="added"),
+            "fully masked query rows came out as NaN; they must give zeros (softmax of a row of "
+            "-inf is NaN: zero those rows, as chapter 04's masked_softmax does)":
+                lambda: _gqa64(q, k, v, mask, masked_rows="nan"),
+            "fully masked query rows came out as the mean of V: filling blocked scores with a "
+            "large finite negative number gives such rows uniform weights; they must give zeros":
+                lambda: _gqa64(q, k, v, mask, masked_rows="mean"),
+        })
+    return wrong
+
+
+def _run_gqa(c: Check, watch: _Watch, sizes, *, mask_kind=None, dtype=torch.float32,
+             q_scale=1.0, detect=True, label="GQA"):
+    b, n_kv, g, s_q, s_k, d, d_v = sizes
+    n_h = n_kv * g
+    q = c.randn(b, n_h, s_q, d, dtype=dtype, scale=q_scale)
+    k = c.randn(b, n_kv, s_k, d, dtype=dtype)
+    v = c.randn(b, n_kv, s_k, d_v, dtype=dtype)
+    if mask_kind == "causal":
+        mask = ref.causal_mask(s_q, s_k)
+    elif mask_kind == "padding":
+        keep = torch.ones(b, s_k, dtype=torch.bool)
+        for i in range(b):  # right padding of a different length per sequence
+            keep[i, s_k - c.randint(0, s_k // 2 + 1):] = False
+        mask = ref.padding_mask(keep)
+    elif mask_kind == "per_head":
+        mask = torch.rand(b, n_h, s_q, s_k, generator=c.gen) < 0.6
+        mask[:, :, :, c.randint(0, s_k)] = True
+        mask[0, c.randint(0, n_h), c.randint(0, s_q)] = False  # a fully masked row
+        mask[b - 1, n_h - 1, s_q - 1] = False
+    else:
+        mask = None
+    g_ok = detect and g > 1
+    watch.divisors = tuple({g * s_k * d, g * s_k * d_v}) if g_ok else ()
+    watch.sizes_text = (f"B={b}, N_h={n_h}, N_kv={n_kv}, G={g}, S_q={s_q}, S_k={s_k}, D={d}, "
+                        f"D_v={d_v}")
+    before = [t.clone() for t in (q, k, v)]
+    args = (q, k, v) if mask is None else (q, k, v, mask)
+    got = c.call(*args)
+    watch.divisors = ()
+    if isinstance(got, tuple):
+        c.fail(f"returned a tuple of {len(got)} items; return only the output tensor "
+               "[B, N_h, S_q, D_v].", "chapter 04's attention returns (out, weights); this "
+               "function returns out alone")
+    if not all(torch.equal(t, t0) for t, t0 in zip((q, k, v), before)):
+        c.fail("modified q, k or v in place; leave the inputs untouched.")
+    shown = "no mask" if mask is None else f"{mask_kind} mask {list(mask.shape)}"
+    want = ref.grouped_query_attention(q, k, v, mask)
+    if q_scale > 1:
+        _expect_stable(c, got, want, q, k, mask)
+    c.expect_tensor(got, want,
+                    what=f"output for {label} ({watch.sizes_text}; {dtype}; {shown})",
+                    dims=("B", "N_h", "S_q", "D_v"), wrong=_gqa_mixups(q, k, v, mask))
+
+
+def _expect_stable(c: Check, got, want, q, k, mask) -> None:
+    """With large scores, wrong values exactly on the rows whose exp() overflows (or underflows
+    to all zeros) mean a softmax that does not subtract the row maximum."""
+    if not (isinstance(got, torch.Tensor) and got.shape == want.shape and got.dtype == want.dtype):
+        return
+    g = q.shape[1] // k.shape[1]
+    scores = q.double() @ k.double().repeat_interleave(g, 1).transpose(-2, -1)
+    scores = scores / math.sqrt(q.shape[-1])
+    allowed = (torch.ones_like(scores, dtype=torch.bool) if mask is None
+               else mask.bool().expand(scores.shape))
+    live = scores.masked_fill(~allowed, float("-inf"))
+    info = torch.finfo(q.dtype)
+    # The sum of the exponentials overflows (log-sum-exp beyond the largest float), or every
+    # one of them underflows to zero; a margin covers rounding near both edges.
+    overflow = torch.logsumexp(live, -1) > math.log(info.max) - 0.5
+    underflow = live.amax(-1) < math.log(info.smallest_normal * info.eps) + 0.5
+    risky = (overflow | underflow) & allowed.any(-1)
+    atol, rtol = tolerance(want.dtype)
+    diff = (got.double() - want.double()).abs()
+    row_ok = ((diff <= atol + rtol * want.double().abs()) & ~got.isnan()).all(-1)
+    if risky.any() and not row_ok[risky].all() and row_ok[~risky].all():
+        c.fail(f"wrong values (inf, NaN or zeros) exactly on the {int((~row_ok).sum())} query "
+               "rows whose scores are large enough to overflow exp() (or to underflow it to all "
+               "zeros); every other row is right.",
+               "softmax overflowed: exp of a large score is inf. Subtract each row's maximum "
+               "score before exponentiating (or use chapter 04's masked_softmax)")
+
+
+def check_grouped_query_attention(f, *, seed: int | None = None, thorough: bool = False) -> None:
+    with Check("grouped_query_attention", f, seed=seed, forbid=_FORBID_SDPA) as c:
+        watch = _Watch()
+        c.fn = _watched(f, watch)
+        # Shown in the pass summary (a failure below stops the check before it is displayed).
+        for prop in ("GQA, MQA (N_kv = 1) and MHA (N_kv = N_h), with S_q != S_k",
+                     "bottom-right causal, padding and per-head masks; fully masked rows give 0",
+                     "repeated K/V never materialised"):
+            c.note(prop)
+        _run_gqa(c, watch, _prime_sizes(c, kv_more=True))
+        _run_gqa(c, watch, _prime_sizes(c, kv_more=True), mask_kind="causal")
+        _run_gqa(c, watch, _prime_sizes(c, n_kv=1), mask_kind="causal", label="MQA (N_kv = 1)")
+        b, n_kv, s_q, s_k, d = c.sizes(5, 2, 9)
+        s = max(s_q, s_k)
+        _run_gqa(c, watch, (b, n_kv, 1, s, s, d, d), mask_kind="causal",
+                 label="MHA (N_kv = N_h)")
+        _run_gqa(c, watch, _prime_sizes(c, s_q=1), mask_kind="causal",
+                 label="a decode step (S_q = 1)")
+        sizes = list(_prime_sizes(c))
+        sizes[3], sizes[4] = max(sizes[3:5]), min(sizes[3:5])  # S_q > S_k: leading rows see nothing
+        _run_gqa(c, watch, tuple(sizes), mask_kind="causal",
+                 label="S_q > S_k, whose first rows are fully masked")
+        _run_gqa(c, watch, _prime_sizes(c), mask_kind="per_head",
+                 label="a per-head mask with fully masked rows")
+        _run_gqa(c, watch, _prime_sizes(c), mask_kind="padding", label="a padding mask")
+        _run_gqa(c, watch, _prime_sizes(c), q_scale=60.0, mask_kind="causal",
+                 label="large scores (up to a few hundred)")
+        _run_gqa(c, watch, _prime_sizes(c), mask_kind="causal", dtype=torch.float64)
+        for _ in range(4 if thorough else 0):
+            _run_gqa(c, watch, _prime_sizes(c), mask_kind=c.choice([None, "causal", "per_head"]))
+            _run_gqa(c, watch, _prime_sizes(c, n_kv=1), mask_kind="causal", label="MQA")
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 4: kv_cache_bytes
+
+
+def check_kv_cache_bytes(f, *, seed: int | None = None, thorough: bool = False) -> None:
+    with Check("kv_cache_bytes", f, seed=seed) as c:
+        c.note("2 L B S N_kv D_h s, exact")
+        c.note("the article's LLaMA-2-7B numbers: MHA, GQA 1/4, MQA 1/32")
+        cases = []
+        # 1 byte first (fp8/int8), then 4 (fp32): 2-byte slips then differ from a missing 2.
+        for nbytes in [1, 4] + [c.choice([1, 4]) for _ in range(4 if thorough else 0)]:
+            n_layers, batch, n_kv, head_dim = c.sizes(4, 3, 40)
+            cases.append((n_layers, batch, c.randint(50, 5000), n_kv, head_dim, nbytes))
+        # The article's LLaMA-2-7B shapes in fp16 at 4096 tokens: MHA, GQA (N_kv = 8), MQA.
+        cases += [(32, 1, 4096, 32, 128, 2), (32, 1, 4096, 8, 128, 2), (32, 1, 4096, 1, 128, 2)]
+        for args in cases:
+            want = ref.kv_cache_bytes(*args)
+            c.expect_equal(c.call(*args), want,
+                           what="kv_cache_bytes(n_layers={}, batch={}, seq_len={}, "
+                                "n_kv_heads={}, head_dim={}, bytes_per_elem={})".format(*args),
+                           wrong=_cache_mixups(args, want))
+
+
+def _cache_mixups(args, want: int) -> dict:
+    n_layers, batch, seq_len, n_kv, head_dim, nbytes = args
+    return {
+        "forgot the factor 2: the cache holds both K and V": want // 2,
+        "counted bits, not bytes (multiplied by 8)": want * 8,
+        "returned GiB; return the exact number of bytes as an int": want / 2**30,
+        "returned MiB; return the exact number of bytes as an int": want / 2**20,
+        "returned a float; the byte count is an exact int (avoid `/` and float factors)":
+            float(want),
+        "left out the number of layers L: every layer keeps its own K and V": want // n_layers,
+        "left out the batch size B: every sequence keeps its own cache": want // batch,
+        "hard-coded 2 bytes per element (fp16); use bytes_per_elem":
+            want // nbytes * 2 if nbytes != 2 else None,
+        "multiplied by bytes_per_elem twice": want * nbytes if nbytes != 1 else None,
+    }

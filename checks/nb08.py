@@ -1,0 +1,640 @@
+"""Checks for chapter 08: RoPE (frequencies, angles, the 2x2 rotation, both pairing conventions).
+
+Conventions (course-spec section 2): theta_i = base ** (-2i / D_r) for i = 0 .. D_r/2 - 1; a token
+at position m rotates pair i by m * theta_i (counter-clockwise); the default pairing is the
+article's (2i, 2i+1) ("interleaved"), `interleaved=False` pairs (i, i + D_r/2) ("half", as in
+Hugging Face checkpoints); with D_r < D only the first D_r features of each head rotate. Angles are
+computed in float32; apply_rope returns x's dtype.
+
+Positions in the checks start at an offset (a decode step or a later chunk starts at start_pos),
+so that "used arange(S) instead of positions" gives wrong answers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import torch
+
+from . import reference as ref
+from .engine import Check, CheckFailure, LearnerError, describe, tolerance
+
+HEADS_FIRST = ("B", "N", "S", "D")
+
+# --------------------------------------------------------------------------------------------
+# The mistakes this chapter diagnoses, in the words a failure shows.
+
+EXPONENT_I = ("exponent i/D_r instead of 2i/D_r: pair i holds features 2i and 2i+1, so "
+              "theta_i = base ** (-2i / D_r) (step 2 in `torch.arange(0, D_r, 2)`)")
+INDEX_FROM_1 = ("pair index counted from 1: i runs 0 .. D_r/2 - 1, so the first pair has "
+                "theta_0 = 1 (one radian per position) and the last base ** (-(D_r - 2) / D_r)")
+LINSPACE = ("exponents spread over 0 .. 1 (`linspace(0, 1, D_r/2)`): they are 2i/D_r, which stops "
+            "at (D_r - 2)/D_r, so the last frequency is base ** (-(D_r - 2)/D_r), not 1/base")
+POSITIVE_EXPONENT = ("forgot the minus sign in the exponent: theta_i = base ** (-2i / D_r) = "
+                     "1 / base ** (2i / D_r) shrinks from 1 towards 1/base")
+INT_DIVISION = ("integer division: `torch.arange(0, D_r, 2) // D_r` is all zeros, so every "
+                "frequency came out as 1; divide as floats")
+PER_FEATURE = ("one frequency per feature: RoPE has one frequency per PAIR of features, "
+               "D_r // 2 of them")
+IGNORED_BASE = "ignored the `base` argument (used 10000)"
+FLOAT_DTYPE = "return float32 (compute in float64 if you like, then `.float()`)"
+
+POSITIONS_IGNORED = ("ignored `positions`: used torch.arange(S) (0, 1, 2, ...) instead of the "
+                     "positions given; a decode step or a later chunk starts at start_pos, not 0")
+POSITIONS_FROM_1 = ("positions counted from 1 (m + 1): use the positions exactly as given; the "
+                    "first token of a sequence is position 0")
+DIVIDED = "divided the positions by the frequencies: the angle is m * theta_i, a product"
+TRANSPOSED = ("transposed: angles are [..., S, D_r/2], one row per position and one column per "
+              "pair (`positions[..., None] * freqs`)")
+PER_FEATURE_ANGLE = ("one angle per feature: return one angle per PAIR, [..., S, D_r/2]; both "
+                     "features of pair i share m * theta_i (repeat it inside apply_rope if your "
+                     "rotation needs it)")
+BATCH_LOST = ("positions [B, S] give angles [B, S, D_r/2]: every sequence keeps its own row of "
+              "positions")
+BATCH_FLAT = ("flattened the batch: positions [B, S] give angles [B, S, D_r/2], not "
+              "[B * S, D_r/2]")
+
+ROT_CLOCKWISE = ("rotates the wrong way (clockwise): R(alpha) = [[cos, -sin], [sin, cos]], the "
+                 "minus sign belongs in the top-right entry, so that R(pi/2) turns (1, 0) into "
+                 "(0, 1)")
+ROT_SWAPPED = ("sin and cos swapped: the diagonal holds cos(alpha), the off-diagonal "
+               "-sin(alpha) (top right) and sin(alpha) (bottom left)")
+ROT_NO_MINUS = ("not a rotation: the minus sign is missing; R(alpha) = [[cos, -sin], "
+                "[sin, cos]]")
+ROT_DEGREES = "alpha is in radians: torch.cos and torch.sin take radians, do not convert"
+ROT_SHAPE = "return the matrix as a [2, 2] tensor: [[cos, -sin], [sin, cos]]"
+
+OTHER_PAIRING_HALF = ("used the other pairing convention: with interleaved=True pair i is the "
+                      "ADJACENT features (2i, 2i+1) (the article's); you paired (i, i + D_r/2), "
+                      "the 'half' convention of Hugging Face checkpoints")
+OTHER_PAIRING_INTERLEAVED = ("used the other pairing convention: with interleaved=False pair i is "
+                             "features (i, i + D_r/2) (the first half with the second half); you "
+                             "paired adjacent features (2i, 2i+1)")
+WRONG_WAY = ("rotated the wrong way: a sign of sin is flipped; x'_a = x_a cos - x_b sin, "
+             "x'_b = x_a sin + x_b cos (with (x_a, x_b) the pair, in this order)")
+SIN_COS_SWAPPED = ("sin and cos swapped: x'_a = x_a cos(m theta) - x_b sin(m theta), "
+                   "x'_b = x_a sin(m theta) + x_b cos(m theta)")
+NO_MINUS = ("not a rotation (lengths change): the minus sign is missing in "
+            "x'_a = x_a cos - x_b sin")
+ALL_FEATURES = ("ignored rotary_dim: only the first rotary_dim features of each head rotate, "
+                "the other D - rotary_dim pass through unchanged")
+FREQ_FROM_HEAD = ("took the frequencies from the head size D: with rotary_dim = D_r the "
+                  "frequencies are base ** (-2i / D_r), i < D_r / 2")
+ROTATED_LAST = ("rotated the LAST rotary_dim features: the first rotary_dim features rotate, "
+                "the rest pass through")
+PASS_ZEROED = ("zeroed the features beyond rotary_dim: they pass through unchanged (concatenate "
+               "them back)")
+PASS_DROPPED = ("dropped the features beyond rotary_dim: the output has x's shape; the last "
+                "D - rotary_dim features pass through unchanged (concatenate them back)")
+BATCH_HEADS = ("positions [B, S] give angles [B, S, D_r/2]: insert a head axis "
+               "([B, 1, S, D_r/2], e.g. `angles[:, None]`) so that each sequence's positions "
+               "apply to all N of its heads")
+BATCH_FIRST_ROW = ("used the first row of positions [B, S] for every sequence: each sequence "
+                   "has its own positions (angles [B, 1, S, D_r/2])")
+KEEP_DTYPE = ("return x's dtype: compute in float32 if you like (good for the angles), then cast "
+              "the result back with `.to(x.dtype)`")
+LOW_PRECISION_ANGLES = ("computed the angles (positions x frequencies) in {dtype}: it has too few "
+                        "bits for positions in the thousands (near 2000, bfloat16 numbers are "
+                        "8 apart, so positions 2000 to 2003 become one number). Compute the "
+                        "angles and their cos/sin in float32, and only then cast the result to "
+                        "x's dtype")
+NOT_A_ROTATION = ("not a rotation: the length of each token's vector changed; every pair "
+                  "(x_a, x_b) must keep its length, x'_a = x_a cos - x_b sin, "
+                  "x'_b = x_a sin + x_b cos")
+VIEW_NOT_CONTIGUOUS = ("`.view` needs contiguous memory, and x (heads-first tensors usually come "
+                       "from a transpose) or a slice of it such as x[..., :rotary_dim] may not be "
+                       "contiguous: use `.reshape(...)` instead of `.view(...)`, and "
+                       "`.contiguous()` before `torch.view_as_complex`")
+RETURNED_X = ("returned x unchanged: every pair of the first rotary_dim features turns by "
+              "m * theta_i")
+IN_PLACE = ("changed its input x in place: build a new tensor (the caller still needs x, and "
+            "slices such as x[..., :D_r] are views into it)")
+
+PERM_INVERSE = ("returned the inverse permutation (half -> interleaved): p lists, for each "
+                "position of the half layout, the interleaved feature that goes there: the even "
+                "features first, then the odd ones, [0, 2, 4, ..., 1, 3, 5, ...]")
+PERM_IDENTITY = ("returned the identity: the two conventions pair different features, so the "
+                 "feature order must change: p = [0, 2, 4, ..., 1, 3, 5, ...]")
+PERM_ODD_FIRST = ("odd features first: the first half of the half layout holds the first member "
+                  "of every pair, the even features 0, 2, 4, ...; then the odd ones")
+PERM_HALF_ONLY = ("p is a full permutation of all rotary_dim features: the even features, then "
+                  "the odd ones (rotary_dim entries)")
+PERM_DTYPE = ("return a LongTensor (int64), the dtype of index tensors: e.g. "
+              "`torch.cat([torch.arange(0, d, 2), torch.arange(1, d, 2)])`")
+
+
+# --------------------------------------------------------------------------------------------
+# Shared helpers
+
+
+def _call(c: Check, *args, hints: Mapping[str, str] | None = None, **kwargs):
+    """c.call, adding a hint to a LearnerError whose message mentions one of `hints`' keys."""
+    try:
+        return c.call(*args, **kwargs)
+    except LearnerError as err:
+        text = err.message.lower()
+        found = next((h for words, h in (hints or {}).items()
+                      if any(w in text for w in words.split("|"))), None)
+        if found and err.hint is None:
+            raise LearnerError(err.exercise, err.message, hint=found, seed=err.seed) from None
+        raise
+
+
+def _expect_dtype(c: Check, got, want: torch.Tensor, *, what: str, hint: str) -> None:
+    """A dtype mismatch with the right shape fails with `hint` (expect_tensor does the rest)."""
+    if isinstance(got, torch.Tensor) and got.shape == want.shape and got.dtype != want.dtype:
+        c.fail(f"{what} has dtype {got.dtype}, expected {want.dtype}.", hint)
+
+
+def _offset_positions(c: Check, s: int, *, low: int = 3, high: int = 60) -> torch.Tensor:
+    """start_pos + arange(S), start_pos >= low: the positions of a later chunk."""
+    return c.randint(low, high) + torch.arange(s)
+
+
+def _batch_positions(c: Check, b: int, s: int, *, high: int = 60) -> torch.Tensor:
+    """[B, S]: each row its own offset, one row with gaps (positions need not be contiguous)."""
+    rows = [c.randint(2, high) + torch.arange(s) for _ in range(b)]
+    gaps = torch.randint(1, 4, (s,), generator=c.gen).cumsum(0)
+    rows[c.randint(0, b)] = c.randint(0, high) + gaps
+    return torch.stack(rows)
+
+
+# --------------------------------------------------------------------------------------------
+# Float64 RoPE with one known mistake switched on (the variants a diagnosis compares with)
+
+
+def _freqs64(d_r: int, base: float, *, exponent: float = 2.0, first: int = 0,
+             linspace: bool = False) -> torch.Tensor:
+    i = torch.arange(first, first + d_r // 2, dtype=torch.float64)
+    if linspace:
+        return base ** -torch.linspace(0, 1, d_r // 2, dtype=torch.float64)
+    return base ** (-exponent * i / d_r)
+
+
+def _rope64(x: torch.Tensor, positions: torch.Tensor, *, base: float = 10000.0,
+            rotary_dim: int | None = None, interleaved: bool = True, exponent: float = 2.0,
+            first: int = 0, freq_dim: int | None = None, shift: int = 0,
+            ignore_positions: bool = False, first_row: bool = False, batch_on_heads: bool = False,
+            direction: float = 1.0, swap: bool = False, minus: bool = True,
+            rotate_last: bool = False, angle_dtype: torch.dtype | None = None,
+            angle_cast: bool = False) -> torch.Tensor:
+    """RoPE computed pair by pair in float64 (the article's formula), cast to x's dtype."""
+    d = x.shape[-1]
+    d_r = d if rotary_dim is None else rotary_dim
+    half = d_r // 2
+    freqs = base ** (-exponent * torch.arange(first, first + half, dtype=torch.float64)
+                     / (freq_dim or d_r))
+    pos = positions
+    if ignore_positions:
+        pos = torch.arange(x.shape[-2])
+    if first_row and pos.dim() == 2:
+        pos = pos[0]
+    pos = pos.to(torch.float64) + shift
+    if angle_dtype is not None and angle_cast:      # float32 product, then angles cast down
+        angles = (pos.float()[..., None] * freqs.float()).to(angle_dtype).double()
+    elif angle_dtype is not None:                   # everything in the low dtype
+        angles = (pos.to(angle_dtype)[..., None] * freqs.to(angle_dtype)).double()
+    else:
+        angles = pos[..., None] * freqs             # [S, half] or [B, S, half]
+    if angles.dim() == 3:
+        angles = angles[None] if batch_on_heads else angles[:, None]
+    cos, sin = torch.cos(angles), torch.sin(angles)
+    if swap:
+        cos, sin = sin, cos
+    sin = sin * direction
+    start = d - d_r if rotate_last else 0
+    i = torch.arange(half)
+    a, b = (start + 2 * i, start + 2 * i + 1) if interleaved else (start + i, start + half + i)
+    x64 = x.detach().to(torch.float64)
+    out = x64.clone()
+    xa, xb = x64[..., a], x64[..., b]
+    out[..., a] = xa * cos - xb * sin if minus else xa * cos + xb * sin
+    out[..., b] = xa * sin + xb * cos
+    return out.to(x.dtype)
+
+
+def _rope_tolerance(x: torch.Tensor, positions: torch.Tensor) -> tuple[float, float]:
+    """Tolerances for apply_rope: the dtype's, widened for half precision and long positions.
+
+    Float32 angles m * theta carry a relative error of a few 1e-7 (how theta is computed, exp/log
+    or pow, changes the last bits), so the absolute error of the output grows with the position
+    and with the size of x. fp16/bf16 results pass through a few roundings of the dtype.
+    """
+    scale = max(float(x.detach().abs().max()), 1e-3)
+    atol, rtol = tolerance(x.dtype)
+    if x.dtype == torch.float16:
+        atol = 2 ** -7 * scale
+    elif x.dtype == torch.bfloat16:
+        atol = 2 ** -5 * scale
+    atol = max(atol, 5e-7 * (float(positions.abs().max()) + 1) * scale)
+    return atol, rtol
+
+
+# --------------------------------------------------------------------------------------------
+# rope_frequencies
+
+
+def _freq_mixups(d_r: int, base: float) -> dict:
+    half = d_r // 2
+    mixups = {
+        EXPONENT_I: lambda: _freqs64(d_r, base, exponent=1.0).float(),
+        INDEX_FROM_1: lambda: _freqs64(d_r, base, first=1).float(),
+        LINSPACE: lambda: _freqs64(d_r, base, linspace=True).float(),
+        POSITIVE_EXPONENT: lambda: _freqs64(d_r, base, exponent=-2.0).float(),
+        INT_DIVISION: lambda: torch.ones(half),
+        PER_FEATURE + " (base ** (-j / D_r) for every feature j)":
+            lambda: (base ** (-torch.arange(d_r, dtype=torch.float64) / d_r)).float(),
+        PER_FEATURE + " (each frequency repeated for both features of its pair)":
+            lambda: _freqs64(d_r, base).float().repeat_interleave(2),
+        PER_FEATURE + " (the frequencies concatenated twice, as Hugging Face's cos/sin cache "
+                      "does later)": lambda: _freqs64(d_r, base).float().repeat(2),
+    }
+    if base != 10000.0:
+        mixups[IGNORED_BASE] = lambda: _freqs64(d_r, 10000.0).float()
+    return mixups
+
+
+def check_rope_frequencies(f, *, seed: int | None = None, thorough: bool = False) -> None:
+    with Check("rope_frequencies", f, seed=seed) as c:
+        cases = [(128, None), (8, None)]                   # the article's D_h = 128; 4 pairs
+        for _ in range(4 if thorough else 2):
+            cases.append((2 * c.randint(3, 17), None))
+        cases.append((2 * c.randint(3, 33), c.choice([500000.0, 1e6, 100.0])))
+        cases.append((64, 500000.0))                       # LLaMA-3's base
+        cases.append((2, None))                            # a single pair: theta_0 = 1
+        for d_r, base in cases:
+            want = ref.rope_frequencies(d_r, 10000.0 if base is None else base)
+            got = c.call(d_r) if base is None else c.call(d_r, base=base)
+            what = (f"rope_frequencies({d_r})" if base is None
+                    else f"rope_frequencies({d_r}, base={base:g})")
+            _expect_dtype(c, got, want, what=what, hint=FLOAT_DTYPE)
+            c.expect_tensor(got, want, what=what, dims=("pair",),
+                            wrong=_freq_mixups(d_r, 10000.0 if base is None else base))
+        c.properties[:] = ["theta_i = base ** (-2i / D_r)", "D_r // 2 pairs, float32",
+                           "the base argument", "the article's D_r = 128"]
+
+
+# --------------------------------------------------------------------------------------------
+# rope_angles
+
+
+def _angle_mixups(positions: torch.Tensor, freqs: torch.Tensor) -> dict:
+    pos = positions.to(torch.float64)
+    f64 = freqs.to(torch.float64)
+    s = positions.shape[-1]
+
+    def out(t):
+        return t.to(torch.float32)
+
+    mixups = {
+        POSITIONS_IGNORED: lambda: out(torch.arange(s, dtype=torch.float64)[:, None] * f64),
+        POSITIONS_IGNORED + " (for every sequence)": lambda: out(
+            (torch.arange(s, dtype=torch.float64)[:, None] * f64).expand(*pos.shape, -1)),
+        POSITIONS_FROM_1: lambda: out((pos + 1)[..., None] * f64),
+        DIVIDED: lambda: out(pos[..., None] / f64),
+        TRANSPOSED: lambda: out(f64[:, None] * pos[..., None, :]),
+        PER_FEATURE_ANGLE + " (repeat_interleave)": lambda: out(
+            (pos[..., None] * f64).repeat_interleave(2, dim=-1)),
+        PER_FEATURE_ANGLE + " (concatenated twice)": lambda: out(
+            torch.cat([pos[..., None] * f64] * 2, dim=-1)),
+    }
+    if positions.dim() == 2:
+        mixups[BATCH_LOST] = lambda: out(pos[0][:, None] * f64)
+        mixups[BATCH_FLAT] = lambda: out(pos.reshape(-1)[:, None] * f64)
+    return mixups
+
+
+def check_rope_angles(f, *, seed: int | None = None, thorough: bool = False) -> None:
+    with Check("rope_angles", f, seed=seed) as c:
+        cases = []
+        for trial in range(3 if thorough else 1):
+            b, s, half = c.sizes(3, 2, 9)
+            freqs = ref.rope_frequencies(2 * half, c.choice([10000.0, 500000.0]))
+            cases.append((f"positions start_pos + arange(S) [S={s}]",
+                          _offset_positions(c, s), freqs))
+            cases.append((f"positions [B={b}, S={s}], one row per sequence",
+                          _batch_positions(c, b, s), freqs))
+        s, half = c.sizes(2, 3, 9)
+        gaps = torch.sort(torch.randperm(60, generator=c.gen)[:s]).values
+        cases.append((f"non-contiguous positions {gaps.tolist()}", gaps,
+                       c.randn(half).abs() + 0.05))
+        m = c.randint(5, 300)
+        cases.append((f"one decode step at position {m}", torch.tensor([m]),
+                      ref.rope_frequencies(2 * c.randint(2, 9))))
+        cases.append(("the article's D_r = 128 at positions 0, 1, 2, 4095",
+                      torch.tensor([0, 1, 2, 4095]), ref.rope_frequencies(128)))
+        for label, positions, freqs in cases:
+            want = ref.rope_angles(positions, freqs)
+            got = c.call(positions.clone(), freqs.clone())
+            dims = ("B", "S", "pair") if positions.dim() == 2 else ("S", "pair")
+            what = f"rope_angles for {label} and {freqs.numel()} frequencies"
+            _expect_dtype(c, got, want, what=what,
+                          hint="angles are float32 (the dtype of the frequencies): an integer "
+                               "position times a float32 frequency already is")
+            c.expect_tensor(got, want, what=what, dims=dims,
+                            wrong=_angle_mixups(positions, freqs))
+        c.properties[:] = ["angle m * theta_i", "positions [S] and [B, S]",
+                           "offset and decode positions", "float32"]
+
+
+# --------------------------------------------------------------------------------------------
+# rotation_matrix
+
+
+def _rotation64(alpha: float, *, clockwise: bool = False, swap: bool = False,
+                minus: bool = True) -> torch.Tensor:
+    c, s = math.cos(alpha), math.sin(alpha)
+    if swap:
+        c, s = s, c
+    m = [[c, -s], [s, c]] if minus else [[c, s], [s, c]]
+    t = torch.tensor(m, dtype=torch.float64)
+    return (t.T if clockwise else t).float()
+
+
+def _rotation_mixups(alpha: float) -> dict:
+    return {
+        ROT_CLOCKWISE: lambda: _rotation64(alpha, clockwise=True),
+        ROT_SWAPPED: lambda: _rotation64(alpha, swap=True),
+        ROT_SWAPPED + " (and clockwise)": lambda: _rotation64(alpha, swap=True, clockwise=True),
+        ROT_NO_MINUS: lambda: _rotation64(alpha, minus=False),
+        ROT_DEGREES: lambda: _rotation64(math.radians(alpha)),
+        ROT_SHAPE: lambda: _rotation64(alpha).reshape(4),
+        ROT_SHAPE + " (not [1, 2, 2])": lambda: _rotation64(alpha)[None],
+    }
+
+
+def check_rotation_matrix(f, *, seed: int | None = None, thorough: bool = False) -> None:
+    with Check("rotation_matrix", f, seed=seed) as c:
+        alphas = [math.pi / 2, 0.3]
+        for _ in range(5 if thorough else 2):
+            alphas.append(float(torch.empty(()).uniform_(-7.0, 7.0, generator=c.gen)))
+        alphas.append(-1.2)
+        got_by_alpha = {}
+        for k, alpha in enumerate(alphas):
+            want = ref.rotation_matrix(alpha)
+            as_tensor = k % 2 == 1                     # Python floats and 0-dim tensors
+            arg = torch.tensor(alpha, dtype=torch.float32) if as_tensor else alpha
+            shown = f"torch.tensor({alpha:.4g})" if as_tensor else f"{alpha:.4g}"
+            got = c.call(arg)
+            what = f"rotation_matrix({shown})"
+            _expect_dtype(c, got, want, what=what, hint="return float32, torch's default float "
+                          "type (torch.tensor of Python floats gives float32)")
+            c.expect_tensor(got, want, what=what, dims=("row", "col"),
+                            wrong=_rotation_mixups(alpha))
+            got_by_alpha[alpha] = got.detach().double()
+        # R(pi/2) turns the x-axis into the y-axis (counter-clockwise), and the article's
+        # identity R(a)^T R(b) = R(b - a) holds for the learner's matrices.
+        e0 = got_by_alpha[math.pi / 2] @ torch.tensor([1.0, 0.0], dtype=torch.float64)
+        if not torch.allclose(e0, torch.tensor([0.0, 1.0], dtype=torch.float64), atol=1e-6):
+            c.fail(f"R(pi/2) @ (1, 0) is {e0.tolist()}, expected (0, 1).", ROT_CLOCKWISE)
+        a, b = alphas[2], alphas[3]
+        rel = c.call(b - a)
+        c.expect_tensor(rel, ref.rotation_matrix(b - a), what=f"rotation_matrix({b - a:.4g})",
+                        dims=("row", "col"), wrong=_rotation_mixups(b - a))
+        rel = rel.detach().double()
+        if not torch.allclose(got_by_alpha[a].T @ got_by_alpha[b], rel, atol=1e-5):
+            c.fail(f"R({a:.4g})^T R({b:.4g}) differs from R({b - a:.4g}).")
+        c.properties[:] = ["[[cos, -sin], [sin, cos]]", "counter-clockwise",
+                           "R(a)^T R(b) = R(b - a)", "float and tensor angles"]
+
+
+# --------------------------------------------------------------------------------------------
+# apply_rope
+
+
+def _rope_mixups(x: torch.Tensor, positions: torch.Tensor, base: float, rotary_dim: int | None,
+                 interleaved: bool) -> dict:
+    d = x.shape[-1]
+    d_r = d if rotary_dim is None else rotary_dim
+    kw = dict(base=base, rotary_dim=d_r, interleaved=interleaved)
+
+    def v(**changes):
+        return lambda: _rope64(x, positions, **{**kw, **changes})
+
+    mixups = {
+        (OTHER_PAIRING_HALF if interleaved else OTHER_PAIRING_INTERLEAVED):
+            v(interleaved=not interleaved),
+        POSITIONS_IGNORED: v(ignore_positions=True),
+        EXPONENT_I: v(exponent=1.0),
+        INDEX_FROM_1: v(first=1),
+        POSITIONS_FROM_1: v(shift=1),
+        WRONG_WAY: v(direction=-1.0),
+        SIN_COS_SWAPPED: v(swap=True),
+        SIN_COS_SWAPPED + " (and rotated the wrong way)": v(swap=True, direction=-1.0),
+        NO_MINUS: v(minus=False),
+        POSITIVE_EXPONENT: v(exponent=-2.0),
+        RETURNED_X: x,
+    }
+    other = OTHER_PAIRING_HALF if interleaved else OTHER_PAIRING_INTERLEAVED
+    mixups[f"{WRONG_WAY}; and {other}"] = v(direction=-1.0, interleaved=not interleaved)
+    if base != 10000.0:
+        mixups[IGNORED_BASE] = v(base=10000.0)
+    if d_r < d:
+        mixups[ALL_FEATURES] = v(rotary_dim=d)
+        mixups[FREQ_FROM_HEAD] = v(freq_dim=d)
+        mixups[ROTATED_LAST] = v(rotate_last=True)
+        want = ref.apply_rope(x, positions, base=base, rotary_dim=d_r, interleaved=interleaved)
+        mixups[PASS_ZEROED] = lambda: torch.cat([want[..., :d_r],
+                                                 torch.zeros_like(want[..., d_r:])], dim=-1)
+        mixups[PASS_DROPPED] = lambda: want[..., :d_r]
+    if positions.dim() == 2:
+        mixups[BATCH_FIRST_ROW] = v(first_row=True)
+        if x.shape[0] == x.shape[1]:
+            mixups[BATCH_HEADS] = v(batch_on_heads=True)
+    if x.dtype in (torch.float16, torch.bfloat16):
+        name = str(x.dtype).removeprefix("torch.")
+        hint = LOW_PRECISION_ANGLES.format(dtype=name)
+        mixups[hint] = v(angle_dtype=x.dtype)
+        mixups[hint + " (yours formed them in float32, then cast them down)"] = v(
+            angle_dtype=x.dtype, angle_cast=True)
+    return mixups
+
+
+def _norm_hint(x: torch.Tensor, got: torch.Tensor) -> str | None:
+    """NOT_A_ROTATION when the learner's output changed the length of a token's vector."""
+    if not isinstance(got, torch.Tensor) or got.shape != x.shape or not got.is_floating_point():
+        return None
+    n_in = x.detach().double().norm(dim=-1)
+    n_out = got.detach().double().norm(dim=-1)
+    atol, rtol = tolerance(x.dtype)
+    slack = 4 * max(rtol, 2 ** -7 if x.dtype in (torch.float16, torch.bfloat16) else 0.0)
+    if not torch.allclose(n_out, n_in, atol=10 * atol, rtol=slack):
+        return NOT_A_ROTATION
+    return None
+
+
+def _expect_rope(c: Check, f_args: tuple, f_kwargs: dict, *, label: str,
+                 fallback_hint: str | None = None) -> torch.Tensor:
+    """Call apply_rope, then compare with the reference: dtype, shape, values, input untouched."""
+    x, positions = f_args
+    before = x.clone()
+    hints = {"view size|view(|stride": VIEW_NOT_CONTIGUOUS}
+    if positions.dim() == 2:
+        hints["must match|broadcast|size of tensor|expanded size"] = BATCH_HEADS
+    got = _call(c, x, positions.clone(), hints=hints, **f_kwargs)
+    if not torch.equal(x, before):
+        c.fail(f"apply_rope changed its input x in place ({label}).", IN_PLACE)
+    base = f_kwargs.get("base", 10000.0)
+    rotary_dim = f_kwargs.get("rotary_dim")
+    interleaved = f_kwargs.get("interleaved", True)
+    want = ref.apply_rope(x, positions, base=base, rotary_dim=rotary_dim, interleaved=interleaved)
+    shown = [f"x {describe(x)} [B, N, S, D]", f"positions {describe(positions)}"]
+    shown += [f"{k}={v}" for k, v in f_kwargs.items()]
+    what = f"apply_rope for {label} ({', '.join(shown)})"
+    if isinstance(got, torch.Tensor) and got.shape == want.shape and got.dtype != want.dtype:
+        c.fail(f"{what} has dtype {got.dtype}, expected {want.dtype} (x's dtype).", KEEP_DTYPE)
+    atol, rtol = _rope_tolerance(x, positions)
+    wrong = _rope_mixups(before, positions, base, rotary_dim, interleaved)
+    try:
+        c.expect_tensor(got, want, what=what, dims=HEADS_FIRST, wrong=wrong, atol=atol,
+                        rtol=rtol)
+    except CheckFailure as failure:
+        if failure.hint is not None:
+            raise
+        hint = _norm_hint(before, got) or fallback_hint
+        raise CheckFailure(failure.exercise, failure.message, hint=hint,
+                           seed=failure.seed) from None
+    return got
+
+
+def _relative_position_property(c: Check, *, d: int, rotary_dim: int | None,
+                                interleaved: bool) -> None:
+    """q.k after RoPE depends on n - m only: the same offset at several absolute positions."""
+    q, k = c.randn(1, 1, 1, d), c.randn(1, 1, 1, d)
+    starts = torch.tensor([0, c.randint(1, 10), c.randint(10, 100), c.randint(100, 1000)])
+    offset = c.choice([-1, 1]) * c.randint(1, 20)
+    m = starts + 20
+    n = m + offset
+    kwargs = {"interleaved": interleaved}
+    if rotary_dim is not None:
+        kwargs["rotary_dim"] = rotary_dim
+    q_rot = _expect_rope(c, (q.expand(1, 1, len(m), d).clone(), m), kwargs,
+                         label="one query content at several positions m")
+    k_rot = _expect_rope(c, (k.expand(1, 1, len(n), d).clone(), n), kwargs,
+                         label=f"one key content at the positions n = m + {offset}")
+    scores = (q_rot.detach().double() * k_rot.detach().double()).sum(-1).view(-1)
+    # float32 angles m * theta carry an error of a few 1e-7 * m radians
+    size = float(q.norm() * k.norm()) * (1e-4 + 1e-6 * float(n.abs().max()))
+    if not torch.allclose(scores, scores[0].expand_as(scores), atol=size, rtol=0):
+        pairs = ", ".join(f"(m={int(a)}, n={int(b)}): {float(s):.4f}"
+                          for a, b, s in zip(m, n, scores))
+        c.fail(f"the score q'.k' for fixed q and k changed with the absolute position although "
+               f"n - m = {offset} stayed the same: {pairs}.",
+               "rotate q by m theta_i and k by n theta_i with the same frequencies and the same "
+               "pairing, so that R(m theta)^T R(n theta) = R((n - m) theta)")
+
+
+def check_apply_rope(f, *, seed: int | None = None, thorough: bool = False) -> None:
+    with Check("apply_rope", f, seed=seed) as c:
+        trials = 3 if thorough else 1
+        for _ in range(trials):
+            b, n, s = c.sizes(3, 2, 8)
+            d = 2 * c.randint(4, 9)
+            # start_pos + arange(S): the positions of a later chunk, shared by the batch
+            for interleaved in (True, False):
+                x = c.randn(b, n, s, d)
+                kwargs = {} if interleaved else {"interleaved": False}
+                _expect_rope(c, (x, _offset_positions(c, s)), kwargs,
+                             label="positions start_pos + arange(S)")
+            # one row of positions per sequence (left padding, packed sequences)
+            for interleaved in ((True, False) if thorough else (c.choice([True, False]),)):
+                x = c.randn(b, n, s, d)
+                _expect_rope(c, (x, _batch_positions(c, b, s)), {"interleaved": interleaved},
+                             label="positions [B, S], one row per sequence")
+            # partial rotation: only the first rotary_dim features turn
+            d = 2 * c.randint(5, 9)
+            d_r = 2 * c.randint(1, d // 2)
+            if 2 * d_r == d:      # then base ** (-2i / D) == base ** (-i / D_r): two mistakes agree
+                d_r -= 2
+            for interleaved in (True, False):
+                x = c.randn(b, n, s, d)
+                _expect_rope(c, (x, _offset_positions(c, s)),
+                             {"rotary_dim": d_r, "interleaved": interleaved},
+                             label=f"rotary_dim {d_r} < D {d}")
+        # a different base (LLaMA-3 uses 500000)
+        b, n, s = c.sizes(3, 2, 8)
+        x = c.randn(b, n, s, 8)
+        base = c.choice([100.0, 500000.0, 1e6])
+        _expect_rope(c, (x, _offset_positions(c, s)), {"base": base}, label=f"base {base:g}")
+        # a decode step: one new token at position start_pos
+        x = c.randn(b, n, 1, 10)
+        _expect_rope(c, (x, torch.tensor([c.randint(5, 300)])), {},
+                     label="one decode step (S = 1)")
+        # heads-first tensors usually come out of a transpose: not contiguous
+        x = c.randn(b, s, n, 12).transpose(1, 2)
+        _expect_rope(c, (x, _offset_positions(c, s)), {},
+                     label="a non-contiguous x (a transposed view)")
+        # B == N: angles [B, S, D_r/2] without a head axis broadcast silently (and wrongly)
+        x = c.randn(3, 3, 5, 8)
+        _expect_rope(c, (x, _batch_positions(c, 3, 5)), {},
+                     label="positions [B, S] with B == N")
+        # the article's head: D_h = 128, 64 pairs
+        x = c.randn(1, 2, 4, 128)
+        _expect_rope(c, (x, torch.tensor([3, 8, 13, 18])), {},
+                     label="the article's D_h = 128 at positions 3, 8, 13, 18")
+        # half precision at long positions: the angles must be float32
+        for dtype in ((torch.bfloat16, torch.float16) if thorough
+                      else (c.choice([torch.bfloat16, torch.float16]),)):
+            name = str(dtype).removeprefix("torch.")
+            x = c.randn(b, n, s, 16, dtype=dtype)
+            _expect_rope(c, (x, _offset_positions(c, s, low=2000, high=4000)),
+                         {"rotary_dim": 12}, label=f"{name} x at positions past 2000",
+                         fallback_hint=LOW_PRECISION_ANGLES.format(dtype=name))
+        # invariants, on the learner's own function
+        x = c.randn(b, n, s, 16)
+        got = _expect_rope(c, (x, _offset_positions(c, s)), {},
+                           label="the norm test").detach().double()
+        if not torch.allclose(got.norm(dim=-1), x.double().norm(dim=-1), rtol=1e-5, atol=1e-6):
+            c.fail("apply_rope changed the length of a token's vector; a rotation keeps it.",
+                   NOT_A_ROTATION)
+        for interleaved, rotary_dim in ((True, None), (False, None), (True, 8)):
+            _relative_position_property(c, d=16, rotary_dim=rotary_dim, interleaved=interleaved)
+        c.properties[:] = ["both pairings", "offset and [B, S] positions", "rotary_dim < D",
+                           "x's dtype kept", "norms preserved", "q.k depends only on n - m"]
+
+
+# --------------------------------------------------------------------------------------------
+# interleaved_to_half_permutation
+
+
+def _perm_mixups(d_r: int, want: torch.Tensor) -> dict:
+    return {
+        PERM_INVERSE: lambda: torch.argsort(want),
+        PERM_IDENTITY: lambda: torch.arange(d_r),
+        PERM_ODD_FIRST: lambda: torch.cat([torch.arange(1, d_r, 2), torch.arange(0, d_r, 2)]),
+        PERM_HALF_ONLY + " (you returned only the even features)": lambda: torch.arange(0, d_r, 2),
+    }
+
+
+def check_interleaved_to_half_permutation(f, *, seed: int | None = None,
+                                          thorough: bool = False) -> None:
+    with Check("interleaved_to_half_permutation", f, seed=seed) as c:
+        sizes = [8, 128] + [2 * c.randint(3, 20) for _ in range(4 if thorough else 2)] + [2, 6]
+        for d_r in sizes:
+            want = ref.interleaved_to_half_permutation(d_r)
+            got = c.call(d_r)
+            what = f"interleaved_to_half_permutation({d_r})"
+            if isinstance(got, (list, tuple)):
+                c.fail(f"{what} should be a torch.Tensor, got a {type(got).__name__}.",
+                       PERM_DTYPE)
+            _expect_dtype(c, got, want, what=what, hint=PERM_DTYPE)
+            c.expect_tensor(got, want, what=what, dims=("feature",),
+                            wrong=_perm_mixups(d_r, want))
+        # The defining identity, with the reference's apply_rope (this exercise does not depend
+        # on yours): rotating then reordering equals reordering then rotating the other way.
+        b, n, s = c.sizes(3, 2, 7)
+        d_r = 2 * c.randint(4, 12)
+        p = c.call(d_r)
+        c.expect_tensor(p, ref.interleaved_to_half_permutation(d_r),
+                        what=f"interleaved_to_half_permutation({d_r})", dims=("feature",),
+                        wrong=_perm_mixups(d_r, ref.interleaved_to_half_permutation(d_r)))
+        x = c.randn(b, n, s, d_r)
+        pos = _offset_positions(c, s)
+        lhs = ref.apply_rope(x, pos, interleaved=True)[..., p]
+        rhs = ref.apply_rope(x[..., p], pos, interleaved=False)
+        if not torch.allclose(lhs, rhs, atol=1e-5, rtol=1e-4):
+            c.fail(f"apply_rope(x, pos, interleaved=True)[..., p] differs from "
+                   f"apply_rope(x[..., p], pos, interleaved=False) for rotary_dim {d_r}.")
+        c.properties[:] = ["[0, 2, 4, ..., 1, 3, 5, ...]", "LongTensor",
+                           "rotate-then-permute == permute-then-rotate"]
