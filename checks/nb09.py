@@ -1,0 +1,533 @@
+"""Checks for chapter 09: the feed-forward network (ReLU, GELU, SiLU, FFN, SwiGLU).
+
+Conventions (course-spec section 2): weights are [in_features, out_features] and applied as
+`x @ W`, no biases; GELU is the exact one, x * Phi(x) with the normal CDF written through erf;
+SwiGLU(x) = (silu(x @ W_gate) * (x @ W_up)) @ W_down.
+
+The three activations must be written from elementary tensor operations (torch.erf and
+torch.sigmoid are fine; the library activations are not), keep the input's dtype, leave the input
+unchanged, survive large |x| without overflowing to NaN, and be differentiable by autograd.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from . import reference as ref
+from .engine import Check, LearnerError, _close, _mismatch_text, describe, tolerance
+
+# --------------------------------------------------------------------------------------------
+# Forbidden shortcuts. The engine matches a torch function's `__name__` exactly; calls through
+# `torch.ops.aten` carry overload names such as "relu.default", so those are listed too.
+
+_LIBRARY_ACTIVATIONS = (
+    "relu", "relu_", "relu6", "threshold", "threshold_", "_threshold", "hardtanh", "hardtanh_",
+    "leaky_relu", "leaky_relu_", "elu", "elu_", "celu", "celu_", "selu", "selu_", "rrelu",
+    "rrelu_", "prelu", "gelu", "gelu_", "silu", "silu_", "hardswish", "hardswish_", "mish",
+    "mish_",
+)
+
+
+def _forbid(hint: str) -> dict[str, str]:
+    forbidden = {}
+    for name in _LIBRARY_ACTIVATIONS:
+        forbidden[name] = hint
+        try:
+            overloads = getattr(torch.ops.aten, name).overloads()
+        except Exception:  # not an aten operator in this build
+            overloads = []
+        for overload in overloads:
+            forbidden[f"{name}.{overload}"] = hint
+    return forbidden
+
+
+_RELU_FORBID = ("write ReLU yourself from elementwise tensor operations: `torch.clamp(x, min=0)`, "
+                "`torch.maximum(x, torch.zeros_like(x))` or `torch.where(x > 0, x, 0.0)` (library "
+                "activations such as F.relu, torch.relu or nn.ReLU are off limits here)")
+_GELU_FORBID = ("write GELU yourself: x * Phi(x) with Phi(x) = (1 + erf(x / sqrt(2))) / 2, "
+                "using `torch.erf` (F.gelu and nn.GELU are off limits here)")
+_SILU_FORBID = ("write SiLU yourself: x * sigmoid(x), using `torch.sigmoid` (F.silu and nn.SiLU "
+                "are off limits here)")
+
+_IN_PLACE = ("in-place operations (`x.clamp_(...)`, `x.mul_(...)`, `x[x < 0] = 0`, `out=x`) write "
+             "into the caller's tensor; return a new tensor instead (`x.clamp(min=0)`, "
+             "`torch.where(...)`, `x * ...`), or work on `x.clone()`")
+_PYTHON_SCALAR = ("the `math` module and Python's `max`/`if` work on single numbers, not on whole "
+                  "tensors: use the elementwise tensor versions (`torch.erf`, `torch.exp`, "
+                  "`torch.sigmoid`, `torch.clamp`, `torch.where`)")
+_NUMPY = ("stay in PyTorch: NumPy has no bfloat16 and cuts the computation off from autograd; "
+          "the same operations exist on tensors (`torch.clamp`, `torch.where`, `torch.erf`, "
+          "`torch.sigmoid`)")
+_DETACHED = ("the values are right but the gradient is not: part of the computation is cut off "
+             "from autograd (`.detach()`, `.data`, `torch.no_grad()`, `.item()`, `.numpy()` or a "
+             "copy through `torch.tensor(...)`); build the result from tensor operations on x")
+_PRECISION = ("close, but not to float64 precision: a constant was rounded (write `math.sqrt(2)`, "
+              "`math.pi`, not 1.414 or 0.7071) or part of the computation ran in float32 "
+              "(`torch.tensor(2.0)`, `.float()`); keep everything in x's dtype")
+
+
+def _dtype_hint(got: torch.dtype, want: torch.dtype) -> str:
+    if got == torch.bool:
+        return ("returned the comparison itself (True/False): ReLU keeps the VALUE of x where "
+                "x > 0, so multiply by the mask or use `torch.where(x > 0, x, 0.0)`")
+    if got == torch.float32:
+        return (f"the result came out in float32 for a {str(want).removeprefix('torch.')} input: "
+                "something is hard-wired to float32 (`.float()`, `torch.zeros(x.shape)`, "
+                "`torch.tensor(...)` without dtype); make helpers in x's dtype (`zeros_like`, "
+                "`.to(x.dtype)`) or use plain Python numbers, which keep x's dtype")
+    return f"keep the input's dtype: the result should be {want}, like x"
+
+
+def _learner_hints(err: LearnerError, hints: dict[tuple[str, ...], str]) -> LearnerError:
+    """The same LearnerError with a hint added when its message mentions known words."""
+    if err.hint is not None:
+        return err
+    first = err.message.splitlines()[0]
+    for words, hint in hints.items():
+        if any(w in first for w in words):
+            return LearnerError(err.exercise, err.message, hint=hint, seed=err.seed)
+    return err
+
+
+def _call(c: Check, *args, hints: dict[tuple[str, ...], str] | None = None):
+    try:
+        return c.call(*args)
+    except LearnerError as err:
+        raise _learner_hints(err, hints or {}) from None
+
+
+def _compare(c: Check, got, want: torch.Tensor, *, what: str, dims=None, wrong=None,
+             extra: Callable[[torch.Tensor], str | None] | None = None) -> None:
+    """expect_tensor, with a dtype hint and extra diagnoses after the known-wrong variants."""
+    if isinstance(got, tuple) and hasattr(got, "values") and hasattr(got, "indices"):
+        c.fail(f"{what} should be a torch.Tensor, got a (values, indices) pair.",
+               "torch.max(x, 0) is a REDUCTION along axis 0 (the largest entry of each column); "
+               "for ReLU compare every entry with 0: `torch.clamp(x, min=0)` or "
+               "`torch.maximum(x, torch.zeros_like(x))`")
+    if isinstance(got, torch.Tensor) and got.shape == want.shape and got.dtype != want.dtype:
+        c.fail(f"{what} has dtype {got.dtype}, expected {want.dtype} (the input's dtype).",
+               _dtype_hint(got.dtype, want.dtype))
+    if (isinstance(got, torch.Tensor) and got.shape == want.shape and got.dtype == want.dtype
+            and type(got) in (torch.Tensor, torch.nn.Parameter)):
+        atol, rtol = tolerance(want.dtype)
+        if not _close(got, want, atol, rtol):
+            hint = c._diagnose(got, wrong, atol, rtol)
+            if hint is None and extra is not None:
+                hint = extra(got)
+            c.fail(f"{what} has the right shape but wrong values; "
+                   f"{_mismatch_text(got, want, atol, rtol, dims)}", hint)
+    c.expect_tensor(got, want, what=what, dims=dims, wrong=wrong)
+
+
+def _headline(c: Check, prop: str) -> None:
+    """Record a verified property ahead of the individual comparisons in the pass summary."""
+    if prop not in c.properties:
+        n = getattr(c, "_headlines", 0)
+        c.properties.insert(n, prop)
+        c._headlines = n + 1
+
+
+def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and bool(((a == b) | (a.isnan() & b.isnan())).all())
+
+
+# --------------------------------------------------------------------------------------------
+# The activations
+
+_FIXED = [-3.0, -1.0, -0.5, 0.0, 0.5, 1.0, 3.0]
+_LARGE = [-1e4, -1000.0, -100.0, -88.8, -20.0, -1.0, 0.0, 1.0, 20.0, 88.8, 100.0, 1000.0, 1e4]
+_LARGE_HALF = [-1e4, -1000.0, -100.0, -20.0, -1.0, 0.0, 1.0, 20.0, 100.0, 1000.0, 1e4]
+
+
+def _random_shape(c: Check) -> tuple[int, ...]:
+    ndim = c.randint(1, 5)
+    return tuple(c.sizes(ndim, 2, 9))
+
+
+def _nonfinite_hint(got: torch.Tensor, overflow: str) -> str | None:
+    return overflow if bool((~got.detach().isfinite()).any()) else None
+
+
+def _check_activation(name: str, f, seed, thorough: bool, reference: Callable,
+                      mistakes: Callable[[torch.Tensor], dict], forbid_hint: str,
+                      overflow_hint: str, grad_mistakes: Callable[[torch.Tensor], dict]) -> None:
+    with Check(name, f, seed=seed, forbid=_forbid(forbid_hint)) as c:
+        call_hints = {("ambiguous", "only one element", "must be real number"): _PYTHON_SCALAR,
+                      ("numpy", "ScalarType"): _NUMPY}
+
+        def run(x: torch.Tensor, what: str, extra=None) -> None:
+            before = x.clone()
+            want = reference(x)
+            got = _call(c, x, hints=call_hints)
+            if not _same_values(x, before):
+                c.fail(f"changed its input x in place ({what}).", _IN_PLACE)
+            dims = None if x.dim() != 1 else ("i",)
+            _compare(c, got, want, what=what, dims=dims, wrong=mistakes(x),
+                     extra=None if extra is None else (lambda got: extra(got, x)))
+
+        run(torch.tensor(_FIXED), f"{name} at x = {', '.join(f'{v:g}' for v in _FIXED)}")
+        for _ in range(4 if thorough else 2):
+            shape = _random_shape(c)
+            run(c.randn(*shape, scale=3.0),
+                f"{name} of a random float32 tensor of shape {list(shape)}")
+        _headline(c, "elementwise, any shape")
+        _headline(c, "input left unchanged")
+
+        def precision(got: torch.Tensor, x: torch.Tensor) -> str | None:
+            return _PRECISION if _close(got, reference(x), 1e-5, 1e-4) else None
+
+        dtypes = [torch.float64, torch.bfloat16] + ([torch.float16] if thorough else [])
+        for dtype in dtypes:
+            shape = _random_shape(c)
+            x = c.randn(*shape, scale=3.0, dtype=dtype)
+            label = str(dtype).removeprefix("torch.")
+            run(x, f"{name} of a random {label} tensor of shape {list(shape)}",
+                extra=precision if dtype == torch.float64 else None)
+        _headline(c, "keeps float64 / bfloat16")
+
+        for dtype in (torch.float32, torch.float64, torch.bfloat16) + (
+                (torch.float16,) if thorough else ()):
+            values = _LARGE_HALF if dtype == torch.float16 else _LARGE
+            x = torch.tensor(values, dtype=dtype)
+            label = str(dtype).removeprefix("torch.")
+            run(x, f"{name} of large {label} inputs x = {', '.join(f'{v:g}' for v in values)}",
+                extra=lambda got, x: _nonfinite_hint(got, overflow_hint))
+        _headline(c, "no overflow for large |x|")
+
+        # Derivative through autograd: training needs it, and the figure in the notebook plots it.
+        x = c.randn(c.randint(20, 40), scale=3.0, dtype=torch.float64).requires_grad_()
+        got = _call(c, x, hints=call_hints)
+        if not isinstance(got, torch.Tensor) or not got.requires_grad:
+            c.fail(f"{name}'s output does not track gradients back to x (the input had "
+                   "requires_grad=True).", _DETACHED)
+        try:
+            (grad,) = torch.autograd.grad(got.sum(), x)
+        except RuntimeError as err:
+            c.fail(f"autograd could not differentiate {name}: {err}", _DETACHED)
+        x_ref = x.detach().clone().requires_grad_()
+        (want,) = torch.autograd.grad(reference(x_ref).sum(), x_ref)
+        _compare(c, grad, want, what=f"the derivative d {name}(x) / dx (by autograd)",
+                 dims=("i",), wrong=grad_mistakes(x.detach()),
+                 extra=lambda g: _PRECISION if _close(g, want, 1e-5, 1e-4) else None)
+        _headline(c, "differentiable")
+
+
+def _relu_mistakes(x: torch.Tensor) -> dict:
+    return {
+        "kept the negative part instead of the positive one (`min` instead of `max`, or "
+        "`clamp(max=0)`): ReLU(x) = max(0, x)": torch.clamp(x, max=0),
+        "returned the step function (1 where x > 0, 0 elsewhere), which is ReLU's derivative; "
+        "ReLU keeps the value of x": (x > 0).to(x.dtype),
+        "returned |x|: negative inputs must become 0, not flip sign": x.abs(),
+        "a leaky ReLU (a small slope for x < 0): plain ReLU sets negative inputs to exactly 0":
+            torch.where(x > 0, x, 0.01 * x),
+        "returned x unchanged: negative inputs must become 0": x.clone(),
+        "zeroed the positive inputs and kept the negative ones": torch.where(x < 0, x, 0.0),
+    }
+
+
+def _relu_grad_mistakes(x: torch.Tensor) -> dict:
+    return {_DETACHED: torch.zeros_like(x)}
+
+
+def check_relu(f, *, seed: int | None = None, thorough: bool = False) -> None:
+    _check_activation("relu", f, seed, thorough, ref.relu, _relu_mistakes, _RELU_FORBID,
+                      "ReLU never needs anything that can overflow: `torch.clamp(x, min=0)`",
+                      _relu_grad_mistakes)
+
+
+_SQRT2 = math.sqrt(2.0)
+
+
+def _phi(x: torch.Tensor) -> torch.Tensor:
+    return 0.5 * (1.0 + torch.erf(x / _SQRT2))
+
+
+def _gelu_mistakes(x: torch.Tensor) -> dict:
+    return {
+        "used the tanh approximation 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); this "
+        "exercise asks for the exact GELU, x * Phi(x) with Phi(x) = (1 + erf(x / sqrt(2))) / 2":
+            F.gelu(x, approximate="tanh"),
+        "used the sigmoid approximation x * sigmoid(1.702 x); this exercise asks for the exact "
+        "GELU, x * (1 + erf(x / sqrt(2))) / 2": x * torch.sigmoid(1.702 * x),
+        "a tanh approximation without the cubic term 0.044715 x^3, and the exact GELU is asked "
+        "for anyway: x * (1 + erf(x / sqrt(2))) / 2":
+            0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * x)),
+        "forgot the 1/2: Phi(x) = (1 + erf(x / sqrt(2))) / 2 runs from 0 to 1":
+            x * (1 + torch.erf(x / _SQRT2)),
+        "erf(x) instead of erf(x / sqrt(2)): the standard normal CDF is "
+        "Phi(x) = (1 + erf(x / sqrt(2))) / 2": 0.5 * x * (1 + torch.erf(x)),
+        "divided by 2 instead of sqrt(2) inside erf: Phi(x) = (1 + erf(x / sqrt(2))) / 2":
+            0.5 * x * (1 + torch.erf(x / 2)),
+        "multiplied by sqrt(2) instead of dividing inside erf: Phi(x) = (1 + erf(x / sqrt(2))) "
+        "/ 2": 0.5 * x * (1 + torch.erf(x * _SQRT2)),
+        "a sign error: 1 - erf(...) gives Phi(-x); GELU(x) = x (1 + erf(x / sqrt(2))) / 2":
+            0.5 * x * (1 - torch.erf(x / _SQRT2)),
+        "used the normal DENSITY phi(x) = exp(-x^2/2) / sqrt(2 pi); GELU uses the cumulative "
+        "distribution Phi(x) = (1 + erf(x / sqrt(2))) / 2":
+            x * torch.exp(-x * x / 2) / math.sqrt(2 * math.pi),
+        "returned Phi(x) alone: GELU multiplies it by x, x * Phi(x)": _phi(x),
+        "returned SiLU, x * sigmoid(x): GELU is x * Phi(x), with the normal CDF":
+            x * torch.sigmoid(x),
+        "returned ReLU: GELU is the smooth x * Phi(x)": torch.clamp(x, min=0),
+    }
+
+
+def _gelu_grad_mistakes(x: torch.Tensor) -> dict:
+    return {_DETACHED: _phi(x)}
+
+
+def check_gelu(f, *, seed: int | None = None, thorough: bool = False) -> None:
+    _check_activation("gelu", f, seed, thorough, ref.gelu, _gelu_mistakes, _GELU_FORBID,
+                      "an intermediate overflowed to inf (and inf * 0 or inf / inf is NaN): "
+                      "x * (1 + torch.erf(x / math.sqrt(2))) / 2 never overflows",
+                      _gelu_grad_mistakes)
+
+
+def _silu_mistakes(x: torch.Tensor) -> dict:
+    e = torch.exp(x)
+    return {
+        "x * exp(x) / (1 + exp(x)) overflows: for large x, exp(x) is inf and inf / inf is NaN; "
+        "use x * torch.sigmoid(x) or x / (1 + torch.exp(-x))": x * e / (1 + e),
+        "returned sigmoid(x) alone: SiLU multiplies it by x, x * sigmoid(x)": torch.sigmoid(x),
+        "a sign error in the exponent: sigmoid(x) = 1 / (1 + exp(-x)), so SiLU(x) = "
+        "x / (1 + exp(-x))": x * torch.sigmoid(-x),
+        "x * sigmoid(1.702 x) is an approximation of GELU; SiLU is x * sigmoid(x)":
+            x * torch.sigmoid(1.702 * x),
+        "tanh instead of sigmoid: SiLU(x) = x * sigmoid(x) = x / (1 + exp(-x))": x * torch.tanh(x),
+        "returned GELU: SiLU uses the logistic sigmoid, x * sigmoid(x)":
+            F.gelu(x, approximate="none"),
+        "returned softplus, log(1 + exp(x)): SiLU is x * sigmoid(x)": F.softplus(x),
+        "returned ReLU: SiLU is the smooth x * sigmoid(x)": torch.clamp(x, min=0),
+    }
+
+
+def _silu_grad_mistakes(x: torch.Tensor) -> dict:
+    return {_DETACHED: torch.sigmoid(x)}
+
+
+def check_silu(f, *, seed: int | None = None, thorough: bool = False) -> None:
+    _check_activation("silu", f, seed, thorough, ref.silu, _silu_mistakes, _SILU_FORBID,
+                      "an intermediate overflowed: exp(x) is inf for x above about 89 in "
+                      "float32 (710 in float64), and inf / inf or 0 * inf is NaN; "
+                      "x * torch.sigmoid(x) and x / (1 + torch.exp(-x)) never overflow",
+                      _silu_grad_mistakes)
+
+
+# --------------------------------------------------------------------------------------------
+# ffn
+
+
+class _Activation:
+    """An activation handed to the learner's ffn, recording the shapes it is applied to."""
+
+    def __init__(self, fn: Callable, name: str):
+        self.fn = fn
+        self.__name__ = name
+        self.shapes: list[tuple[int, ...]] = []
+
+    def __call__(self, t):
+        self.shapes.append(tuple(t.shape))
+        return self.fn(t)
+
+
+_ACTIVATIONS = {"relu": ref.relu, "gelu": ref.gelu, "silu": ref.silu}
+
+_FFN_SHAPES = ("the matrix shapes do not fit: x [..., H] @ w1 [H, H_ff] -> [..., H_ff], the "
+               "activation, then @ w2 [H_ff, H] -> [..., H]. Weights are [in, out] and used as "
+               "`x @ W` without transposing (F.linear(x, W) would transpose them); check also "
+               "that w1 comes first and w2 second")
+_SHAPE_WORDS = ("cannot be multiplied", "size mismatch", "must match the size", "mat1 and mat2")
+_LEADING_AXES = ("x may have any number of leading axes, [B, S, H] or [T, H]: the projections act "
+                 "on the last axis only, so write `x @ w` (or einsum with '...'), without "
+                 "unpacking B, S, H = x.shape")
+_LEADING_WORDS = ("einsum", "unpack", "not enough values", "too many values")
+
+
+def _weights(c: Check, h: int, h_ff: int, count: int, dtype=torch.float32):
+    """count matrices [H, H_ff] ... (the last one [H_ff, H]), scaled to keep outputs O(1)."""
+    mats = [c.randn(h, h_ff, dtype=torch.float64) / math.sqrt(h) for _ in range(count - 1)]
+    mats.append(c.randn(h_ff, h, dtype=torch.float64) / math.sqrt(h_ff))
+    return [m.to(dtype) for m in mats]
+
+
+def _ffn_mistakes(x, w1, w2, act: Callable, act_name: str) -> dict:
+    h = x @ w1
+    mistakes = {
+        "applied the activation after W2, to the output: the activation goes between the two "
+        "matrices, activation(x @ w1) @ w2": lambda: act(h @ w2),
+        "applied the activation to the input x before W1: FFN(x) = activation(x @ w1) @ w2":
+            lambda: act(x) @ w1 @ w2,
+        "the activation's result is not used (x @ w1 @ w2 is a linear map): "
+        "h = activation(x @ w1), then h @ w2": lambda: h @ w2,
+        "applied the activation twice": lambda: act(act(h)) @ w2,
+        "forgot W2: the FFN projects back down to H, activation(x @ w1) @ w2": lambda: act(h),
+    }
+    for name, fn in _ACTIVATIONS.items():
+        if name != act_name:
+            mistakes[f"ignored the `activation` argument and applied {name}: call the "
+                      f"function you are given, activation(x @ w1)"] = (
+                lambda fn=fn: fn(h) @ w2)
+    return mistakes
+
+
+def _expect_unchanged(c: Check, inputs: dict[str, torch.Tensor], before: dict) -> None:
+    for name, t in inputs.items():
+        if not _same_values(t, before[name]):
+            c.fail(f"changed its input `{name}` in place.",
+                   "in-place operations (`mul_`, `add_`, `+=` on an input, `out=`) write into "
+                   "the caller's tensors; compute new tensors instead")
+
+
+def check_ffn(f, *, seed: int | None = None, thorough: bool = False) -> None:
+    with Check("ffn", f, seed=seed) as c:
+        b, s, h, h_ff = c.sizes(4, 2, 14)
+        h, h_ff = min(h, h_ff), max(h, h_ff)       # the FFN widens: H < H_ff
+        names = list(_ACTIVATIONS)
+        first = c.choice(names)
+        # (x shape, dtype, activation name): every activation at least once, and one the
+        # learner cannot have hard-coded (tanh).
+        cases = [((b, s, h), torch.float32, first), ((b, s, h), torch.float32, "tanh"),
+                 ((b * s, h), torch.float32, c.choice([n for n in names if n != first])),
+                 ((b, s, h), torch.float64, c.choice(names))]
+        if thorough:
+            cases += [((b, s, h), torch.float32, n) for n in names]
+            cases += [((s, b, h), torch.float64, "tanh")]
+        for shape, dtype, act_name in cases:
+            fn = torch.tanh if act_name == "tanh" else _ACTIVATIONS[act_name]
+            act = _Activation(fn, act_name)
+            x = c.randn(*shape, dtype=dtype)
+            w1, w2 = _weights(c, h, h_ff, 2, dtype)
+            inputs = {"x": x, "w1": w1, "w2": w2}
+            before = {k: v.clone() for k, v in inputs.items()}
+            want = ref.ffn(x, w1, w2, fn)
+            got = _call(c, x, w1, w2, act, hints={_SHAPE_WORDS: _FFN_SHAPES,
+                                                        _LEADING_WORDS: _LEADING_AXES})
+            _expect_unchanged(c, inputs, before)
+            dims = ("B", "S", "H") if len(shape) == 3 else ("T", "H")
+            label = "float64 " if dtype == torch.float64 else ""
+            what = (f"ffn of {label}x {list(shape)} with H={h}, H_ff={h_ff}, "
+                    f"activation={act_name}")
+            never = (lambda got: "never called `activation`: apply the function you are given, "
+                     "activation(x @ w1)") if not act.shapes else None
+            _compare(c, got, want, what=what, dims=dims,
+                     wrong=_ffn_mistakes(x, w1, w2, fn, act_name), extra=never)
+            if not act.shapes:
+                c.fail(f"{what}: never called the `activation` it was given.",
+                       "apply the activation argument, activation(x @ w1), instead of a fixed "
+                       "activation function")
+        _headline(c, "activation(x @ w1) @ w2")
+        _headline(c, "uses the activation it is given")
+        _headline(c, "[B, S, H] and [T, H] inputs; float64 kept")
+
+
+# --------------------------------------------------------------------------------------------
+# swiglu_ffn
+
+_SWIGLU_SHAPES = ("the matrix shapes do not fit: x [..., H] @ w_gate [H, H_ff] and x @ w_up "
+                  "[H, H_ff] give [..., H_ff]; their gated product @ w_down [H_ff, H] maps back "
+                  "to [..., H]. Weights are [in, out] and used as `x @ W` without transposing "
+                  "(F.linear(x, W) would transpose them)")
+
+
+def _swiglu_mistakes(x, w_gate, w_up, w_down) -> dict:
+    g, u = x @ w_gate, x @ w_up
+    silu = ref.silu
+    return {
+        "gate and up swapped: SiLU goes on the gate branch x @ W_gate, which then multiplies "
+        "x @ W_up": lambda: (silu(u) * g) @ w_down,
+        "applied SiLU to the product: only the gate branch goes through SiLU, "
+        "(silu(x @ W_gate) * (x @ W_up)) @ W_down": lambda: silu(g * u) @ w_down,
+        "no gate: silu(x @ W_up) @ W_down is a plain FFN; multiply silu(x @ W_gate) with "
+        "x @ W_up": lambda: silu(u) @ w_down,
+        "dropped the up branch: silu(x @ W_gate) must be multiplied by x @ W_up":
+            lambda: silu(g) @ w_down,
+        "sigmoid instead of SiLU (that is the original GLU); SwiGLU uses silu(g) = "
+        "g * sigmoid(g)": lambda: (torch.sigmoid(g) * u) @ w_down,
+        "ReLU instead of SiLU (that is ReGLU); SwiGLU uses silu": lambda: (ref.relu(g) * u)
+        @ w_down,
+        "GELU instead of SiLU (that is GEGLU); SwiGLU uses silu": lambda: (ref.gelu(g) * u)
+        @ w_down,
+        "no activation: (x @ W_gate) * (x @ W_up) is a bilinear layer; apply SiLU to the gate "
+        "branch": lambda: (g * u) @ w_down,
+        "applied SiLU to both branches: only the gate goes through SiLU":
+            lambda: (silu(g) * silu(u)) @ w_down,
+        "added the branches: the gate MULTIPLIES the up branch elementwise":
+            lambda: (silu(g) + u) @ w_down,
+        "applied SiLU after W_down: it belongs on the gate branch, before the product":
+            lambda: silu((g * u) @ w_down),
+        "forgot W_down: the gated product [..., H_ff] is projected back to H by W_down":
+            lambda: silu(g) * u,
+    }
+
+
+def check_swiglu_ffn(f, *, seed: int | None = None, thorough: bool = False) -> None:
+    with Check("swiglu_ffn", f, seed=seed) as c:
+        b, s, h, h_ff = c.sizes(4, 2, 14)
+        h, h_ff = min(h, h_ff), max(h, h_ff)
+        cases = [((b, s, h), torch.float32)] * (3 if thorough else 1)
+        cases += [((b * s, h), torch.float32), ((b, s, h), torch.float64)]
+        for shape, dtype in cases:
+            x = c.randn(*shape, dtype=dtype)
+            w_gate, w_up, w_down = _weights(c, h, h_ff, 3, dtype)
+            inputs = {"x": x, "w_gate": w_gate, "w_up": w_up, "w_down": w_down}
+            before = {k: v.clone() for k, v in inputs.items()}
+            want = ref.swiglu_ffn(x, w_gate, w_up, w_down)
+            got = _call(c, x, w_gate, w_up, w_down, hints={_SHAPE_WORDS: _SWIGLU_SHAPES,
+                                                                _LEADING_WORDS: _LEADING_AXES})
+            _expect_unchanged(c, inputs, before)
+            dims = ("B", "S", "H") if len(shape) == 3 else ("T", "H")
+            label = "float64 " if dtype == torch.float64 else ""
+            _compare(c, got, want, what=f"swiglu_ffn of {label}x {list(shape)} with H={h}, "
+                     f"H_ff={h_ff}", dims=dims,
+                     wrong=_swiglu_mistakes(x, w_gate, w_up, w_down))
+        _headline(c, "(silu(x W_gate) * (x W_up)) W_down")
+        _headline(c, "[B, S, H] and [T, H] inputs; float64 kept")
+
+
+# --------------------------------------------------------------------------------------------
+# ffn_param_count
+
+
+def _count_mistakes(h: int, h_ff: int, gated: bool) -> dict:
+    want = ref.ffn_param_count(h, h_ff, gated)
+    mistakes = {"returned a float: return an int": float(want)}
+    if gated:
+        mistakes["forgot the third matrix: a gated FFN has W_gate, W_up and W_down, "
+                 "3 H H_ff"] = 2 * h * h_ff
+        mistakes["counted W_down as H_ff x H_ff: it maps H_ff back to H, [H_ff, H]"] = (
+            2 * h * h_ff + h_ff * h_ff)
+        mistakes["added biases: LLaMA's FFN matrices have no biases"] = 3 * h * h_ff + 2 * h_ff + h
+        mistakes["assumed H_ff = 4H: use the ffn_hidden_size you are given"] = 12 * h * h
+    else:
+        mistakes["counted three matrices for a plain FFN: without a gate there are only W1 and "
+                 "W2, 2 H H_ff"] = 3 * h * h_ff
+        mistakes["counted W2 as H_ff x H_ff: it maps H_ff back to H, [H_ff, H]"] = (
+            h * h_ff + h_ff * h_ff)
+        mistakes["added biases: the course's FFNs have no biases"] = 2 * h * h_ff + h_ff + h
+        mistakes["assumed H_ff = 4H: use the ffn_hidden_size you are given"] = 8 * h * h
+    mistakes["counted one matrix: each matrix has H x H_ff entries, and there are "
+             f"{3 if gated else 2} of them"] = h * h_ff
+    return mistakes
+
+
+def check_ffn_param_count(f, *, seed: int | None = None, thorough: bool = False) -> None:
+    with Check("ffn_param_count", f, seed=seed) as c:
+        cases = [(4096, 11008, True), (4096, 16384, False)]
+        for _ in range(3 if thorough else 1):
+            h, h_ff = c.sizes(2, 16, 400)
+            cases += [(h, h_ff, True), (h, h_ff, False)]
+        for i, (h, h_ff, gated) in enumerate(cases):
+            got = c.call(h, h_ff, gated) if i % 2 == 0 else c.call(h, h_ff, gated=gated)
+            what = f"ffn_param_count({h}, {h_ff}, gated={gated})"
+            if isinstance(got, torch.Tensor):
+                c.fail(f"{what} should be a Python int, got a torch.Tensor ({describe(got)}).",
+                       "return a Python int (`int(...)`), not a tensor")
+            c.expect_equal(got, ref.ffn_param_count(h, h_ff, gated), what=what,
+                           wrong=_count_mistakes(h, h_ff, gated))
+        _headline(c, "LLaMA-2-7B: 3 x 4096 x 11008 = 135,266,304")
+        _headline(c, "gated 3 H H_ff, plain 2 H H_ff")
