@@ -54,7 +54,8 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, *, base: float = 10000.
     d = x.shape[-1]
     d_r = d if rotary_dim is None else rotary_dim
     half = d_r // 2
-    angles = rope_angles(positions, rope_frequencies(d_r, base))   # [S, half] or [B, S, half]
+    freqs = rope_frequencies(d_r, base).to(x.device)
+    angles = rope_angles(positions.to(x.device), freqs)             # [S, half] or [B, S, half]
     if angles.dim() == 3:
         angles = angles.unsqueeze(1)                                # [B, 1, S, half]: every head
     rotors = torch.polar(torch.ones_like(angles), angles)          # e^{i m theta}, complex64

@@ -1,0 +1,681 @@
+"""Checks for chapter 11: the LLaMA decoder block.
+
+Conventions (course-spec section 2): one block's parameters are the dict
+{attn_norm [H], wqkv [H, (N_h + 2 N_kv) D_h] (columns Q | K | V, each head-major),
+wo [N_h D_h, H], ffn_norm [H], w_gate [H, H_ff], w_up [H, H_ff], w_down [H_ff, H]};
+attention_sublayer(x) = W_O(causal GQA(RoPE(Q), RoPE(K), V)) of RMSNorm(x) (no residual);
+decoder_block: U = X + Attention(RMSNorm(X)), X' = U + SwiGLU(RMSNorm(U)).
+
+Known mistakes are recognised by computing them from the same inputs and weights with the
+reference pieces of chapters 03-10. The configurations are small and every size is different;
+norm scales are random (so attn_norm and ffn_norm cannot be confused unnoticed), and the positions
+have gaps: RoPE only sees differences of positions, so positions `start + arange(S)` would give the
+same attention as `arange(S)` and could not show that the positions given were ignored.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import torch
+
+from . import reference as ref
+from .config import LLAMA2_7B, ModelConfig
+from .engine import Check, ForbiddenCall, _close
+
+NAMES = ("attn_norm", "wqkv", "wo", "ffn_norm", "w_gate", "w_up", "w_down")
+NORMS = ("attn_norm", "ffn_norm")
+MATRICES = ("wqkv", "wo", "w_gate", "w_up", "w_down")
+HIDDEN = ("B", "S", "H")
+INIT_STD = ref.block.INIT_STD
+
+# --------------------------------------------------------------------------------------------
+# The mistakes this chapter diagnoses, in the words a failure shows.
+
+ROPE_ON_V = ("RoPE also rotated V: positions enter through the queries and keys only (they decide "
+             "WHO attends to whom); the values are mixed as they are, so V is not rotated")
+POSITIONS_IGNORED = ("ignored `positions`: rotated by 0, 1, ..., S-1 (torch.arange(S)) instead of "
+                     "the positions given; a sequence may start anywhere and its positions need "
+                     "not be consecutive")
+ROPE_Q_ONLY = "rotated Q but not K: RoPE rotates both, each by its own token's position"
+ROPE_K_ONLY = "rotated K but not Q: RoPE rotates both, each by its own token's position"
+NO_ROPE = "no RoPE at all: rotate Q and K by their positions after splitting the heads"
+NON_CAUSAL = ("non-causal attention: without the causal mask every token also reads the tokens "
+              "after it; pass causal_mask(S) to the attention")
+GROUPING = ("wrong KV grouping: query head h read KV head h % N_kv (as after `k.repeat(1, G, 1, "
+            "1)`); query heads 0..G-1 share KV head 0 (h // G), which grouped_query_attention "
+            "does by itself with the N_kv-head K and V")
+NO_NORM = ("no RMSNorm before the projections: the attention sublayer normalises its input with "
+           "layer['attn_norm'] first (pre-norm)")
+FFN_NORM_IN_ATTN = ("normalised with layer['ffn_norm']; the attention sublayer's scale is "
+                    "layer['attn_norm']")
+EPS_IGNORED = "ignored cfg.norm_eps: pass eps=cfg.norm_eps to rms_norm"
+BASE_IGNORED = "ignored cfg.rope_base: pass base=cfg.rope_base to apply_rope"
+ROTARY_DIM_IGNORED = ("ignored cfg.rotary_dim: only the first rotary_dim features of each head "
+                      "rotate; pass rotary_dim=cfg.rotary_dim to apply_rope")
+HALF_PAIRING = ("rotated with the 'half' pairing (interleaved=False); the course's weights use the "
+                "default interleaved pairing (2i, 2i+1)")
+MERGE_NO_TRANSPOSE = ("merged the heads with a plain reshape of [B, N_h, S, D_h]: move the head "
+                      "axis back next to D_h first ([B, S, N_h, D_h]), as merge_heads does")
+KV_SWAPPED = ("took K and V from the wrong column blocks: wqkv's columns are Q | K | V, in this "
+              "order")
+WITH_RESIDUAL = ("added the residual x: attention_sublayer returns the sublayer's output only; "
+                 "decoder_block adds x")
+NO_WO = "forgot the output projection W_O (layer['wo']) after merging the heads"
+
+NO_ATTN_RESIDUAL = ("missing residual around attention: U = X + Attention(RMSNorm(X)), the "
+                    "sublayer's output is ADDED to X")
+NO_FFN_RESIDUAL = ("missing residual around the FFN: the block returns U + SwiGLU(RMSNorm(U)), not "
+                   "the FFN's output alone")
+NO_RESIDUALS = ("missing residuals: both sublayers add their output to their input, "
+                "U = X + Attention(...) and X' = U + SwiGLU(...)")
+POST_NORM = ("post-norm: normalised AFTER the residual add, Norm(X + Sublayer(X)); LLaMA is "
+             "pre-norm, X + Sublayer(Norm(X)), and the residual path never passes through a norm")
+POST_NORM_TOO = ("post-norm on top of pre-norm: normalised the sum after each residual add as "
+                 "well; in a pre-norm block the residual path never passes through a norm, the "
+                 "block returns U + SwiGLU(RMSNorm(U)) as it is")
+PARALLEL = ("ran the FFN on X in parallel with attention (X + Attn(X) + FFN(X), GPT-J style); in "
+            "LLaMA the FFN reads U, the output of the attention step")
+FFN_RESIDUAL_FROM_X = ("the second residual adds X; it adds U, the FFN's own input: "
+                       "X' = U + SwiGLU(RMSNorm(U))")
+FFN_NO_NORM = "no RMSNorm before the FFN: X' = U + SwiGLU(RMSNorm(U)), with layer['ffn_norm']"
+ATTN_NORM_IN_FFN = ("normalised the FFN's input with layer['attn_norm']; each sublayer has its "
+                    "own scale: the FFN's is layer['ffn_norm']")
+NO_FFN = "left out the FFN sublayer: after U = X + Attention(...), add SwiGLU(RMSNorm(U))"
+GATE_UP_SWAPPED = ("swapped w_gate and w_up: SwiGLU is (silu(x @ w_gate) * (x @ w_up)) @ w_down, "
+                   "the SiLU goes on the gate")
+IN_PLACE = ("changed x in place (`x += ...` or `x.add_(...)`): the caller still needs x; build the "
+            "residual sums as new tensors (`u = x + ...`)")
+
+# --------------------------------------------------------------------------------------------
+# The course's own block is not an answer: calling checks.reference's version of the exercise
+# (however it was imported or renamed) is caught by its code object while the learner's function
+# runs. The earlier chapters' pieces (rms_norm, apply_rope, ...) stay allowed: they are the
+# building blocks this chapter assembles.
+
+_REFERENCE_HINT = ("this exercise asks you to assemble the block yourself from the earlier "
+                   "chapters' pieces (rms_norm, split_qkv, apply_rope, grouped_query_attention, "
+                   "swiglu_ffn, ...), not to call the course's finished {name}")
+
+
+def _no_reference(c: Check, *names: str) -> None:
+    """Make `c.call` fail if the learner's function reaches checks.reference's `names`."""
+    codes = {id(getattr(ref.block, n).__code__): n for n in names}
+    fn = c.fn
+
+    def profile(frame, event, arg):
+        if event == "call" and id(frame.f_code) in codes:
+            name = codes[id(frame.f_code)]
+            raise ForbiddenCall(c.exercise, f"calls checks.reference.{name}, the course's own "
+                                "answer.", hint=_REFERENCE_HINT.format(name=name))
+
+    def guarded(*args, **kwargs):
+        previous = sys.getprofile()
+        sys.setprofile(profile)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            sys.setprofile(previous)
+
+    guarded.__name__ = getattr(fn, "__name__", c.exercise)
+    c.fn = guarded
+
+
+# --------------------------------------------------------------------------------------------
+# Configurations, weights and positions
+
+
+def _cfg(c: Check, kind: str = "gqa", *, decoupled: bool = False, partial: bool = False,
+         base: float = 10000.0, eps: float = 1e-5) -> ModelConfig:
+    """A small config; with `decoupled`, head_dim != hidden_size // n_heads."""
+    if kind == "gqa":
+        n_kv, g = c.sizes(2, 2, 4)                 # {2, 3} in some order: h % N_kv != h // G
+    elif kind == "mqa":
+        n_kv, g = 1, c.randint(2, 5)
+    else:  # mha
+        n_kv, g = c.randint(2, 5), 1
+    n_h = n_kv * g
+    d = c.choice([4, 6, 8])
+    if decoupled:
+        h = n_h * d + c.choice([-2, 2, 4, 6])
+        h = h if h >= 8 else n_h * d + 4
+    else:
+        h = n_h * d
+    d_r = d - 2 if partial else d
+    h_ff = 2 * h + c.randint(1, 9)
+    return ModelConfig(vocab_size=97, hidden_size=h, n_heads=n_h, n_kv_heads=n_kv, head_dim=d,
+                       ffn_hidden_size=h_ff, n_layers=2, rope_base=base, rotary_dim=d_r,
+                       norm_eps=eps, max_seq_len=512)
+
+
+def _layer(c: Check, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Random weights of unit-ish scale and random norm scales (not ones: they must matter)."""
+    h, d, h_ff = cfg.hidden_size, cfg.head_dim, cfg.ffn_hidden_size
+    width = (cfg.n_heads + 2 * cfg.n_kv_heads) * d
+    return {
+        "attn_norm": 1.0 + 0.4 * c.randn(h),
+        "wqkv": c.randn(h, width, scale=1.2 / math.sqrt(h)),
+        "wo": c.randn(cfg.n_heads * d, h, scale=1 / math.sqrt(cfg.n_heads * d)),
+        "ffn_norm": 1.0 + 0.4 * c.randn(h),
+        "w_gate": c.randn(h, h_ff, scale=1 / math.sqrt(h)),
+        "w_up": c.randn(h, h_ff, scale=1 / math.sqrt(h)),
+        "w_down": c.randn(h_ff, h, scale=1 / math.sqrt(h_ff)),
+    }
+
+
+def _positions(c: Check, b: int, s: int, *, batched: bool) -> torch.Tensor:
+    """Increasing positions from a random start, with at least one gap: [S], or [B, S] (each
+    sequence its own)."""
+    rows = b if batched else 1
+    steps = torch.randint(1, 4, (rows, s), generator=c.gen)
+    steps[:, 0] = torch.randint(0, 40, (rows,), generator=c.gen)
+    if s > 1:
+        steps[:, c.randint(1, s)] = 2 + c.randint(0, 2)
+    positions = steps.cumsum(-1)
+    return positions if batched else positions[0]
+
+
+# --------------------------------------------------------------------------------------------
+# Known-wrong variants, built from the reference pieces
+
+
+def _attention(x, layer, cfg, positions, *, norm="attn_norm", eps=None, rope=("q", "k"),
+               arange=False, base=None, rotary_dim=-1, interleaved=True, causal=True,
+               tile=False, merge_transposed=True, swap_kv=False, wo=True, residual=False):
+    """attention_sublayer with the named mistakes (no keyword: the correct computation)."""
+    b, s, _ = x.shape
+    n_h, n_kv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    eps = cfg.norm_eps if eps is None else eps
+    h = x if norm is None else ref.rms_norm(x, layer[norm], eps)
+    q, k, v = ref.split_qkv(h @ layer["wqkv"], n_h, n_kv, d)
+    if swap_kv:
+        k, v = v, k
+    pos = torch.arange(s) if arange else positions
+    kw = {"base": cfg.rope_base if base is None else base,
+          "rotary_dim": cfg.rotary_dim if rotary_dim == -1 else rotary_dim,
+          "interleaved": interleaved}
+    q = ref.apply_rope(q, pos, **kw) if "q" in rope else q
+    k = ref.apply_rope(k, pos, **kw) if "k" in rope else k
+    v = ref.apply_rope(v, pos, **kw) if "v" in rope else v
+    if tile:
+        k, v = k.repeat(1, n_h // n_kv, 1, 1), v.repeat(1, n_h // n_kv, 1, 1)
+    out = ref.grouped_query_attention(q, k, v, ref.causal_mask(s) if causal else None)
+    merged = ref.merge_heads(out) if merge_transposed else out.reshape(b, s, n_h * d)
+    o = merged @ layer["wo"] if wo else merged
+    return x + o if residual else o
+
+
+def _attention_mixups(x, layer, cfg, positions) -> dict:
+    def v(**kw):
+        return lambda: _attention(x, layer, cfg, positions, **kw)
+
+    wrong = {
+        ROPE_ON_V: v(rope=("q", "k", "v")),
+        POSITIONS_IGNORED: v(arange=True),
+        NON_CAUSAL: v(causal=False),
+        ROPE_Q_ONLY: v(rope=("q",)),
+        ROPE_K_ONLY: v(rope=("k",)),
+        NO_ROPE: v(rope=()),
+        WITH_RESIDUAL: v(residual=True),
+        NO_NORM: v(norm=None),
+        FFN_NORM_IN_ATTN: v(norm="ffn_norm"),
+        HALF_PAIRING: v(interleaved=False),
+        MERGE_NO_TRANSPOSE: v(merge_transposed=False),
+        KV_SWAPPED: v(swap_kv=True),
+        NO_WO: v(wo=False),
+        ROPE_ON_V + "; and ignored `positions` (used torch.arange(S))":
+            v(rope=("q", "k", "v"), arange=True),
+        NON_CAUSAL + "; and ignored `positions` (used torch.arange(S))":
+            v(causal=False, arange=True),
+    }
+    if 1 < cfg.n_kv_heads < cfg.n_heads:
+        wrong[GROUPING] = v(tile=True)
+    if cfg.norm_eps != 1e-5:
+        wrong[EPS_IGNORED] = v(eps=1e-5)
+    if cfg.rope_base != 10000.0:
+        wrong[BASE_IGNORED] = v(base=10000.0)
+    if cfg.rotary_dim != cfg.head_dim:
+        wrong[ROTARY_DIM_IGNORED] = v(rotary_dim=None)
+    return wrong
+
+
+def _block(x, layer, cfg, positions, *, structure="pre", **attn):
+    """decoder_block with a structural mistake and/or a mistake inside the attention sublayer."""
+    eps = cfg.norm_eps
+
+    def attention(t, **more):
+        return _attention(t, layer, cfg, positions, **{**attn, **more})
+
+    def ffn(t, swap=False):
+        gate, up = (layer["w_up"], layer["w_gate"]) if swap else (layer["w_gate"], layer["w_up"])
+        return ref.swiglu_ffn(t, gate, up, layer["w_down"])
+
+    def norm(t, name="ffn_norm"):
+        return ref.rms_norm(t, layer[name], eps)
+
+    if structure == "post":        # Norm(X + Sublayer(X)), the sublayers without their own norm
+        u = norm(x + attention(x, norm=None), "attn_norm")
+        return norm(u + ffn(u))
+    if structure == "post_too":    # pre-norm sublayers, and the sums normalised as well
+        u = norm(x + attention(x), "attn_norm")
+        return norm(u + ffn(norm(u)))
+    if structure == "parallel":
+        return x + attention(x) + ffn(norm(x))
+    u = attention(x) if structure in ("no_attn_residual", "no_residuals") else x + attention(x)
+    if structure == "no_ffn":
+        return u
+    if structure == "ffn_no_norm":
+        return u + ffn(u)
+    mid = ffn(norm(u, "attn_norm" if structure == "attn_norm_in_ffn" else "ffn_norm"),
+              swap=structure == "gate_up_swapped")
+    if structure in ("no_ffn_residual", "no_residuals"):
+        return mid
+    if structure == "ffn_residual_from_x":
+        return x + mid
+    return u + mid
+
+
+def _block_mixups(x, layer, cfg, positions) -> dict:
+    def v(**kw):
+        return lambda: _block(x, layer, cfg, positions, **kw)
+
+    wrong = {
+        NO_ATTN_RESIDUAL: v(structure="no_attn_residual"),
+        NO_FFN_RESIDUAL: v(structure="no_ffn_residual"),
+        NO_RESIDUALS: v(structure="no_residuals"),
+        POST_NORM: v(structure="post"),
+        POST_NORM_TOO: v(structure="post_too"),
+        PARALLEL: v(structure="parallel"),
+        FFN_RESIDUAL_FROM_X: v(structure="ffn_residual_from_x"),
+        FFN_NO_NORM: v(structure="ffn_no_norm"),
+        ATTN_NORM_IN_FFN: v(structure="attn_norm_in_ffn"),
+        NO_FFN: v(structure="no_ffn"),
+        GATE_UP_SWAPPED: v(structure="gate_up_swapped"),
+        # The sublayer's mistakes, seen through the whole block.
+        "the attention sublayer " + WITH_RESIDUAL.replace("decoder_block adds x",
+                                                          "so x was added twice"):
+            v(residual=True),
+    }
+    for mistake, attn in (_attention_mistakes(cfg)):
+        wrong.setdefault(f"in the attention sublayer: {mistake}", v(**attn))
+    return wrong
+
+
+def _attention_mistakes(cfg):
+    mistakes = [(ROPE_ON_V, {"rope": ("q", "k", "v")}), (POSITIONS_IGNORED, {"arange": True}),
+                (NON_CAUSAL, {"causal": False}), (NO_ROPE, {"rope": ()}),
+                (ROPE_Q_ONLY, {"rope": ("q",)}), (ROPE_K_ONLY, {"rope": ("k",)}),
+                (NO_NORM, {"norm": None}), (FFN_NORM_IN_ATTN, {"norm": "ffn_norm"}),
+                (HALF_PAIRING, {"interleaved": False}),
+                (MERGE_NO_TRANSPOSE, {"merge_transposed": False}),
+                (KV_SWAPPED, {"swap_kv": True}), (NO_WO, {"wo": False})]
+    if 1 < cfg.n_kv_heads < cfg.n_heads:
+        mistakes.append((GROUPING, {"tile": True}))
+    if cfg.norm_eps != 1e-5:
+        mistakes.append((EPS_IGNORED, {"eps": 1e-5}))
+    if cfg.rope_base != 10000.0:
+        mistakes.append((BASE_IGNORED, {"base": 10000.0}))
+    if cfg.rotary_dim != cfg.head_dim:
+        mistakes.append((ROTARY_DIM_IGNORED, {"rotary_dim": None}))
+    return mistakes
+
+
+# --------------------------------------------------------------------------------------------
+# Shared by attention_sublayer and decoder_block
+
+
+def _label(cfg: ModelConfig, b: int, s: int, positions: torch.Tensor, extra: str = "") -> str:
+    kind = ("MHA" if cfg.n_kv_heads == cfg.n_heads else
+            "MQA" if cfg.n_kv_heads == 1 else "GQA")
+    parts = [f"{kind}: B={b}, S={s}, H={cfg.hidden_size}, N_h={cfg.n_heads}, "
+             f"N_kv={cfg.n_kv_heads}, D_h={cfg.head_dim}"]
+    if cfg.rotary_dim != cfg.head_dim:
+        parts.append(f"rotary_dim={cfg.rotary_dim}")
+    if cfg.rope_base != 10000.0:
+        parts.append(f"rope_base={cfg.rope_base:g}")
+    if cfg.norm_eps != 1e-5:
+        parts.append(f"norm_eps={cfg.norm_eps:g}")
+    parts.append("positions [S] " + str(positions.tolist()) if positions.dim() == 1 else
+                 "positions [B, S], one row per sequence")
+    return ", ".join(parts) + extra
+
+
+def _run(c: Check, cfg: ModelConfig, *, b: int, s: int, batched: bool, want_fn, mixups_fn,
+         what: str, extra: str = ""):
+    x = c.randn(b, s, cfg.hidden_size, scale=2.5)
+    layer = _layer(c, cfg)
+    positions = _positions(c, b, s, batched=batched)
+    before = (x.clone(), {k: t.clone() for k, t in layer.items()}, positions.clone())
+    got = c.call(x, layer, cfg, positions)
+    if not torch.equal(x, before[0]):
+        c.fail(f"changed its input x in place ({_label(cfg, b, s, positions)}).", IN_PLACE)
+    if any(not torch.equal(layer[k], before[1][k]) for k in layer) or \
+            not torch.equal(positions, before[2]):
+        c.fail("changed the layer's weights or the positions it was given; leave its inputs "
+               "untouched.")
+    with torch.no_grad():
+        want = want_fn(x, layer, cfg, positions)
+    shown = f"{what} ({_label(cfg, b, s, positions, extra)})"
+    c.expect_tensor(got, want, what=shown, dims=HIDDEN, wrong=mixups_fn(x, layer, cfg, positions))
+    c.properties.remove(shown)  # the pass summary lists the properties, not every case
+    return x, layer, positions, got
+
+
+def _cases(c: Check, thorough: bool):
+    """(cfg, B, S, batched positions, label suffix): GQA, MHA, MQA, decoupled head_dim, partial
+    rotation, another base and eps, [S] and [B, S] positions, one token."""
+    cases = []
+    b, s = c.sizes(2, 2, 8)
+    s += 2
+    cases.append((_cfg(c, "gqa"), b, s, False))
+    cases.append((_cfg(c, "gqa", decoupled=True, partial=True, base=c.choice([500.0, 1e6]),
+                       eps=c.choice([0.05, 0.2])), b, s, True))
+    cases.append((_cfg(c, "mha"), b, s, False))
+    cases.append((_cfg(c, "mqa", base=500.0), b, s, True))
+    if thorough:
+        for _ in range(4):
+            b, s = c.sizes(2, 2, 8)
+            cases.append((_cfg(c, c.choice(["gqa", "mha", "mqa"]),
+                               decoupled=c.choice([False, True]), partial=c.choice([False, True]),
+                               base=c.choice([10000.0, 500.0]), eps=c.choice([1e-5, 0.1])),
+                          b, s + 2, c.choice([False, True])))
+        cases.append((_cfg(c, "gqa"), 2, 1, False))     # one token: it attends to itself only
+    return cases
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 1: init_block_params
+
+
+def _init_cfgs(c: Check) -> list[ModelConfig]:
+    """GQA with head_dim != H / N_h, and MHA: every weight matrix has at least 500 entries."""
+    n_kv, g = c.sizes(2, 2, 4)
+    d = c.choice([8, 10])
+    n_h = n_kv * g
+    gqa = ModelConfig(vocab_size=97, hidden_size=n_h * d + c.choice([4, 8]), n_heads=n_h,
+                      n_kv_heads=n_kv, head_dim=d, ffn_hidden_size=80 + c.randint(0, 20),
+                      n_layers=2, max_seq_len=64)
+    n = c.randint(3, 6)
+    mha = ModelConfig(vocab_size=97, hidden_size=8 * n, n_heads=n, n_kv_heads=n,
+                      ffn_hidden_size=24 * n + 4, n_layers=2, max_seq_len=64)
+    return [gqa, mha]
+
+
+def _cfg_text(cfg: ModelConfig) -> str:
+    return (f"H={cfg.hidden_size}, N_h={cfg.n_heads}, N_kv={cfg.n_kv_heads}, "
+            f"D_h={cfg.head_dim}, H_ff={cfg.ffn_hidden_size}")
+
+
+def _shape_hint(name: str, got: tuple, want: tuple, cfg: ModelConfig) -> str | None:
+    h, d, n_h, n_kv = cfg.hidden_size, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
+    if len(want) == 2 and got == want[::-1]:
+        return ("transposed: the course's weights are [in_features, out_features] and applied as "
+                "x @ W (nn.Linear's own weight is [out, in])")
+    if name == "wqkv" and len(got) == 2 and got[0] == h:
+        if got[1] == 3 * h or got[1] == 3 * n_h * d:
+            return ("K and V have only N_kv heads: wqkv has (N_h + 2 * N_kv) * D_h columns, "
+                    "Q | K | V")
+        if got[1] == (n_h + 2 * n_kv) * (h // n_h):
+            return "used H // N_h for the head width; read cfg.head_dim"
+    if name == "wo" and got == (h, h):
+        return ("W_O takes the N_h * D_h features of the concatenated heads: [N_h * D_h, H] "
+                "(which is [H, H] only when D_h = H / N_h)")
+    if name in NORMS and len(got) != 1:
+        return "a norm's scale is one number per hidden feature: shape [H]"
+    return None
+
+
+def _expect_layout(c: Check, got, cfg: ModelConfig, dtype: torch.dtype, label: str) -> None:
+    if not isinstance(got, dict):
+        c.fail(f"returned {type(got).__name__}; expected a dict of the 7 tensors of one block "
+               f"({', '.join(NAMES)}).")
+    keys = set(got)
+    missing = [n for n in NAMES if n not in keys]
+    extra = sorted(str(k) for k in keys - set(NAMES))
+    if missing or extra:
+        hint = None
+        if {"wq", "wk", "wv"} & keys or {"w_q", "w_k", "w_v"} & keys:
+            hint = ("the layout fuses the three projections into one matrix: wqkv = "
+                    "[W_Q | W_K | W_V], [H, (N_h + 2 * N_kv) * D_h]")
+        elif keys & {"gamma", "norm", "norm1", "norm2", "ln_1", "ln_2"}:
+            hint = "name the two norm scales attn_norm (before attention) and ffn_norm"
+        text = []
+        if missing:
+            text.append(f"missing {', '.join(missing)}")
+        if extra:
+            text.append(f"unexpected {', '.join(extra)}")
+        c.fail(f"the dict's keys are not the layout's ({'; '.join(text)}); expected exactly "
+               f"{', '.join(NAMES)}.", hint or "use the names of the parameter layout exactly")
+    shapes = ref.block.block_shapes(cfg)
+    for name in NAMES:
+        t = got[name]
+        if not isinstance(t, torch.Tensor):
+            c.fail(f"{name} is {type(t).__name__}; expected a torch.Tensor.")
+        if tuple(t.shape) != shapes[name]:
+            c.fail(f"{name} has shape {list(t.shape)}, expected {list(shapes[name])} ({label}).",
+                   _shape_hint(name, tuple(t.shape), shapes[name], cfg))
+        if t.dtype != dtype:
+            c.fail(f"{name} has dtype {t.dtype}, expected {dtype} ({label}).",
+                   "create every tensor with dtype=dtype (the norms too)" if
+                   dtype != torch.float32 else None)
+    c.note("the layout's 7 tensors, shapes [in, out]")
+
+
+def _expect_values(c: Check, got: dict, label: str) -> None:
+    for name in NORMS:
+        t = got[name].detach()
+        if not bool((t == 1).all()):
+            hint = ("initialised to zeros: a zero scale wipes out the sublayer's input" if
+                    bool((t == 0).all()) else
+                    "a norm's scale starts at exactly one, so that the norm starts out as the "
+                    "plain normalisation (torch.ones)")
+            c.fail(f"{name} should be all ones ({label}).", hint)
+    for name in MATRICES:
+        t = got[name].detach().double()
+        if not bool(t.isfinite().all()):
+            c.fail(f"{name} holds NaN or inf ({label}).", "torch.empty leaves memory "
+                   "uninitialised: fill it (normal_) or use torch.randn")
+        mean, std, n = float(t.mean()), float(t.std()), t.numel()
+        if std == 0:
+            c.fail(f"every entry of {name} is {float(t.flatten()[0]):g} ({label}).",
+                   "draw the weight matrices at random: torch.randn(..., generator=generator) "
+                   "* 0.02")
+        rows_equal = t.shape[0] > 1 and bool((t[0] == t[1]).all())
+        cols_equal = t.shape[1] > 1 and bool((t[:, 0] == t[:, 1]).all())
+        if rows_equal or cols_equal:
+            c.fail(f"{name} repeats the same {'row' if rows_equal else 'column'} ({label}).",
+                   "draw the whole matrix at once, one random number per entry (expand() "
+                   "repeats one draw)")
+        if not (0.85 * INIT_STD <= std <= 1.15 * INIT_STD):
+            if 0.85 <= std <= 1.15:
+                hint = "std 1: multiply torch.randn(...) by 0.02"
+            elif abs(std * math.sqrt(t.shape[0]) - 1) < 0.2:
+                hint = ("scaled by 1 / sqrt(fan_in); this course draws every matrix with std 0.02 "
+                        "(the default initializer_range of Hugging Face's LlamaConfig)")
+            elif abs(std - INIT_STD / math.sqrt(3)) < 0.1 * INIT_STD:
+                hint = "uniform in [-0.02, 0.02] has std 0.0115: draw from a normal with std 0.02"
+            else:
+                hint = "draw from a normal distribution with mean 0 and std 0.02"
+            c.fail(f"{name} has standard deviation {std:.4g}, expected about {INIT_STD} "
+                   f"({label}).", hint)
+        if abs(mean) > 5 * INIT_STD / math.sqrt(n):
+            c.fail(f"{name} has mean {mean:.4g}, expected about 0 ({label}).",
+                   "draw from a normal with mean 0 (torch.rand is uniform on [0, 1))")
+    for a, b in (("w_gate", "w_up"),):
+        if torch.equal(got[a], got[b]):
+            c.fail(f"{a} and {b} hold the same numbers ({label}).",
+                   "draw each matrix separately: the same draw used twice (or one tensor under "
+                   "two names) makes the two projections identical")
+    c.note("norms at one; weights N(0, 0.02^2), all different")
+
+
+def _same(a: dict, b: dict) -> bool:
+    return all(torch.equal(a[n], b[n]) for n in NAMES)
+
+
+def check_init_block_params(f, *, seed: int | None = None, thorough: bool = False) -> None:
+    with Check("init_block_params", f, seed=seed) as c:
+        _no_reference(c, "init_block_params")
+        for cfg in _init_cfgs(c) + ([_init_cfgs(c)[0]] if thorough else []):
+            label = _cfg_text(cfg)
+            s = c.randint(0, 2**31 - 1)
+            got = c.call(cfg, generator=torch.Generator().manual_seed(s))
+            _expect_layout(c, got, cfg, torch.float32, label)
+            _expect_values(c, got, label)
+            again = c.call(cfg, generator=torch.Generator().manual_seed(s))
+            _expect_layout(c, again, cfg, torch.float32, label)
+            if not _same(got, again):
+                c.fail(f"two generators seeded alike (torch.Generator().manual_seed({s})) gave "
+                       f"different weights ({label}).",
+                       "draw every random number from the `generator` argument: "
+                       "torch.randn(..., generator=generator)")
+            other = c.call(cfg, generator=torch.Generator().manual_seed(s + 1))
+            _expect_layout(c, other, cfg, torch.float32, label)
+            same = [n for n in MATRICES if torch.equal(got[n], other[n])]
+            if same:
+                c.fail(f"generators with different seeds gave the same {', '.join(same)} "
+                       f"({label}).", "the weights must come from the `generator` argument; a "
+                       "fixed seed (torch.manual_seed) inside the function makes them constant")
+        c.note("reproducible from a seeded generator")
+        cfg = _init_cfgs(c)[0]
+        for dtype in ((torch.float64, torch.bfloat16, torch.float16) if thorough
+                      else (torch.float64, torch.bfloat16)):
+            label = f"{_cfg_text(cfg)}, dtype={str(dtype).removeprefix('torch.')}"
+            got = c.call(cfg, generator=torch.Generator().manual_seed(c.randint(0, 1000)),
+                         dtype=dtype)
+            _expect_layout(c, got, cfg, dtype, label)
+            _expect_values(c, got, label)
+        c.note("float64 and bfloat16")
+        # generator=None: torch's global generator, so torch.manual_seed makes it reproducible.
+        state = torch.get_rng_state()
+        try:
+            s = c.randint(0, 2**31 - 1)
+            torch.manual_seed(s)
+            first = c.call(cfg)
+            torch.manual_seed(s)
+            second = c.call(cfg)
+            third = c.call(cfg)
+        finally:
+            torch.set_rng_state(state)
+        _expect_layout(c, first, cfg, torch.float32, _cfg_text(cfg) + ", generator=None")
+        _expect_values(c, first, _cfg_text(cfg) + ", generator=None")
+        _expect_layout(c, third, cfg, torch.float32, _cfg_text(cfg) + ", generator=None")
+        if not _same(first, second):
+            c.fail("with generator=None, two calls after the same torch.manual_seed gave "
+                   "different weights.", "with generator=None draw from torch's global "
+                   "generator (torch.randn(..., generator=None) does)")
+        if any(torch.equal(second[n], third[n]) for n in MATRICES):
+            c.fail("with generator=None, two calls in a row gave the same weights: every block "
+                   "of a model would start out identical.",
+                   "with generator=None draw from torch's global generator, which moves on "
+                   "after every draw; a new torch.Generator() (or a fixed seed) starts from the "
+                   "same state every time")
+        c.note("generator=None uses torch's global generator")
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 2: attention_sublayer
+
+
+def check_attention_sublayer(f, *, seed: int | None = None, thorough: bool = False) -> None:
+    with Check("attention_sublayer", f, seed=seed) as c:
+        _no_reference(c, "attention_sublayer", "decoder_block")
+        for cfg, b, s, batched in _cases(c, thorough):
+            _run(c, cfg, b=b, s=s, batched=batched, want_fn=ref.attention_sublayer,
+                 mixups_fn=_attention_mixups, what="attention_sublayer output")
+        c.note("GQA, MHA and MQA; D_h != H / N_h; rotary_dim < D_h; rope_base and norm_eps "
+               "from cfg")
+        c.note("positions [S] and [B, S], with gaps")
+        # Causality, on the learner's own function: changing the last token changes no earlier
+        # output.
+        cfg = _cfg(c, "gqa")
+        b, s = 2, c.randint(4, 8)
+        x, layer = c.randn(b, s, cfg.hidden_size), _layer(c, cfg)
+        positions = _positions(c, b, s, batched=False)
+        y = x.clone()
+        y[:, -1] = c.randn(b, cfg.hidden_size)
+        out_x, out_y = c.call(x, layer, cfg, positions), c.call(y, layer, cfg, positions)
+        if isinstance(out_x, torch.Tensor) and isinstance(out_y, torch.Tensor) and \
+                out_x.shape == out_y.shape == x.shape and \
+                not _close(out_x[:, :-1], out_y[:, :-1], 1e-5, 1e-4):
+            c.fail("changing only the LAST token changed the outputs of earlier tokens.",
+                   NON_CAUSAL)
+        c.note("causal: later tokens never change earlier outputs")
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 3: decoder_block
+
+
+def check_decoder_block(f, *, seed: int | None = None, thorough: bool = False) -> None:
+    with Check("decoder_block", f, seed=seed) as c:
+        _no_reference(c, "decoder_block")
+        for cfg, b, s, batched in _cases(c, thorough):
+            _run(c, cfg, b=b, s=s, batched=batched, want_fn=ref.decoder_block,
+                 mixups_fn=_block_mixups, what="decoder_block output")
+        c.note("U = X + Attention(RMSNorm(X)), X' = U + SwiGLU(RMSNorm(U))")
+        c.note("GQA, MHA, MQA; positions [S] and [B, S]")
+        # Stacking: the block maps [B, S, H] to [B, S, H], so blocks can follow each other.
+        cfg = _cfg(c, "gqa")
+        b, s = c.sizes(2, 2, 7)
+        x = c.randn(b, s, cfg.hidden_size)
+        positions = _positions(c, b, s, batched=False)
+        layers = [_layer(c, cfg) for _ in range(3)]
+        got, want = x, x
+        for layer in layers:
+            got = c.call(got, layer, cfg, positions)
+            if not isinstance(got, torch.Tensor):
+                break
+            want = ref.decoder_block(want, layer, cfg, positions)
+        c.expect_tensor(got, want, what="three blocks stacked", dims=HIDDEN,
+                        atol=1e-4, rtol=1e-3)
+        c.note("three blocks stack")
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 4: block_param_count
+
+
+def _count_mixups(cfg: ModelConfig, want: int) -> dict:
+    h, d, n_h, n_kv, h_ff = (cfg.hidden_size, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads,
+                             cfg.ffn_hidden_size)
+    attention = h * (n_h + 2 * n_kv) * d + n_h * d * h
+    ffn = 3 * h * h_ff
+    return {
+        "returned a float; a parameter count is an exact int (avoid `/`)": float(want),
+        "left out the two RMSNorm scales (2 * H: one per sublayer)": want - 2 * h,
+        "counted only one RMSNorm scale; the block has two (attn_norm and ffn_norm)": want - h,
+        "counted each norm as gamma and beta (LayerNorm); RMSNorm has only a scale, H numbers":
+            want + 2 * h,
+        "counted four H x H attention matrices as in MHA: with GQA W_K and W_V have only "
+        "N_kv * D_h columns": 4 * h * h + ffn + 2 * h,
+        "counted W_K and W_V with N_h heads: they have N_kv heads (N_kv * D_h columns each)":
+            4 * h * n_h * d + ffn + 2 * h,
+        "used H for the width of the heads (N_h * D_h): with D_h != H / N_h, W_Q is "
+        "[H, N_h * D_h] and W_O is [N_h * D_h, H]": h * (h + 2 * n_kv * d) + h * h + ffn + 2 * h,
+        "counted two FFN matrices; SwiGLU has three (W_gate, W_up, W_down)":
+            attention + 2 * h * h_ff + 2 * h,
+        "forgot W_O (the output projection, N_h * D_h x H)": want - n_h * d * h,
+        "added the embedding table (|V| x H): it belongs to the model, not to a block":
+            want + cfg.vocab_size * h,
+    }
+
+
+def check_block_param_count(f, *, seed: int | None = None, thorough: bool = False) -> None:
+    with Check("block_param_count", f, seed=seed) as c:
+        _no_reference(c, "block_param_count", "init_block_params")
+        gqa_7b = ModelConfig(n_kv_heads=8)
+        cases = [(LLAMA2_7B, "LLaMA-2-7B"), (gqa_7b, "LLaMA-2-7B shapes with GQA, N_kv = 8")]
+        for _ in range(4 if thorough else 2):
+            cfg = _cfg(c, c.choice(["gqa", "mqa"]), decoupled=True)
+            cases.append((cfg, _cfg_text(cfg)))
+        cfg = _cfg(c, "mha")
+        cases.append((cfg, _cfg_text(cfg)))
+        for cfg, label in cases:
+            want = ref.block_param_count(cfg)
+            what = f"block_param_count ({label})"
+            c.expect_equal(c.call(cfg), want, what=what, wrong=_count_mixups(cfg, want))
+            c.properties.remove(what)  # the pass summary lists the properties, not every case
+        c.note("the article's 202,383,360 for LLaMA-2-7B")
+        c.note("GQA, MQA, D_h != H / N_h")
