@@ -1,7 +1,8 @@
 """Command line: `python -m checks status [DIR]` and `python -m checks grade PATH...`.
 
 Both run every notebook the way the grader does (`checks.grading.grade_notebook`): its own
-kernel process, a per-cell time limit, test cells restored from the chapter's source notebook.
+worker process with resource limits, each test run again in the grading process on the
+worker's functions, test cells restored from the chapter's source notebook.
 Bad input gets one line on stderr and exit status 2; a folder keeps being graded past a
 notebook that cannot be read, and the exit status is 2 at the end.
 """
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from . import grading
 from .grading import GradingError, NotebookResult
+from .sandbox import Limits
 
 PROG = "python -m checks"
 
@@ -36,6 +38,30 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _size(text: str) -> int:
+    units = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
+    number, unit = text.strip().upper().rstrip("IB").rstrip("B"), ""
+    if number and number[-1] in units:
+        number, unit = number[:-1], number[-1]
+    try:
+        value = int(float(number) * units[unit])
+    except (ValueError, KeyError):
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 3G, 1500M, 0)")
+    return value
+
+
+def _nonnegative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"not a whole number of seconds: {text!r}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Progress and grading for the course's notebooks.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -43,6 +69,17 @@ def _parser() -> argparse.ArgumentParser:
     common = _Parser(add_help=False)
     common.add_argument("--timeout", type=_seconds, default=grading.DEFAULT_CELL_TIMEOUT,
                         metavar="SECONDS", help="time limit per cell (default: %(default)g)")
+    defaults = Limits()
+    common.add_argument("--memory", type=_size, default=defaults.memory, metavar="SIZE",
+                        help="address space per notebook's worker, e.g. 3G or 1500M; 0 for no "
+                             "limit (default: %(default)s bytes)")
+    common.add_argument("--cpu-time", type=_nonnegative_int, default=defaults.cpu,
+                        metavar="SECONDS", help="CPU seconds per notebook; 0 for no limit "
+                                                "(default: %(default)s)")
+    common.add_argument("--max-output", type=_size, default=defaults.output, metavar="SIZE",
+                        help="largest file a notebook may write (its output log included); "
+                             "printed output is discarded either way (default: %(default)s "
+                             "bytes)")
     common.add_argument("--source", type=Path, default=grading.SOURCE_DIR, metavar="DIR",
                         help="folder of the chapters' source notebooks, whose test cells are "
                              "used (default: the repository's solutions/)")
@@ -115,7 +152,8 @@ def notebooks_in(paths: Iterable[Path]) -> list[Path]:
 def grade_each(paths: list[Path], args, show: Callable[[NotebookResult], None]
                ) -> tuple[list[NotebookResult], list[GradingError]]:
     """Grade notebooks one by one, showing each result as it comes; one that cannot be graded
-    is reported in one line and skipped."""
+    is reported in one line and skipped. A notebook that hangs, crashes or misbehaves scores
+    zero where it must and never stops the others."""
     results, problems = [], []
     for path in paths:
         try:
@@ -131,7 +169,10 @@ def grade_each(paths: list[Path], args, show: Callable[[NotebookResult], None]
 
 def _grade_one(path: Path, args) -> NotebookResult:
     try:
-        return grading.grade_notebook(path, cell_timeout=args.timeout, source_dir=args.source)
+        limits = Limits(cell_timeout=args.timeout, memory=args.memory, cpu=args.cpu_time,
+                        output=args.max_output)
+        return grading.grade_notebook(path, source_dir=args.source, limits=limits,
+                                      protect=getattr(args, "all_paths", ()))
     except GradingError:
         raise
     except Exception as exc:  # a bug of ours must not stop a class's grading either
@@ -174,6 +215,7 @@ def _status_row(result: NotebookResult, width: int) -> str:
 
 def _grade(args) -> int:
     paths = notebooks_in(args.paths)
+    args.all_paths = paths  # no submission may change another one
     if args.json is not None and args.json.resolve() in {p.resolve() for p in paths}:
         raise GradingError(args.json, "the JSON output would overwrite a notebook being graded")
     to_stdout = args.json == Path("-")

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from . import display
+from . import display, sandbox
 
 # --------------------------------------------------------------------------------------------
 # Failures
@@ -247,6 +247,8 @@ class Check:
         """Call the learner's function; turn its exceptions into readable failures."""
         self.calls += 1
         guard = _Forbid(self, self.forbid) if self.forbid else contextlib.nullcontext()
+        # When grading, `fn` may run in a worker process: the worker applies the same guard.
+        token = sandbox.calling.set((self.exercise, self.forbid))
         try:
             with guard:
                 return self.fn(*args, **kwargs)
@@ -262,6 +264,8 @@ class Check:
             if where:
                 message += f"\n  at {where}"
             raise LearnerError(self.exercise, message, seed=self.seed) from None
+        finally:
+            sandbox.calling.reset(token)
 
     # ---- failing ----
     def fail(self, message: str, hint: str | None = None, *, show_seed: bool = True):

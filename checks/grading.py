@@ -1,15 +1,17 @@
-"""Grade a notebook the way nbgrader's autograde does, without a gradebook database.
+"""Grade a notebook the way nbgrader's autograde does, without a gradebook database, in a way
+the submission cannot tamper with.
 
 `grade_notebook(path)` reads a submitted notebook, finds its chapter, rebuilds the notebook to run
 from the submission's code cells with every test cell taken from the chapter's source notebook,
-executes it in a fresh kernel process inside a temporary folder, and scores each test cell.
+runs its cells in a worker process with resource limits (`checks.sandbox`), runs each test cell
+a second time in this process on the worker's functions, and scores each test cell.
 
 The pieces, in the order `grade_notebook` uses them:
 
 - `read_notebook`: a notebook file, or `GradingError` with one readable line.
-- `identify_chapter` / `source_notebook_path`: which chapter, and its source notebook.
+- `identify_chapter` / `source_notebook_path`: which chapter (metadata, answer cells, name).
 - `build_graded_notebook`: submission cells + source test cells -> the notebook to run.
-- `execute_notebook`: runs it (per-cell time limit, errors allowed, kernel death survived).
+- `execute_notebook`: runs it (time, memory and output limits; a dead worker is survived).
 - `score_test_cell`: nbgrader's rule for one test cell -> `ExerciseResult`.
 
 Test cells come from the *source* notebook (`solutions/`), hidden tests included. The
@@ -17,18 +19,17 @@ architecture note says "test cells from the release"; the release lacks the hidd
 nbgrader's autograde also restores test cells with their hidden tests (it saves them from the
 source when the assignment is generated), so the source is the right copy to restore from.
 
-Nothing is ever written to the submitted file or its folder: the kernel runs in a temporary
+Nothing is ever written to the submitted file or its folder: the worker runs in a temporary
 working directory that is removed afterwards.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
-import logging
 import os
 import re
-import signal
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -139,15 +140,18 @@ def read_notebook(path: str | os.PathLike):
 
 def identify_chapter(nb, path: str | os.PathLike, source_dir: str | os.PathLike = SOURCE_DIR
                      ) -> str:
-    """The chapter a notebook belongs to: metadata `course.chapter`, else its file or folder name.
+    """The chapter a notebook belongs to: metadata `course.chapter`, else the chapter whose
+    answer cells (grade_ids) it has, else its file or folder name.
 
     The first of these that names a chapter present in `source_dir` wins, so a renamed notebook
-    is still recognised by its metadata and a notebook without metadata by its name.
+    is recognised by its metadata or content, and a chapter 01 notebook saved under chapter 04's
+    name is graded as chapter 01 (the report shows the chapter).
     """
     path = Path(path)
     course = nb.metadata.get("course")
     named = course.get("chapter") if isinstance(course, dict) else None
-    candidates = [c for c in (named, path.stem, path.parent.name)
+    candidates = [c for c in (named, _chapter_by_content(nb, source_dir), path.stem,
+                              path.parent.name)
                   if isinstance(c, str) and CHAPTER_NAME.fullmatch(c)]
     for chapter in candidates:
         if source_notebook_path(chapter, source_dir).is_file():
@@ -157,6 +161,30 @@ def identify_chapter(nb, path: str | os.PathLike, source_dir: str | os.PathLike 
                                  f"{source_notebook_path(candidates[0], source_dir)})")
     raise GradingError(path, "cannot tell which chapter this is (no course.chapter metadata, "
                              "and neither the file nor its folder is named like 01_notation)")
+
+
+def _answer_ids(nb) -> set[str]:
+    return {gid for c in nb.cells if (gid := grade_id(c)) is not None
+            and isinstance(c.metadata.get("nbgrader"), dict)
+            and c.metadata["nbgrader"].get("solution")}
+
+
+def _chapter_by_content(nb, source_dir) -> str | None:
+    """The one chapter whose answer cells (by grade_id) the notebook shares most, if any."""
+    mine = _answer_ids(nb)
+    if not mine:
+        return None
+    overlap = {}
+    for source in sorted(Path(source_dir).glob("*/*.ipynb")):
+        if source.stem != source.parent.name:
+            continue
+        try:
+            overlap[source.stem] = len(mine & _answer_ids(read_notebook(source)))
+        except GradingError:
+            continue
+    best = max(overlap.values(), default=0)
+    winners = [chapter for chapter, n in overlap.items() if n == best]
+    return winners[0] if best and len(winners) == 1 else None
 
 
 def source_notebook_path(chapter: str, source_dir: str | os.PathLike = SOURCE_DIR) -> Path:
@@ -241,7 +269,7 @@ def _insertion_point(cells, before: list[str | None], after: list[str | None]) -
 
 
 # --------------------------------------------------------------------------------------------
-# Running it
+# Running it: the learner's code in a worker, each test run there and here (checks.sandbox)
 
 
 @dataclass
@@ -250,103 +278,158 @@ class Execution:
     error: str | None  # why the notebook stopped early, or None
 
 
-class _Progress:
-    """What nbclient's hooks report while a notebook runs."""
+def chapter_namespace(source) -> dict[str, Any]:
+    """What the test cells may use, built in the grading process from the source notebook's
+    import statements (cells that are neither answers nor tests). Nothing of the learner's."""
+    import ast
+    import builtins
 
-    def __init__(self):
-        self.completed: set[int] = set()
-        self.current: int | None = None  # the cell running now (or last)
-        self.process = None  # the kernel's subprocess.Popen
-
-    def kernel_started(self, client) -> None:
-        self.process = getattr(client.km.provisioner, "process", None)
-
-    def cell_started(self, cell_index: int, **_) -> None:
-        self.current = cell_index
-
-    def cell_done(self, cell_index: int, **_) -> None:
-        self.completed.add(cell_index)
-
-
-def execute_notebook(nb, *, cell_timeout: float, workdir: str | os.PathLike) -> Execution:
-    """Run every code cell in a fresh kernel of this interpreter; `nb` gets the outputs.
-
-    Errors in cells are allowed. A cell that runs past `cell_timeout`, a kernel that dies and a
-    kernel that does not start stop the run; the cells run until then keep their outputs.
-    The kernel's working directory is `workdir/cwd`; its own stdout/stderr go to
-    `workdir/kernel.log`.
-    """
-    from nbclient import NotebookClient
-    from nbclient.exceptions import CellTimeoutError, DeadKernelError
-
-    cwd = Path(workdir) / "cwd"
-    cwd.mkdir()
-    kernel_log = Path(workdir) / "kernel.log"
-    progress = _Progress()
-    client = NotebookClient(
-        nb, timeout_func=lambda cell: cell_timeout, allow_errors=True, interrupt_on_timeout=False,
-        kernel_name="python3", kernel_manager_class=_this_interpreter_kernel(),
-        shutdown_kernel="immediate", record_timing=False, log=_silent_logger(),
-        resources={"metadata": {"path": str(cwd)}},
-        on_notebook_start=lambda **_: progress.kernel_started(client),
-        on_cell_start=progress.cell_started, on_cell_executed=progress.cell_done)
-
-    with open(kernel_log, "wb") as log:
+    imports = []
+    for cell in source.cells:
+        if cell.cell_type != "code" or grade_id(cell) is not None:
+            continue
         try:
-            client.execute(env=_kernel_env(), stdout=log, stderr=log)
-            error = None
-        except CellTimeoutError:
-            error = (f"{_describe_cell(nb, progress.current)} ran longer than the "
-                     f"{cell_timeout:g} s limit; the cells after it were not run")
-        except DeadKernelError:
-            error = (f"the kernel died in {_describe_cell(nb, progress.current)}"
-                     f"{_exit_text(progress.process)}; the cells after it were not run")
-        except Exception as exc:  # e.g. the kernel did not start: this notebook only
-            where = "before the first cell" if progress.current is None \
-                else f"in {_describe_cell(nb, progress.current)}"
-            error = (f"execution stopped {where}: {type(exc).__name__}: {_first_line(exc)}"
-                     f"{_log_tail(kernel_log)}")
-    return Execution(progress.completed, error)
+            tree = ast.parse(cell.source)
+        except SyntaxError:
+            continue
+        imports += [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    namespace: dict[str, Any] = {"__name__": "__grading__", "__builtins__": builtins}
+    exec(compile(ast.Module(body=imports, type_ignores=[]), "<imports>", "exec"), namespace)
+    return namespace
 
 
-def _this_interpreter_kernel():
-    """A kernel manager that always starts ipykernel under this interpreter.
+def _names_from_learner(source: str, namespace: dict[str, Any]) -> list[str]:
+    """Names a test cell reads that neither it, the chapter's imports nor builtins define:
+    the exercises (and anything else the learner's notebook must provide)."""
+    import ast
+    import builtins
 
-    The submission's kernelspec and any other `python3` kernel installed elsewhere are ignored:
-    the kernel must import the same `checks` and torch as the grader.
+    tree = ast.parse(source)
+    stored = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
+              and not isinstance(n.ctx, ast.Load)}
+    loaded = [n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
+              and isinstance(n.ctx, ast.Load)]
+    return [name for name in dict.fromkeys(loaded) if name not in stored
+            and name not in namespace and not hasattr(builtins, name)]
+
+
+def _grader_side_test(cell, worker, imports: dict[str, Any], limits) -> dict[str, Any]:
+    """Run a test cell in this process on the worker's functions: {"ok", "ename", "evalue",
+    "stderr"}. Raises WorkerGone when the worker dies or runs out of time."""
+    import contextlib
+    import io
+    import warnings
+
+    from .sandbox import InProcessOnly, RemoteFunction
+
+    deadline = time.monotonic() + limits.cell_timeout
+    namespace = dict(imports)
+    for name in _names_from_learner(cell.source, namespace):
+        found = worker.lookup(name)
+        if found.get("found") == "callable":
+            namespace[name] = RemoteFunction(worker, name, deadline)
+        elif found.get("found") == "value":
+            from .sandbox import _grader_value
+
+            namespace[name] = _grader_value(found.get("value"))
+        elif found.get("found") == "class":
+            return {"ok": False, "ename": "GradingError",
+                    "evalue": f"`{name}` is a class; classes can only be checked inside the "
+                              "notebook, not by the grader"}
+    worker.stderr_text = ""
+    out, err = io.StringIO(), io.StringIO()
+    result: dict[str, Any] = {"ok": True}
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+            warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            exec(compile(cell.source, f"<test {grade_id(cell)}>", "exec"), namespace)
+        except InProcessOnly:
+            return {"ok": True, "in_worker_only": True}
+        except Exception as exc:  # WorkerGone and KeyboardInterrupt are BaseExceptions
+            result.update(ok=False, ename=type(exc).__name__, evalue=str(exc))
+    stderr = worker.stderr_text + err.getvalue() + "".join(
+        f"{w.category.__name__}: {w.message}\n" for w in caught)
+    result["stderr"] = stderr[:limits.stderr_kept]
+    return result
+
+
+def _as_outputs(*results: dict[str, Any]) -> list:
+    """nbformat outputs for a cell from its run results: the first error, and any stderr."""
+    import nbformat
+
+    outputs = []
+    for result in results:
+        if result.get("stderr"):
+            outputs.append(nbformat.v4.new_output("stream", name="stderr",
+                                                  text=str(result["stderr"])))
+    for result in results:
+        if not result.get("ok", False):
+            outputs.append(nbformat.v4.new_output(
+                "error", ename=str(result.get("ename", "Error")),
+                evalue=str(result.get("evalue", "")), traceback=[]))
+            break
+    return outputs
+
+
+def execute_notebook(nb, source, *, limits, workdir: str | os.PathLike,
+                     protect: list[Path] | tuple = ()) -> Execution:
+    """Run the cells of `nb` in a worker, in order; each test cell also runs in this process.
+
+    `nb` gets the outputs (stderr and the first error; for a test cell, the worker's run first).
+    A cell that runs past the time limit, a worker that dies or breaks the protocol stop the
+    run; the cells run until then keep their outputs.
     """
-    from ipykernel.kernelspec import RESOURCES, get_kernel_dict
-    from jupyter_client.kernelspec import KernelSpec
-    from jupyter_client.manager import AsyncKernelManager
+    from .sandbox import Worker, WorkerGone
 
-    class ThisInterpreterKernel(AsyncKernelManager):
-        @property
-        def kernel_spec(self):
-            return KernelSpec(resource_dir=RESOURCES, **get_kernel_dict())
+    completed: set[int] = set()
+    current: int | None = None
+    imports = chapter_namespace(source)
+    env = _worker_env()
+    # The worker refuses to write into these folders (a first line of defence; the grader checks
+    # the files themselves afterwards).
+    here = os.path.abspath(workdir)
+    env["CHECKS_PROTECT"] = os.pathsep.join(dict.fromkeys(
+        os.path.abspath(p) for p in protect
+        if not (here + os.sep).startswith(os.path.abspath(p).rstrip(os.sep) + os.sep)))
+    worker = None
+    try:
+        worker = Worker(Path(workdir), limits, env)
+        for index, cell in enumerate(nb.cells):
+            current = index
+            inside = worker.run_cell(index, cell.source)
+            results = [inside]
+            if is_test_cell(cell):
+                here = _grader_side_test(cell, worker, imports, limits)
+                if here.get("in_worker_only"):
+                    cell.metadata["checks_in_worker_only"] = True
+                else:
+                    results.append(here)
+            cell.outputs = _as_outputs(*results)
+            completed.add(index)
+        error = None
+    except WorkerGone as gone:
+        where = "before the first cell" if current is None else \
+            f"in {_describe_cell(nb, current)}"
+        error = f"{where}: {gone}; the cells after it were not run"
+        error = error[0].upper() + error[1:]
+    finally:
+        if worker is not None:
+            worker.close()
+    return Execution(completed, error)
 
-    return ThisInterpreterKernel
 
-
-def _kernel_env() -> dict[str, str]:
+def _worker_env() -> dict[str, str]:
     """The grader's environment; when the course package is not installed (a plain checkout),
-    the checkout goes on PYTHONPATH so that the kernel imports the same `checks`."""
+    the checkout goes on PYTHONPATH so that the worker imports the same `checks`."""
     from importlib import metadata
 
-    env = dict(os.environ)
+    env = dict(os.environ, MPLBACKEND="Agg", PYTHONDONTWRITEBYTECODE="1")
     try:
         metadata.distribution("llama-course-checks")
     except metadata.PackageNotFoundError:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     return env
-
-
-def _silent_logger() -> logging.Logger:
-    """nbclient logs timeouts and dead kernels itself; the grader reports them instead."""
-    logger = logging.getLogger("checks.grading.nbclient")
-    logger.propagate = False
-    if not logger.handlers:
-        logger.addHandler(logging.NullHandler())
-    return logger
 
 
 def _describe_cell(nb, index: int | None) -> str:
@@ -360,29 +443,6 @@ def _describe_cell(nb, index: int | None) -> str:
     first = next((line.strip() for line in cell.source.splitlines() if line.strip()), "")
     first = first if len(first) <= 40 else first[:37] + "..."
     return f"the cell starting {first!r}"
-
-
-def _exit_text(process) -> str:
-    """How the kernel process ended: ' (killed by SIGSEGV)', ' (exit status 1)' or ''."""
-    code = process.poll() if process is not None else None
-    if code is None:
-        return ""
-    if code < 0:
-        try:
-            return f" (killed by {signal.Signals(-code).name})"
-        except ValueError:
-            return f" (killed by signal {-code})"
-    return f" (exit status {code})"
-
-
-def _log_tail(kernel_log: Path) -> str:
-    """The kernel process's last line on stdout/stderr (why it did not start, say), or ''."""
-    try:
-        lines = [line.strip() for line in kernel_log.read_text(errors="replace").splitlines()
-                 if line.strip()]
-    except OSError:
-        return ""
-    return f" (kernel: {lines[-1][:120]})" if lines else ""
 
 
 def _first_line(exc: BaseException) -> str:
@@ -438,29 +498,100 @@ def _one_line(text: str) -> str:
 # Putting it together
 
 
+def protected_files(source_dir: str | os.PathLike = SOURCE_DIR) -> list[Path]:
+    """The chapters' source notebooks, which no submission may change. (The `checks` package is
+    protected by the worker refusing to write into the repository; it is not compared here,
+    so that editing the course while a class is graded is not mistaken for an attack.)"""
+    return sorted(Path(source_dir).glob("*/*.ipynb"))
+
+
+class _Guard:
+    """Remembers files' bytes. `check()` lists the files that changed and puts back the
+    submissions among them (`restorable`); any other file is only reported, never written."""
+
+    def __init__(self, paths, restorable=()):
+        self.restorable = {Path(p).resolve() for p in restorable}
+        self.saved: dict[Path, tuple[bytes, tuple]] = {}
+        for path in dict.fromkeys(Path(p).resolve() for p in paths):
+            with contextlib.suppress(OSError):
+                self.saved[path] = (path.read_bytes(), self._stat(path))
+
+    @staticmethod
+    def _stat(path: Path):
+        st = path.stat()
+        return st.st_size, st.st_mtime_ns, st.st_ino
+
+    def check(self) -> list[Path]:
+        changed = []
+        for path, (data, stat) in self.saved.items():
+            with contextlib.suppress(OSError):
+                if self._stat(path) == stat and path.read_bytes() == data:
+                    continue
+            changed.append(path)
+            if path in self.restorable:
+                with contextlib.suppress(OSError):
+                    if path.is_symlink() or path.is_dir():
+                        path.unlink()
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    path.write_bytes(data)
+                    self.saved[path] = (data, self._stat(path))
+        return changed
+
+
 def grade_notebook(path: str | os.PathLike, *, cell_timeout: float = DEFAULT_CELL_TIMEOUT,
-                   source_dir: str | os.PathLike = SOURCE_DIR) -> NotebookResult:
+                   source_dir: str | os.PathLike = SOURCE_DIR, limits=None,
+                   protect: list[Path] | tuple = ()) -> NotebookResult:
     """Grade one submitted notebook. Raises GradingError when it cannot be graded at all.
 
     Each test cell of the chapter's source notebook becomes one exercise result (in source
-    order). A timeout or a dead kernel ends the notebook: the cells run before it keep their
-    points, the rest score zero, and `NotebookResult.error` says what happened.
+    order). A timeout or a dead worker ends the notebook: the cells run before it keep their
+    points, the rest score zero, and `NotebookResult.error` says what happened. `limits`
+    (a `checks.sandbox.Limits`) overrides `cell_timeout`. The source notebooks, the
+    submission and the files in `protect` (the other submissions) are compared afterwards: a
+    submission that changed any of them gets zero, and the submissions among them are put back
+    (the grader never writes any other file).
     """
+    from .sandbox import Limits
+
     started = time.monotonic()
+    limits = limits or Limits(cell_timeout=cell_timeout)
     submission = read_notebook(path)
     chapter = identify_chapter(submission, path, source_dir)
     source = read_notebook(source_notebook_path(chapter, source_dir))
     nb = build_graded_notebook(submission, source)
+    submissions = [Path(path), *protect]
+    guard = _Guard([*protected_files(source_dir), *submissions], restorable=submissions)
 
     with tempfile.TemporaryDirectory(prefix="checks-grade-", ignore_cleanup_errors=True) as tmp:
-        run = execute_notebook(nb, cell_timeout=cell_timeout, workdir=tmp)
+        run = execute_notebook(nb, source, limits=limits, workdir=tmp,
+                               protect=[REPO, Path(source_dir),
+                                        *(Path(p).resolve().parent for p in submissions)])
+    changed = guard.check()
 
     where = {grade_id(c): i for i, c in enumerate(nb.cells) if is_test_cell(c)}
     exercises = []
     for test in (c for c in source.cells if is_test_cell(c)):
         index = where[grade_id(test)]
         points = float(test.metadata["nbgrader"].get("points", 0))
-        exercises.append(score_test_cell(nb.cells[index], ran=index in run.completed,
-                                         max_points=points))
-    return NotebookResult(str(path), chapter, exercises, run.error,
-                          time.monotonic() - started)
+        result = score_test_cell(nb.cells[index], ran=index in run.completed,
+                                 max_points=points)
+        if nb.cells[index].metadata.get("checks_in_worker_only") and not result.message:
+            result.message = ("checked inside the worker only (the check uses autograd, which "
+                              "cannot cross processes)")
+        exercises.append(result)
+    error = run.error
+    if changed:
+        names = ", ".join(_short_path(p) for p in changed[:3]) + (" ..." if len(changed) > 3
+                                                                  else "")
+        error = (f"changed files it must not touch ({names}; submissions among them "
+                 f"restored): zero points")
+        for e in exercises:
+            e.points, e.status, e.message = 0.0, ERROR, "the submission changed protected files"
+    return NotebookResult(str(path), chapter, exercises, error, time.monotonic() - started)
+
+
+def _short_path(path: Path) -> str:
+    try:
+        return str(path.relative_to(REPO))
+    except ValueError:
+        return str(path)

@@ -10,6 +10,7 @@ import sys
 import time
 
 import pytest
+from nbformat.v4 import new_notebook
 
 from checks.cli import main
 
@@ -58,8 +59,9 @@ def test_bad_input_gets_one_line_and_status_2(tmp_path, capsys, args, problem):
     (tmp_path / "broken.ipynb").write_text('{"cells": [')
     (tmp_path / "empty.ipynb").write_text("")
     (tmp_path / "empty_folder").mkdir()
-    sub.write(sub.solution(), tmp_path / "99_unknown.ipynb").write_text(
-        (tmp_path / "99_unknown.ipynb").read_text().replace('"01_notation"', '"99_unknown"'))
+    # No answer cells either: a notebook with chapter 01's cells is graded as chapter 01.
+    sub.write(new_notebook(metadata={"course": {"chapter": "99_unknown"}}),
+              tmp_path / "99_unknown.ipynb")
     release_copy(tmp_path / "01_notation.ipynb")
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
 

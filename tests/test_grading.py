@@ -200,11 +200,11 @@ def test_tampered_tests_are_restored_and_sys_exit_costs_only_its_exercise(folder
             result["tensor_shape"].max_points) == ("passed", 2, 2)
 
 
-def test_a_dying_kernel_ends_the_notebook_and_keeps_earlier_points(folder):
+def test_a_dying_worker_ends_the_notebook_and_keeps_earlier_points(folder):
     nb = sub.prepend(sub.solution(), "tensor_shape", "import os\nos._exit(1)")
     path = sub.write(nb, folder / "crash" / "01_notation.ipynb")
     result = grade_untouched(path)
-    assert "kernel died in answer cell tensor_shape (exit status 1)" in result.error
+    assert "In answer cell tensor_shape: the worker process died (exit status 1)" in result.error
     assert result.points == 4
     assert by_name(result)["tensor_shape"].status == "error"
     assert by_name(result)["tensor_shape"].message.startswith("not run")
