@@ -146,6 +146,8 @@ def _learner_frame(tb) -> str | None:
 class _Forbid(TorchFunctionMode):
     """Raise ForbiddenCall when the learner's code reaches a forbidden torch function.
 
+    `forbidden` maps function names (`__name__`, e.g. "softmax") to the hint shown.
+
     A torch-function mode sees every torch API call however it was imported (`F.softmax`,
     `torch.softmax`, `x.softmax`), so renaming the import does not get around it.
     """
@@ -157,9 +159,11 @@ class _Forbid(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", "")
-        if name in self.forbidden:
+        # `torch.ops.aten` operators carry an overload suffix ("softmax.int"): match the base too.
+        key = name if name in self.forbidden else name.split(".")[0]
+        if key in self.forbidden:
             raise ForbiddenCall(self.check.exercise, f"calls `{name}`, which this exercise asks "
-                                f"you to write yourself.", hint=self.forbidden[name])
+                                f"you to write yourself.", hint=self.forbidden[key])
         return func(*args, **(kwargs or {}))
 
 

@@ -525,8 +525,8 @@ def _embed_mixups(ids: torch.Tensor, table: torch.Tensor) -> dict:
 
 
 def _forbid(name: str, hint: str) -> dict[str, str]:
-    """Forbid a torch function, also when reached as torch.ops.aten.<name>.<overload>."""
-    return {f"{name}{overload}": hint for overload in ("", ".default", ".out")}
+    """Forbid a torch function (the engine also matches torch.ops.aten.<name>.<overload>)."""
+    return {name: hint}
 
 
 _KEEP_DTYPE = "keep the table's dtype: the lookup copies rows, it does not convert them"

@@ -16,21 +16,8 @@ from . import reference as ref
 from .engine import Check, CheckFailure, LearnerError, _matches
 
 # --------------------------------------------------------------------------------------------
-# Forbidden shortcuts. The engine matches a torch function's `__name__` exactly; calls through
-# `torch.ops.aten` carry overload names such as "softmax.int", so those are listed too.
-
-
-def _with_overloads(names: tuple[str, ...], hint: str) -> dict[str, str]:
-    forbidden = {}
-    for name in names:
-        forbidden[name] = hint
-        try:
-            overloads = getattr(torch.ops.aten, name).overloads()
-        except Exception:  # not an aten operator (a Python function), or not in this build
-            overloads = []
-        for overload in overloads:
-            forbidden[f"{name}.{overload}"] = hint
-    return forbidden
+# Forbidden shortcuts, by torch function name (the engine also catches `torch.ops.aten` overloads
+# such as "softmax.int").
 
 
 _SOFTMAX_HINT = ("write the softmax yourself: subtract each row's max, exponentiate, divide by the "
@@ -54,10 +41,10 @@ _ATTENTION_NAMES = ("scaled_dot_product_attention", "_scaled_dot_product_attenti
                     "_native_multi_head_attention", "multi_head_attention_forward",
                     "flex_attention")
 
-FORBID_SOFTMAX = {**_with_overloads(_SOFTMAX_NAMES, _SOFTMAX_HINT),
+FORBID_SOFTMAX = {**dict.fromkeys(_SOFTMAX_NAMES, _SOFTMAX_HINT),
                   # attention kernels compute a softmax inside (weights = SDPA(q, k, I))
-                  **_with_overloads(_ATTENTION_NAMES, _SOFTMAX_HINT)}
-FORBID_ATTENTION = _with_overloads(_ATTENTION_NAMES, _SDPA_HINT)
+                  **dict.fromkeys(_ATTENTION_NAMES, _SOFTMAX_HINT)}
+FORBID_ATTENTION = dict.fromkeys(_ATTENTION_NAMES, _SDPA_HINT)
 
 # --------------------------------------------------------------------------------------------
 # Diagnoses (shared by the checkers so that the same mistake reads the same everywhere)

@@ -17,8 +17,8 @@ from . import reference as ref
 from .engine import Check, CheckFailure, LearnerError, _close
 
 # --------------------------------------------------------------------------------------------
-# Forbidden shortcuts. The engine matches a torch function's `__name__` exactly; calls through
-# `torch.ops.aten` carry overload names such as "layer_norm.default", so those are listed too.
+# Forbidden shortcuts, by torch function name (the engine also catches `torch.ops.aten` overloads
+# such as "layer_norm.default").
 
 _NORM_NAMES = ("layer_norm", "native_layer_norm", "rms_norm", "_fused_rms_norm", "group_norm",
                "native_group_norm", "batch_norm", "native_batch_norm", "_native_batch_norm_legit",
@@ -28,20 +28,7 @@ _NORM_HINT = ("write the normalisation yourself from means, squares and a square
               "batch/instance norm) are off limits in this exercise")
 
 
-def _with_overloads(names: tuple[str, ...], hint: str) -> dict[str, str]:
-    forbidden = {}
-    for name in names:
-        forbidden[name] = hint
-        try:
-            overloads = getattr(torch.ops.aten, name).overloads()
-        except Exception:  # not an aten operator (a Python function), or not in this build
-            overloads = []
-        for overload in overloads:
-            forbidden[f"{name}.{overload}"] = hint
-    return forbidden
-
-
-FORBID_NORMS = _with_overloads(_NORM_NAMES, _NORM_HINT)
+FORBID_NORMS = dict.fromkeys(_NORM_NAMES, _NORM_HINT)
 
 # --------------------------------------------------------------------------------------------
 # Shared helpers

@@ -22,3 +22,7 @@ from .rope import (apply_rope, interleaved_to_half_permutation, rope_angles, rop
                    rotation_matrix)
 from .ffn import ffn, ffn_param_count, gelu, relu, silu, swiglu_ffn
 from .norms import layer_norm, post_norm_residual, pre_norm_residual, rms_norm
+from .block import attention_sublayer, block_param_count, decoder_block, init_block_params
+from .model import (init_model_params, model_forward, model_param_count, next_token_loss,
+                    sample_next_token)
+from .generation import KVCache, forward_with_cache, full_forward, generate
