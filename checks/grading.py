@@ -333,9 +333,10 @@ def _grader_side_test(cell, worker, imports: dict[str, Any], limits) -> dict[str
 
             namespace[name] = _grader_value(found.get("value"))
         elif found.get("found") == "class":
-            return {"ok": False, "ename": "GradingError",
-                    "evalue": f"`{name}` is a class; classes can only be checked inside the "
-                              "notebook, not by the grader"}
+            # A class's check inspects the learner's objects themselves (which tensors they
+            # hold, whether results are views), which cannot cross processes.
+            return {"ok": True, "in_worker_only": f"`{name}` is a class, checked on the "
+                                                  "notebook's own objects"}
     worker.stderr_text = ""
     out, err = io.StringIO(), io.StringIO()
     result: dict[str, Any] = {"ok": True}
@@ -345,7 +346,8 @@ def _grader_side_test(cell, worker, imports: dict[str, Any], limits) -> dict[str
         try:
             exec(compile(cell.source, f"<test {grade_id(cell)}>", "exec"), namespace)
         except InProcessOnly:
-            return {"ok": True, "in_worker_only": True}
+            return {"ok": True, "in_worker_only": "the check uses autograd, which cannot "
+                                                  "cross processes"}
         except Exception as exc:  # WorkerGone and KeyboardInterrupt are BaseExceptions
             result.update(ok=False, ename=type(exc).__name__, evalue=str(exc))
     stderr = worker.stderr_text + err.getvalue() + "".join(
@@ -402,7 +404,7 @@ def execute_notebook(nb, source, *, limits, workdir: str | os.PathLike,
             if is_test_cell(cell):
                 here = _grader_side_test(cell, worker, imports, limits)
                 if here.get("in_worker_only"):
-                    cell.metadata["checks_in_worker_only"] = True
+                    cell.metadata["checks_in_worker_only"] = here["in_worker_only"]
                 else:
                     results.append(here)
             cell.outputs = _as_outputs(*results)
@@ -575,9 +577,9 @@ def grade_notebook(path: str | os.PathLike, *, cell_timeout: float = DEFAULT_CEL
         points = float(test.metadata["nbgrader"].get("points", 0))
         result = score_test_cell(nb.cells[index], ran=index in run.completed,
                                  max_points=points)
-        if nb.cells[index].metadata.get("checks_in_worker_only") and not result.message:
-            result.message = ("checked inside the worker only (the check uses autograd, which "
-                              "cannot cross processes)")
+        why = nb.cells[index].metadata.get("checks_in_worker_only")
+        if why and not result.message:
+            result.message = f"checked inside the worker only ({why})"
         exercises.append(result)
     error = run.error
     if changed:

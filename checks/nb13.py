@@ -1,0 +1,942 @@
+"""Checks for chapter 13: the KV cache, prefill and decode, and generation.
+
+Conventions (course-spec section 2): the cache stores K after RoPE and V, for the N_kv KV heads only
+(not repeated), per layer [B, N_kv, S_max, D_h]; `update(l, k, v, start_pos)` writes positions
+start_pos .. start_pos+T-1 and returns views of positions 0 .. start_pos+T-1; causal masks are
+bottom-right aligned (a chunk of T queries against start_pos+T keys: query i sits at position
+start_pos + i).
+
+How the checks look inside:
+- `KVCache`: the cache object's tensors are found by walking its attributes (lists, tuples and
+  dicts included), right after construction; their storages must hold exactly 2 L B N_kv S_max D_h
+  numbers, and every tensor `update` returns must live in one of those storages (a view). Wrong
+  caches (wrong offset, own length counter, one buffer for all layers, ...) are simulated step by
+  step alongside the learner's, so a wrong result can be matched to its mistake.
+- `forward_with_cache`: the learner's function gets a handle whose `update` is the course's cache
+  with a recorder (calls, start_pos, how many heads), and its logits are compared with the logits
+  of the whole sequence computed without any cache (`checks.reference.generation.full_forward`).
+  After each call the cache's contents are compared with the reference's (K after RoPE). Known
+  mistakes are re-run from the first call with the mistake, from the earlier chapters' pieces.
+- `generate`: the token embedding table is handed over as a tensor subclass that counts the token
+  ids looked up in it, call by call: with the cache, the prompt goes through once and every
+  later call carries exactly one new token per sequence.
+- When `python -m checks grade` runs the learner's code in a worker process, the cache handle's
+  `update` (a bound method) and the counting table's log (a callable of this package) stay in the
+  grading process and are called back, so the forward_with_cache and generate checks see the
+  same things there. The KVCache check needs the learner's object itself (its tensors, whether a
+  result is a view): it runs where the class lives, in the notebook's kernel.
+Random weights have unit-ish scale (attention is far from uniform, so position and mask mistakes
+change the logits clearly), and greedy generation checks only use weights whose every greedy
+choice wins by a clear margin, so that rounding can never flip a token.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from . import reference as ref
+from .config import ModelConfig
+from .engine import Check, CheckFailure, ForbiddenCall, LearnerError, NotStarted
+from .reference import generation as gen
+
+# --------------------------------------------------------------------------------------------
+# The mistakes this chapter diagnoses, in the words a failure shows.
+
+NOT_PREALLOCATED = ("the cache allocated no tensors when it was created: preallocate each layer's "
+                    "K and V, [B, N_kv, max_seq_len, D_h], in __init__ (torch.zeros), and write "
+                    "into them; growing the cache with torch.cat copies every cached key at "
+                    "every step")
+REPEATED_HEADS_ALLOC = ("the cache holds N_h heads: it stores the N_kv KV heads only (not "
+                        "repeated for every query head); that is the whole memory saving of GQA "
+                        "(chapter 06)")
+REPEATED_HEADS = ("passed K/V with N_h heads (repeated for every query head) to cache.update: "
+                  "the cache stores the N_kv KV heads only, and grouped_query_attention shares "
+                  "them among the query heads by itself")
+CFG_MAX_LEN = ("sized the cache with cfg.max_seq_len; use the max_seq_len argument (a generation "
+               "needs only P + max_new_tokens positions)")
+ONE_LAYER = "allocated K and V for one layer only: every layer keeps its own cache"
+K_ONLY = "allocated room for K only (or K and V sharing a buffer): K and V are stored separately"
+COPY = ("returned a copy ({what} lives in new memory), not a view of the preallocated buffer: "
+        "slice it, `buffer[:, :, :start_pos + T]`; torch.cat, .clone() or indexing with a list "
+        "copies every cached position at every step")
+REALLOCATED = ("replaced its buffers during update (new tensors after the call): write into the "
+               "preallocated tensors in place (`buffer[:, :, start_pos:start_pos + T] = k`)")
+OFFSET_PLUS_ONE = ("wrote the new K/V one position too far (at start_pos + 1): the T new tokens "
+                   "occupy positions start_pos .. start_pos+T-1")
+AT_ZERO = "wrote the new K/V at position 0 every time: write them at start_pos .. start_pos+T-1"
+OWN_COUNTER = ("kept a length counter of its own and ignored start_pos: the caller says where "
+               "the new tokens go (which also lets it overwrite, to rewind a generation)")
+SHARED_COUNTER = ("advanced one position counter on every update, for all layers together: all "
+                  "L layers write the same positions start_pos .. start_pos+T-1, each in its own "
+                  "buffer")
+SHARED_BUFFER = "all layers share one buffer: each layer needs its own K and V"
+NEW_ONLY = ("returned only the new K/V ([B, N_kv, T, D_h]): return every position so far, "
+            "0 .. start_pos+T-1, which the new queries attend to")
+WHOLE_BUFFER = ("returned the whole preallocated buffer (max_seq_len positions, empty slots "
+                "included): slice it to the filled part, 0 .. start_pos+T-1")
+UP_TO_START = "returned positions 0 .. start_pos-1, without the tokens just written"
+ONE_SHORT = "returned one position too few: positions 0 .. start_pos+T-1 are start_pos+T of them"
+SWAPPED = "returned (values, keys): update returns (k_all, v_all), keys first"
+NO_OVERFLOW = ("wrote past max_seq_len without raising: check `start_pos + T > max_seq_len` and "
+               "raise ValueError (slicing silently stops at the end of the buffer)")
+WRONG_ERROR = ("raised {name} on overflow; raise ValueError with a message that names the "
+               "positions and max_seq_len")
+FULL_IS_FINE = ("raised an error when writing exactly up to the last position: the cache holds "
+                "positions 0 .. max_seq_len-1, so only start_pos + T > max_seq_len overflows "
+                "(use `>`, not `>=`)")
+DTYPE_IGNORED = "ignored the dtype argument: allocate the buffers with dtype=dtype"
+
+NO_OFFSET = ("decode positions not offset: rotated the new tokens by positions 0 .. T-1 "
+             "(torch.arange(T)); they sit at start_pos .. start_pos+T-1, so "
+             "positions = torch.arange(start_pos, start_pos + T)")
+TOP_LEFT = ("causal mask top-left aligned (`causal_mask(T)` or `tril(ones(T, S_k))`): the T new "
+            "queries are the LAST T of the start_pos+T keys, so query i sits at position "
+            "start_pos + i; use the bottom-right mask causal_mask(T, start_pos + T)")
+NO_MASK = ("no causal mask: within a chunk of several new tokens each may attend only up to its "
+           "own position; pass causal_mask(T, start_pos + T)")
+IGNORED_CACHE = ("ignored the cache: attended to the new tokens' own K and V only; attend to the "
+                 "(k_all, v_all) that cache.update returns, every position so far")
+UNROTATED_STORED = ("the cache stores K before RoPE: rotate K by its positions first, then store "
+                    "it (the rotated keys never change, so each is rotated exactly once)")
+UNROTATED_RECOMPUTED = ("the cache stores K before RoPE (and every cached key is rotated again at "
+                        "every step): rotate the new K first, then store it; cached keys are "
+                        "already rotated and are used as they are")
+NOT_ADVANCED = ("cache not advanced: every decode step used start_pos = P, so each new token "
+                "overwrote the previous one's slot; the token generated at step t sits at "
+                "position P + t")
+SKIPPED_SLOT = ("start_pos one too far in the decode steps (P + t + 1): the token fed at step t "
+                "sits at position P + t, the slot right after the previous one")
+FIRST_POSITION = ("took the logits of the first position after the prefill: the next token comes "
+                  "from the LAST position's logits, logits[:, -1]")
+RECOMPUTED = ("recomputed the whole sequence each step: with use_cache=True, feed only the "
+              "newest token (one per sequence) at start_pos = its position; the cache holds the "
+              "keys and values of everything before it")
+PREFILL_BY_TOKEN = ("pushed the prompt through one token at a time: prefill runs the whole prompt "
+                    "in one call, forward_with_cache(prompt_ids, ..., start_pos=0)")
+NEW_TOKENS_ONLY = "returned only the new tokens: return the prompt followed by them, [B, P + n]"
+ONE_TOO_MANY = "generated max_new_tokens + 1 tokens"
+ONE_TOO_FEW = "generated max_new_tokens - 1 tokens"
+
+_FORWARD_HINT = ("this exercise asks you to write the cached forward pass yourself from the "
+                 "earlier chapters' pieces (rms_norm, split_qkv, apply_rope, "
+                 "grouped_query_attention, causal_mask, swiglu_ffn), not to call the course's "
+                 "finished {name}")
+
+
+# --------------------------------------------------------------------------------------------
+# Small helpers
+
+
+def _headline(c: Check, prop: str) -> None:
+    """Record a verified property ahead of the individual comparisons in the pass summary."""
+    if prop not in c.properties:
+        n = getattr(c, "_headlines", 0)
+        c.properties.insert(n, prop)
+        c._headlines = n + 1
+
+
+def _headlines_only(c: Check) -> None:
+    """Keep the pass summary to the headlines (the comparisons' own labels are many and long)."""
+    del c.properties[getattr(c, "_headlines", 0):]
+
+
+@contextlib.contextmanager
+def _calling(c: Check, fn):
+    """Let `c.call` call `fn` (a method of the learner's object) instead of the exercise itself."""
+    saved = c.fn
+    c.fn = fn
+    try:
+        yield
+    finally:
+        c.fn = saved
+
+
+def _no_reference(c: Check, *fns) -> None:
+    """Make `c.call` fail if the learner's function runs the course's own answer (`fns`)."""
+    codes = {id(fn.__code__): fn.__name__ for fn in fns}
+    inner = c.fn
+
+    def profile(frame, event, arg):
+        if event == "call" and id(frame.f_code) in codes:
+            name = codes[id(frame.f_code)]
+            raise ForbiddenCall(c.exercise, f"calls checks.reference.{name}, the course's own "
+                                "answer.", hint=_FORWARD_HINT.format(name=name))
+
+    def guarded(*args, **kwargs):
+        previous = sys.getprofile()
+        sys.setprofile(profile)
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            sys.setprofile(previous)
+
+    guarded.__name__ = getattr(inner, "__name__", c.exercise)
+    c.fn = guarded
+
+
+def _cfg(c: Check, kind: str = "gqa", *, partial: bool = False, n_layers: int = 2,
+         max_seq_len: int = 64) -> ModelConfig:
+    """A small config with distinct sizes (N_kv >= 2 and G >= 2 for GQA)."""
+    if kind == "gqa":
+        n_kv, g = c.sizes(2, 2, 4)
+    elif kind == "mqa":
+        n_kv, g = 1, c.randint(2, 5)
+    else:  # mha
+        n_kv, g = c.randint(2, 4), 1
+    n_h = n_kv * g
+    d = c.choice([4, 6, 8])
+    h = n_h * d
+    return ModelConfig(vocab_size=c.randint(40, 70), hidden_size=h, n_heads=n_h,
+                       n_kv_heads=n_kv, head_dim=d, ffn_hidden_size=2 * h + c.randint(1, 9),
+                       n_layers=n_layers, rope_base=c.choice([100.0, 10000.0]),
+                       rotary_dim=d - 2 if partial else d, norm_eps=1e-5,
+                       max_seq_len=max_seq_len)
+
+
+def _params(c: Check, cfg: ModelConfig) -> dict:
+    """Random weights of unit-ish scale (attention far from uniform), random norm scales."""
+    h, d, h_ff, v = cfg.hidden_size, cfg.head_dim, cfg.ffn_hidden_size, cfg.vocab_size
+    width = (cfg.n_heads + 2 * cfg.n_kv_heads) * d
+    layers = []
+    for _ in range(cfg.n_layers):
+        layers.append({
+            "attn_norm": 1.0 + 0.3 * c.randn(h),
+            "wqkv": c.randn(h, width, scale=1.3 / math.sqrt(h)),
+            "wo": c.randn(cfg.n_heads * d, h, scale=1 / math.sqrt(cfg.n_heads * d)),
+            "ffn_norm": 1.0 + 0.3 * c.randn(h),
+            "w_gate": c.randn(h, h_ff, scale=1 / math.sqrt(h)),
+            "w_up": c.randn(h, h_ff, scale=1 / math.sqrt(h)),
+            "w_down": c.randn(h_ff, h, scale=1 / math.sqrt(h_ff)),
+        })
+    return {"embed": c.randn(v, h), "layers": layers, "final_norm": 1.0 + 0.3 * c.randn(h),
+            "lm_head": c.randn(h, v, scale=2 / math.sqrt(h))}
+
+
+# --------------------------------------------------------------------------------------------
+# A cached forward pass with known mistakes, from the earlier chapters' reference pieces
+
+
+def _sim_forward(token_ids, params, cfg, cache, start_pos, *, offset=True, mask="bottom_right",
+                 store_rotated=True, rerotate=False, use_cache=True):
+    """forward_with_cache with the named mistake (no keyword: the correct computation).
+
+    offset=False: RoPE positions 0..T-1; mask: "bottom_right", "top_left" or "none";
+    store_rotated=False: K goes into the cache before RoPE (and is used from there as it is,
+    or, with rerotate, rotated again by 0..end-1); use_cache=False: attends to the new tokens only.
+    """
+    b, t = token_ids.shape
+    end = start_pos + t
+    n_h, n_kv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    pos = torch.arange(start_pos, end) if offset else torch.arange(t)
+    rope = dict(base=cfg.rope_base, rotary_dim=cfg.rotary_dim)
+    x = F.embedding(token_ids, params["embed"])
+    for i, layer in enumerate(params["layers"]):
+        h = ref.rms_norm(x, layer["attn_norm"], cfg.norm_eps)
+        q, k, v = ref.split_qkv(h @ layer["wqkv"], n_h, n_kv, d)
+        q = ref.apply_rope(q, pos, **rope)
+        k_rot = ref.apply_rope(k, pos, **rope)
+        k_all, v_all = cache.update(i, k_rot if store_rotated else k, v, start_pos)
+        if not store_rotated and rerotate:
+            k_all = ref.apply_rope(k_all, torch.arange(end), **rope)
+        keys = end
+        if not use_cache:
+            k_all, v_all, keys = k_rot, v, t
+        if mask == "bottom_right":
+            m = ref.causal_mask(t, keys)
+        elif mask == "top_left":
+            m = torch.ones(t, keys, dtype=torch.bool).tril()
+        else:
+            m = None
+        out = ref.grouped_query_attention(q, k_all, v_all, m)
+        x = x + ref.merge_heads(out) @ layer["wo"]
+        x = x + ref.swiglu_ffn(ref.rms_norm(x, layer["ffn_norm"], cfg.norm_eps),
+                               layer["w_gate"], layer["w_up"], layer["w_down"])
+    return ref.rms_norm(x, params["final_norm"], cfg.norm_eps) @ params["lm_head"]
+
+
+_FORWARD_MISTAKES = {
+    NO_OFFSET: dict(offset=False),
+    TOP_LEFT: dict(mask="top_left"),
+    NO_MASK: dict(mask="none"),
+    IGNORED_CACHE: dict(use_cache=False),
+    UNROTATED_STORED: dict(store_rotated=False),
+    UNROTATED_RECOMPUTED: dict(store_rotated=False, rerotate=True),
+}
+
+
+def _replay(tokens, params, cfg, batch, s_max, chunks, mistake: dict) -> tuple[list, gen.KVCache]:
+    """Run the calls `chunks` [(start, end), ...] with a mistake; (logits per call, the cache)."""
+    cache = gen.KVCache(cfg, batch, s_max)
+    with torch.no_grad():
+        out = [_sim_forward(tokens[:, s:e], params, cfg, cache, s, **mistake) for s, e in chunks]
+    return out, cache
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 1: KVCache
+
+
+def _storages(obj, depth: int = 0, seen: set | None = None) -> dict[int, torch.Tensor]:
+    """The floating-point tensors reachable from obj's attributes, one per distinct storage."""
+    seen = set() if seen is None else seen
+    found: dict[int, torch.Tensor] = {}
+    if id(obj) in seen or depth > 5:
+        return found
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        if obj.is_floating_point():
+            found[obj.untyped_storage().data_ptr()] = obj
+        return found
+    if isinstance(obj, dict):
+        items = list(obj.values())
+    elif isinstance(obj, (list, tuple)):
+        items = list(obj)
+    elif hasattr(obj, "__dict__") and not isinstance(obj, type) and \
+            type(obj).__module__.split(".")[0] not in ("torch", "builtins"):
+        items = list(vars(obj).values())
+    else:
+        return found
+    for item in items:
+        found.update(_storages(item, depth + 1, seen))
+    return found
+
+
+def _numbers_held(storages: dict[int, torch.Tensor]) -> int:
+    return sum(t.untyped_storage().nbytes() // t.element_size() for t in storages.values())
+
+
+def tensor_nbytes(obj) -> int:
+    """Bytes of memory held by the floating-point tensors reachable from obj's attributes (lists,
+    tuples and dicts included), each underlying storage counted once: what a cache object costs."""
+    return sum(t.untyped_storage().nbytes() for t in _storages(obj).values())
+
+
+class _SimCache:
+    """A KV cache with one known mistake (`mode`), fed the same updates as the learner's."""
+
+    def __init__(self, mode: str, n_layers, batch, n_kv, s_max, d, dtype=torch.float32):
+        self.mode = mode
+        self.buf = torch.zeros(n_layers, 2, batch, n_kv, s_max, d, dtype=dtype)
+        self.counters = [0] * n_layers
+        self.counter = 0
+        self.last = None
+
+    def update(self, layer, k, v, start):
+        t, s_max = k.shape[2], self.buf.shape[4]
+        mode = self.mode
+        slot = 0 if mode == "shared_buffer" else layer
+        pos = {"offset_plus_one": start + 1, "at_zero": 0, "own_counter": self.counters[layer],
+               "shared_counter": self.counter}.get(mode, start)
+        end = start + t
+        if mode == "own_counter":
+            end = pos + t
+        self.counters[layer] += t
+        self.counter += t
+        stop = min(pos + t, s_max)
+        if stop > pos:
+            self.buf[slot, 0, :, :, pos:stop] = k[:, :, :stop - pos]
+            self.buf[slot, 1, :, :, pos:stop] = v[:, :, :stop - pos]
+        keys, values = self.buf[slot, 0], self.buf[slot, 1]
+        if mode == "new_only":
+            out = (k, v)
+        elif mode == "whole_buffer":
+            out = (keys, values)
+        elif mode == "up_to_start":
+            out = (keys[:, :, :start], values[:, :, :start])
+        elif mode == "one_short":
+            out = (keys[:, :, :end - 1], values[:, :, :end - 1])
+        elif mode == "swapped":
+            out = (values[:, :, :end], keys[:, :, :end])
+        else:
+            out = (keys[:, :, :end], values[:, :, :end])
+        self.last = tuple(o.clone() for o in out)
+        return self.last
+
+
+_CACHE_MISTAKES = {
+    OFFSET_PLUS_ONE: "offset_plus_one", AT_ZERO: "at_zero", OWN_COUNTER: "own_counter",
+    SHARED_COUNTER: "shared_counter", SHARED_BUFFER: "shared_buffer", NEW_ONLY: "new_only",
+    WHOLE_BUFFER: "whole_buffer", UP_TO_START: "up_to_start", ONE_SHORT: "one_short",
+    SWAPPED: "swapped",
+}
+
+
+def _construct(c: Check, cls, cfg, batch, s_max, **kwargs):
+    cache = c.call(cfg, batch, s_max, **kwargs)
+    if isinstance(cache, ref.KVCache):
+        c.fail("KVCache is (or derives from) the course's reference checks.reference.KVCache.",
+               "write the cache yourself: preallocated tensors and an update method")
+    if not callable(getattr(cache, "update", None)):
+        c.fail(f"KVCache(...) has no update method (got {type(cache).__name__}).",
+               "define `def update(self, layer_idx, k, v, start_pos)` in the class")
+    return cache
+
+
+def _check_allocation(c: Check, cache, cfg, batch, s_max, dtype) -> dict[int, torch.Tensor]:
+    storages = _storages(cache)
+    held = _numbers_held(storages)
+    per = batch * s_max * cfg.head_dim
+    want = 2 * cfg.n_layers * cfg.n_kv_heads * per
+    sizes = f"L={cfg.n_layers}, B={batch}, N_kv={cfg.n_kv_heads}, S_max={s_max}, D_h={cfg.head_dim}"
+    if held == want:
+        bad = [t for t in storages.values() if t.dtype != dtype]
+        if bad:
+            c.fail(f"the cache's buffers have dtype {bad[0].dtype}, expected {dtype}.",
+                   DTYPE_IGNORED)
+        return storages
+    if held == 0:
+        c.fail("right after KVCache(cfg, batch_size, max_seq_len) the cache holds no tensors.",
+               NOT_PREALLOCATED)
+    mixups = {
+        REPEATED_HEADS_ALLOC: 2 * cfg.n_layers * cfg.n_heads * per,
+        CFG_MAX_LEN: 2 * cfg.n_layers * cfg.n_kv_heads * batch * cfg.max_seq_len * cfg.head_dim,
+        ONE_LAYER: 2 * cfg.n_kv_heads * per,
+        K_ONLY: cfg.n_layers * cfg.n_kv_heads * per,
+    }
+    hint = next((m for m, n in mixups.items() if n == held), None)
+    c.fail(f"the cache's tensors hold {held} numbers; expected 2·L·B·N_kv·S_max·D_h = {want} "
+           f"({sizes}).", hint)
+    return storages
+
+
+def _update(c: Check, cache, layer, k, v, start):
+    with _calling(c, cache.update):
+        return c.call(layer, k, v, start)
+
+
+def _expect_update(c: Check, cache, storages, sims, layer, k, v, start, want_k, want_v, s_max):
+    """One update call: values, views of the preallocated buffers, no reallocation."""
+    got = _update(c, cache, layer, k, v, start)
+    for sim in sims.values():
+        sim.update(layer, k, v, start)
+    label = f"update(layer_idx={layer}, k, v, start_pos={start}) with T={k.shape[2]}"
+    if not isinstance(got, tuple) or len(got) != 2:
+        c.fail(f"{label} returned {type(got).__name__}; expected a tuple (k_all, v_all).")
+    dims = ("B", "N_kv", "S", "D_h")
+    t_new, end = k.shape[2], start + k.shape[2]
+    for i, (what, t, want) in enumerate((("k_all", got[0], want_k), ("v_all", got[1], want_v))):
+        if isinstance(t, torch.Tensor) and t.dim() == 4 and t.shape[2] != end and \
+                t.shape[:2] == want.shape[:2]:
+            # Named from the length alone: empty slots of a torch.empty buffer hold anything.
+            hint = {t_new: NEW_ONLY, start: UP_TO_START, end - 1: ONE_SHORT}.get(t.shape[2])
+            if hint is None and t.shape[2] == s_max:
+                hint = WHOLE_BUFFER
+            if hint is not None:
+                c.fail(f"{what} from {label} has shape {list(t.shape)}, expected "
+                       f"[B={want.shape[0]}, N_kv={want.shape[1]}, S={end}, D_h={want.shape[3]}]"
+                       f" (positions 0..{end - 1}).", hint)
+        c.expect_tensor(t, want, what=f"{what} from {label}", dims=dims,
+                        wrong={m: (lambda s=s, i=i: s.last[i]) for m, s in sims.items()})
+    if set(_storages(cache)) != set(storages):
+        c.fail(f"after {label} the cache holds different tensors than it was created with.",
+               REALLOCATED)
+    for what, t, given in (("k_all", got[0], k), ("v_all", got[1], v)):
+        if t.untyped_storage().data_ptr() not in storages:
+            same = t.untyped_storage().data_ptr() == given.untyped_storage().data_ptr()
+            c.fail(f"{what} from {label} is not a view of the cache's preallocated tensors"
+                   f"{' (it is the tensor update was given)' if same else ''}.",
+                   NEW_ONLY if same else COPY.format(what=what))
+
+
+def check_KVCache(cls, *, seed: int | None = None, thorough: bool = False) -> None:
+    with Check("KVCache", cls, seed=seed) as c:
+        for trial in range(3 if thorough else 1):
+            n_layers = c.randint(2, 4)
+            cfg = _cfg(c, "gqa", n_layers=n_layers, max_seq_len=c.randint(70, 90))
+            batch, prompt, extra = c.sizes(3, 2, 7)
+            s_max = prompt + 3 + 2 + extra + 4      # prefill, 3 decodes, a chunk of 2, room
+            cache = _construct(c, cls, cfg, batch, s_max)
+            storages = _check_allocation(c, cache, cfg, batch, s_max, torch.float32)
+            _headline(c, "preallocated: 2·L·B·N_kv·S_max·D_h numbers, N_kv heads only")
+            sims = {m: _SimCache(mode, n_layers, batch, cfg.n_kv_heads, s_max, cfg.head_dim)
+                    for m, mode in _CACHE_MISTAKES.items()}
+            # The expected contents: what was written last at every position, per layer.
+            kv = torch.zeros(n_layers, 2, batch, cfg.n_kv_heads, s_max, cfg.head_dim)
+
+            def step(start: int, t: int) -> None:
+                for layer in range(n_layers):
+                    k = c.randn(batch, cfg.n_kv_heads, t, cfg.head_dim)
+                    v = c.randn(batch, cfg.n_kv_heads, t, cfg.head_dim)
+                    kv[layer, 0, :, :, start:start + t] = k
+                    kv[layer, 1, :, :, start:start + t] = v
+                    end = start + t
+                    _expect_update(c, cache, storages, sims, layer, k, v, start,
+                                   kv[layer, 0, :, :, :end], kv[layer, 1, :, :, :end], s_max)
+
+            step(0, prompt)                                 # prefill
+            _headline(c, "prefill writes positions 0..P-1 of every layer")
+            for i in range(3):                              # decode steps
+                step(prompt + i, 1)
+            _headline(c, "decode steps write at start_pos and return views of 0..start_pos")
+            step(prompt + 3, 2)                             # a chunk of two
+            step(prompt + 2, 2)                             # rewind: overwrite from start_pos
+            _headline(c, "writes where start_pos says (rewinding too)")
+            # Fill exactly to the end (every position written, none skipped): allowed.
+            start = prompt + 4
+            try:
+                step(start, s_max - start)
+            except LearnerError as err:
+                if "ValueError" in err.message.splitlines()[0]:
+                    c.fail(f"update raised ValueError when writing positions {start}..{s_max - 1}"
+                           f" of a cache with max_seq_len={s_max}.", FULL_IS_FINE)
+                raise
+            # Overflow: must raise ValueError.
+            for start, t in ((s_max - 1, 2), (s_max, 1)):
+                k = c.randn(batch, cfg.n_kv_heads, t, cfg.head_dim)
+                label = (f"update(0, k, v, start_pos={start}) with T={t} on a cache with "
+                         f"max_seq_len={s_max}")
+                try:
+                    cache.update(0, k, k.clone(), start)
+                except ValueError:
+                    continue
+                except NotImplementedError:
+                    raise NotStarted("KVCache") from None
+                except Exception as exc:
+                    c.fail(f"{label} raised {type(exc).__name__}: {exc}",
+                           WRONG_ERROR.format(name=type(exc).__name__))
+                c.fail(f"{label} did not raise.", NO_OVERFLOW)
+            _headline(c, "overflowing max_seq_len raises ValueError")
+        # dtype and device arguments; MQA (one KV head).
+        cfg = _cfg(c, "mqa", n_layers=2)
+        for dtype in ([torch.float64, torch.bfloat16] if thorough else [torch.float64]):
+            batch, s_max = c.sizes(2, 2, 9)
+            cache = _construct(c, cls, cfg, batch, s_max, dtype=dtype, device="cpu")
+            storages = _check_allocation(c, cache, cfg, batch, s_max, dtype)
+            sims = {}
+            k = c.randn(batch, 1, 2, cfg.head_dim, dtype=dtype)
+            v = c.randn(batch, 1, 2, cfg.head_dim, dtype=dtype)
+            got = _update(c, cache, 1, k, v, 0)
+            if isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], torch.Tensor) \
+                    and got[0].dtype != dtype:
+                c.fail(f"with dtype={dtype} update returned {got[0].dtype} keys.", DTYPE_IGNORED)
+            _expect_update(c, cache, storages, sims, 0, k, v, 0, k, v, s_max)
+        _headline(c, "dtype and device arguments; MQA")
+        _headlines_only(c)
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 2: forward_with_cache
+
+
+class _RecordingCache(gen.KVCache):
+    """The course's cache, recording each update and stopping at a misuse with a diagnosis.
+
+    The learner's function gets a `_CacheHandle` whose `update` is this object's bound method.
+    When grading runs the learner's code in a worker process, a bound method stays in the grading
+    process (the worker calls it back), so the cache, its records and any diagnosis stay here;
+    a diagnosis is also kept in `failure`, since it reaches the grader only as the learner's error.
+    """
+
+    def __init__(self, c: Check, cfg, batch, s_max):
+        super().__init__(cfg, batch, s_max)
+        self.check = c
+        self.cfg = cfg
+        self.calls: list[tuple[int, int, int]] = []
+        self.expected: tuple[int, int] | None = None   # (start_pos, T) of the current call
+        self.failure: CheckFailure | None = None
+
+    def update(self, layer_idx, k, v, start_pos):
+        try:
+            return self._update(layer_idx, k, v, start_pos)
+        except CheckFailure as failure:
+            self.failure = self.failure or failure
+            raise
+
+    def _update(self, layer_idx, k, v, start_pos):
+        c, cfg = self.check, self.cfg
+        start, t = self.expected
+        if not isinstance(k, torch.Tensor) or not isinstance(v, torch.Tensor) or k.dim() != 4:
+            c.fail(f"cache.update(layer_idx={layer_idx}, ...) got k of {type(k).__name__} "
+                   f"{tuple(getattr(k, 'shape', ()))}; expected [B, N_kv, T, D_h].")
+        if k.shape[1] != cfg.n_kv_heads or v.shape[1] != cfg.n_kv_heads:
+            heads = k.shape[1] if k.shape[1] != cfg.n_kv_heads else v.shape[1]
+            c.fail(f"cache.update(layer_idx={layer_idx}, ...) got K/V with {heads} heads "
+                   f"(k {list(k.shape)}, v {list(v.shape)}); the cache holds N_kv = "
+                   f"{cfg.n_kv_heads}.", REPEATED_HEADS if heads == cfg.n_heads else
+                   "pass K and V heads-first, [B, N_kv, T, D_h] (split_qkv gives that layout)")
+        if tuple(k.shape) != tuple(v.shape) or k.shape[2] != t or k.shape[3] != cfg.head_dim:
+            c.fail(f"cache.update(layer_idx={layer_idx}, ...) got k {list(k.shape)} and v "
+                   f"{list(v.shape)}; expected [B, N_kv, T, D_h] with T={t}, the new tokens.")
+        if start_pos != start:
+            c.fail(f"called cache.update(layer_idx={layer_idx}, k, v, start_pos={start_pos}) in a "
+                   f"call with start_pos={start}.", "the new tokens' K and V go to positions "
+                   "start_pos .. start_pos+T-1: pass the start_pos you were given")
+        if not isinstance(layer_idx, int) or not 0 <= layer_idx < cfg.n_layers:
+            c.fail(f"called cache.update with layer_idx={layer_idx!r}; layers are 0 .. "
+                   f"{cfg.n_layers - 1}.")
+        self.calls.append((layer_idx, start_pos, t))
+        return super().update(layer_idx, k, v, start_pos)
+
+
+class _CacheHandle:
+    """The cache as the learner's forward_with_cache sees it: `update(layer_idx, k, v,
+    start_pos) -> (k_all, v_all)` and `max_seq_len`."""
+
+    def __init__(self, cache: _RecordingCache):
+        self.update = cache.update
+        self.max_seq_len = cache.max_seq_len
+
+
+class _Recorder:
+    """A callable log. A checks object, so it stays in the grading process when the learner's
+    code runs in a worker (each call comes back as a callback)."""
+
+    def __init__(self):
+        self.items: list = []
+
+    def __call__(self, item) -> None:
+        self.items.append(item)
+
+
+def _plans(c: Check, thorough: bool) -> list[tuple]:
+    """(label, cfg, batch, chunks [(start, end), ...], headline): prefill + decode steps; chunked
+    prefill; MQA; with `thorough`, random chunkings."""
+    plans = []
+    cfg = _cfg(c, "gqa")
+    batch, prompt = c.sizes(2, 2, 8)
+    prompt += 2
+    chunks = [(0, prompt)] + [(prompt + i, prompt + i + 1) for i in range(3)]
+    plans.append(("prefill, then 3 decode steps", cfg, batch, chunks,
+                  "prefill, then one token per decode step"))
+    cfg = _cfg(c, c.choice(["gqa", "mha"]), partial=True)
+    a, b2 = c.sizes(2, 2, 6)
+    batch = c.randint(1, 4)
+    chunks = [(0, a), (a, a + b2), (a + b2, a + b2 + 1)]
+    plans.append((f"chunked prefill ({a} then {b2} tokens), then a decode step", cfg, batch,
+                  chunks, "chunked prefill (bottom-right mask); rotary_dim < head_dim"))
+    cfg = _cfg(c, "mqa", n_layers=3)
+    a, b2 = c.sizes(2, 2, 6)
+    chunks = [(0, a), (a, a + 1), (a + 1, a + 1 + b2), (a + 1 + b2, a + 2 + b2)]
+    plans.append((f"MQA: prefill, decode, a chunk of {b2}, decode", cfg, c.randint(1, 3), chunks,
+                  "MQA (one KV head)"))
+    for _ in range(2 if thorough else 0):
+        cfg = _cfg(c, c.choice(["gqa", "mqa", "mha"]), partial=c.choice([False, True]))
+        sizes = [c.randint(1, 6) for _ in range(4)]
+        chunks, s = [], 0
+        for n in sizes:
+            chunks.append((s, s + n))
+            s += n
+        plans.append(("random chunks " + "+".join(map(str, sizes)), cfg, c.randint(1, 4), chunks,
+                      "random chunkings"))
+    return plans
+
+
+def check_forward_with_cache(f, *, seed: int | None = None, thorough: bool = False) -> None:
+    with Check("forward_with_cache", f, seed=seed) as c:
+        _no_reference(c, gen.forward_with_cache, gen.generate)
+        for label, cfg, batch, chunks, headline in _plans(c, thorough):
+            params = _params(c, cfg)
+            total = chunks[-1][1]
+            s_max = total + c.randint(1, 5)
+            tokens = c.randint(0, cfg.vocab_size, (batch, total))
+            with torch.no_grad():
+                full = gen.full_forward(tokens, params, cfg)
+            mine = _RecordingCache(c, cfg, batch, s_max)
+            handle = _CacheHandle(mine)
+            theirs = gen.KVCache(cfg, batch, s_max)
+            for n, (s, e) in enumerate(chunks):
+                t = e - s
+                mine.expected, mine.calls = (s, t), []
+                ids = tokens[:, s:e].clone()
+                with torch.no_grad():
+                    try:
+                        got = c.call(ids, params, cfg, handle, s)
+                    except CheckFailure:
+                        if mine.failure is not None:
+                            raise mine.failure from None
+                        raise
+                    if mine.failure is not None:   # a diagnosis the learner's code swallowed
+                        raise mine.failure
+                    gen.forward_with_cache(ids, params, cfg, theirs, s)
+                if not torch.equal(ids, tokens[:, s:e]):
+                    c.fail("changed token_ids in place.")
+                layers = sorted(layer for layer, _, _ in mine.calls)
+                if layers != list(range(cfg.n_layers)):
+                    missing = sorted(set(range(cfg.n_layers)) - set(layers))
+                    c.fail(f"in the call with start_pos={s} (T={t}) cache.update was called for "
+                           f"layers {layers}; expected each of the {cfg.n_layers} layers once.",
+                           f"layer {missing[0]}'s K and V never reached the cache: call "
+                           "cache.update(layer_idx, k, v, start_pos) once in every layer"
+                           if missing else "call cache.update once per layer and call")
+                done = chunks[:n + 1]
+                kind = "prefill" if s == 0 else "decode" if t == 1 else "chunk"
+                what = (f"logits of call {n + 1} ({kind}: T={t} new tokens at start_pos={s}; "
+                        f"{label})")
+
+                def variant(mistake, done=done):
+                    return _replay(tokens, params, cfg, batch, s_max, done, mistake)[0][-1]
+
+                c.expect_tensor(got, full[:, s:e], what=what, dims=("B", "T", "V"),
+                                wrong={m: (lambda m=m: variant(_FORWARD_MISTAKES[m]))
+                                       for m in _FORWARD_MISTAKES})
+                # What the call left in the cache: K after RoPE and V, positions 0 .. e-1.
+                for layer in range(cfg.n_layers):
+                    for i, name in ((0, "K"), (1, "V")):
+                        c.expect_tensor(
+                            mine.storage[layer, i, :, :, :e].clone(),
+                            theirs.storage[layer, i, :, :, :e],
+                            what=f"the cache's {name} of layer {layer}, positions 0..{e - 1}, "
+                                 f"after call {n + 1} ({label})", dims=("B", "N_kv", "S", "D_h"),
+                            wrong={m: (lambda m=m, layer=layer, i=i, done=done: _replay(
+                                tokens, params, cfg, batch, s_max, done,
+                                _FORWARD_MISTAKES[m])[1].storage[layer, i, :, :, :e])
+                                for m in (UNROTATED_RECOMPUTED, UNROTATED_STORED)})
+            _headline(c, headline)
+        _headlines_only(c)
+        c.properties.insert(0, "logits equal the uncached forward pass over the whole sequence")
+        c.properties.insert(1, "the cache holds K after RoPE and V, N_kv heads")
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 3: generate
+
+
+class _CountingTable(torch.Tensor):
+    """The embedding table, counting the token ids looked up in it (one entry per lookup call).
+
+    Lookups seen: `table[ids]`, `F.embedding(ids, table)`, `torch.embedding`, `index_select`,
+    `one_hot @ table`. Results of other operations with the table's shape (`.to`, `.contiguous`
+    ...) count too; everything else comes back as a plain tensor.
+    """
+
+    _log: "_Recorder"
+
+    @staticmethod
+    def wrap(data: torch.Tensor, log: "_Recorder") -> "_CountingTable":
+        table = torch.Tensor._make_subclass(_CountingTable, data.detach(), False)
+        table._log = log
+        return table
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        table = next((a for a in list(args) + list(kwargs.values())
+                      if isinstance(a, _CountingTable)), None)
+        with torch._C.DisableTorchFunctionSubclass():
+            out = func(*args, **kwargs)
+            n = _looked_up(func, args, kwargs)
+            if table is not None and n is not None:
+                table._log(n)
+            elif (table is not None and isinstance(out, torch.Tensor) and out is not table
+                  and out.shape == table.shape):
+                out = cls.wrap(out, table._log)
+            elif isinstance(out, _CountingTable) and out is not table:
+                out = out.as_subclass(torch.Tensor)
+        return out
+
+
+def _ids_count(ids) -> int | None:
+    if isinstance(ids, torch.Tensor) and not ids.is_floating_point() and ids.dtype != torch.bool:
+        return ids.numel()
+    if isinstance(ids, (list, tuple)) and ids and all(isinstance(i, int) for i in ids):
+        return len(ids)
+    return None
+
+
+def _looked_up(func, args, kwargs) -> int | None:
+    """How many token ids this call looks up in the table (None: not a lookup)."""
+    def arg(i, name):
+        return args[i] if len(args) > i else kwargs.get(name)
+
+    first = arg(0, "input")
+    if func is F.embedding:
+        return _ids_count(first)
+    if func is torch.embedding:
+        return _ids_count(arg(1, "indices"))
+    if func is torch.Tensor.__getitem__ and isinstance(first, _CountingTable):
+        index = args[1]
+        if isinstance(index, tuple):
+            index = index[0] if index else None
+        return _ids_count(index)
+    if func in (torch.index_select, torch.Tensor.index_select) and \
+            isinstance(first, _CountingTable):
+        return _ids_count(arg(2, "index"))
+    if func in (torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.mm,
+                torch.Tensor.mm) and len(args) > 1 and \
+            isinstance(args[1], _CountingTable) and isinstance(first, torch.Tensor):
+        return math.prod(first.shape[:-1])
+    return None
+
+
+def _counting_params(params: dict, log: _Recorder) -> dict:
+    return {**params, "embed": _CountingTable.wrap(params["embed"], log)}
+
+
+_GENERATE_MISTAKES = {
+    NOT_ADVANCED: dict(advance=0),
+    SKIPPED_SLOT: dict(advance=2),
+    FIRST_POSITION: dict(first=True),
+    NO_OFFSET: dict(forward=_FORWARD_MISTAKES[NO_OFFSET]),
+    TOP_LEFT: dict(forward=_FORWARD_MISTAKES[TOP_LEFT]),
+    UNROTATED_STORED: dict(forward=_FORWARD_MISTAKES[UNROTATED_STORED]),
+    IGNORED_CACHE: dict(forward=_FORWARD_MISTAKES[IGNORED_CACHE]),
+}
+
+
+def _sim_generate(params, cfg, prompt, n, *, advance=1, first=False, forward=None):
+    """Greedy generation with the named mistake (advance: how far start_pos moves per step,
+    0 = stuck at P, 2 = one slot too far; first: next token from position 0 after prefill)."""
+    forward = forward or {}
+    b, p = prompt.shape
+    out = torch.cat([prompt, torch.zeros(b, n, dtype=torch.long)], dim=1)
+    cache = gen.KVCache(cfg, b, p + 2 * n + 1)
+    with torch.no_grad():
+        logits = _sim_forward(prompt, params, cfg, cache, 0, **forward)
+        row = logits[:, 0] if first else logits[:, -1]
+        for step in range(n):
+            out[:, p + step] = row.argmax(-1)
+            if step + 1 < n:
+                start = p + (step if advance == 1 else 0 if advance == 0 else step + 1)
+                row = _sim_forward(out[:, p + step:p + step + 1], params, cfg, cache, start,
+                                   **forward)[:, -1]
+    return out
+
+
+def _greedy_margin(params, cfg, seq: torch.Tensor, p: int) -> float:
+    """The smallest gap between the best and second-best logit over the greedy choices."""
+    with torch.no_grad():
+        logits = gen.full_forward(seq, params, cfg)[:, p - 1:-1]
+    top = logits.topk(2, dim=-1).values
+    return float((top[..., 0] - top[..., 1]).min()) if top.numel() else math.inf
+
+
+def _scenario(c: Check, kind: str, batch: int, p: int, n: int):
+    """cfg, params, prompt and the reference's greedy output, drawn until every greedy choice wins
+    by a clear margin and the main mistakes would give other tokens (so none goes unnoticed)."""
+    for _ in range(40):
+        cfg = _cfg(c, kind)
+        params = _params(c, cfg)
+        prompt = c.randint(0, cfg.vocab_size, (batch, p))
+        want = gen.generate(params, cfg, prompt, n)
+        if n and _greedy_margin(params, cfg, want, p) < 1e-3:
+            continue
+        if n > 1 and any(torch.equal(_sim_generate(params, cfg, prompt, n, **_GENERATE_MISTAKES[m]),
+                                     want) for m in (NOT_ADVANCED, SKIPPED_SLOT, NO_OFFSET)):
+            continue
+        return cfg, params, prompt, want
+    return cfg, params, prompt, want
+
+
+def _generate_mixups(params, cfg, prompt, n, want) -> dict:
+    mixups = {m: (lambda kw=kw: _sim_generate(params, cfg, prompt, n, **kw))
+              for m, kw in _GENERATE_MISTAKES.items()}
+    p = prompt.shape[1]
+    mixups[NEW_TOKENS_ONLY] = want[:, p:]
+    mixups[ONE_TOO_MANY] = lambda: gen.generate(params, cfg, prompt, n + 1)
+    mixups[ONE_TOO_FEW] = lambda: gen.generate(params, cfg, prompt, max(n - 1, 0))
+    return mixups
+
+
+def _check_steps(c: Check, log: list[int], batch: int, p: int, n: int, label: str) -> None:
+    """With the cache: one prefill call over the prompt, then exactly `batch` tokens per call."""
+    if not log:
+        c.fail(f"{label}: the check saw no token embeddings being read from params['embed'].",
+               "look the tokens up with params['embed'][token_ids] or F.embedding(token_ids, "
+               "params['embed']) (or chapter 02's embed), which the check can count")
+    shown = ", ".join(map(str, log[:8])) + (", ..." if len(log) > 8 else "")
+    seen = f"tokens looked up per forward call: [{shown}]"
+    first, rest = log[0], log[1:]
+    if first < batch * (p - 1):
+        hint = PREFILL_BY_TOKEN if first == batch else None
+        c.fail(f"{label}: the first forward call fed {first} tokens; the prefill feeds the whole "
+               f"prompt, B·P = {batch}·{p} = {batch * p} ({seen}).", hint)
+    if first > batch * p:
+        c.fail(f"{label}: the first forward call fed {first} tokens, more than the prompt's "
+               f"B·P = {batch * p} ({seen}).")
+    over = [(i, m) for i, m in enumerate(rest, 1) if m != batch]
+    if over:
+        i, m = over[0]
+        grows = len(rest) > 1 and all(b > a for a, b in zip(rest, rest[1:]))
+        c.fail(f"{label}: decode call {i} fed {m} tokens; with the cache each decode step feeds "
+               f"exactly one new token per sequence, B = {batch} ({seen}).",
+               RECOMPUTED if grows or m >= batch * p else None)
+    steps = len(rest) - (first == batch * (p - 1) != batch * p)   # fed the last prompt token late
+    if steps not in (n - 1, n) and n > 0:
+        c.fail(f"{label}: {len(log)} forward calls for {n} new tokens ({seen}); expected the "
+               f"prefill and then {n - 1} decode steps (the last new token is never fed back).")
+
+
+def check_generate(f, *, seed: int | None = None, thorough: bool = False) -> None:
+    with Check("generate", f, seed=seed) as c:
+        _no_reference(c, gen.generate)
+        batch, p = c.sizes(2, 2, 5)
+        trials = [("gqa", batch, p + 2, c.randint(5, 8)), ("mqa", 1, c.randint(2, 6),
+                                                           c.randint(4, 7))]
+        for _ in range(2 if thorough else 0):
+            trials.append((c.choice(["gqa", "mha", "mqa"]), c.randint(1, 4), c.randint(1, 7),
+                           c.randint(2, 9)))
+        for kind, batch, p, n in trials:
+            cfg, params, prompt, want = _scenario(c, kind, batch, p, n)
+            mixups = _generate_mixups(params, cfg, prompt, n, want)
+            dims = ("B", "P + max_new_tokens")
+            log = _Recorder()
+            before = prompt.clone()
+            label = f"generate(params, cfg, prompt [B={batch}, P={p}], max_new_tokens={n})"
+            got = c.call(_counting_params(params, log), cfg, prompt, n)
+            if not torch.equal(prompt, before):
+                c.fail(f"{label} changed prompt_ids in place.",
+                       "write the tokens into a new tensor")
+            c.expect_tensor(got, want, what=f"{label} (greedy, with the cache)", dims=dims,
+                            wrong=mixups)
+            _check_steps(c, log.items, batch, p, n, label)
+            got = c.call(params, cfg, prompt, n, use_cache=False)
+            c.expect_tensor(got, want, what=f"{label[:-1]}, use_cache=False) (greedy)",
+                            dims=dims, wrong=mixups)
+        _headline(c, "greedy tokens identical with and without the cache")
+        _headline(c, "one prefill over the prompt, then one new token per sequence per step")
+        # Edge cases: nothing to generate; a single token (the prefill alone).
+        cfg, params, prompt, _ = _scenario(c, "gqa", 2, 3, 0)
+        for n in (0, 1):
+            want = gen.generate(params, cfg, prompt, n)
+            log = _Recorder()
+            got = c.call(_counting_params(params, log), cfg, prompt, n)
+            c.expect_tensor(got, want, what=f"generate(..., max_new_tokens={n}) (greedy)",
+                            dims=("B", "P + max_new_tokens"),
+                            wrong=_generate_mixups(params, cfg, prompt, n, want))
+            if n == 1:
+                _check_steps(c, log.items, 2, 3, 1, "generate(..., max_new_tokens=1)")
+        _headline(c, "max_new_tokens = 0 and 1")
+        _check_sampling(c)
+        _headlines_only(c)
+        c.note("temperature > 0 samples, reproducibly with the generator")
+
+
+def _check_sampling(c: Check) -> None:
+    """temperature > 0: reproducible with the generator, the generator really used, not greedy."""
+    cfg, params, prompt, _ = _scenario(c, "gqa", 2, 3, 0)
+    n = 8
+    greedy = gen.generate(params, cfg, prompt, n)
+    label = "generate(..., temperature=1.5, generator=g)"
+    outs = []
+    for attempt in range(3):
+        seed = 1000 + attempt + c.randint(0, 10**6)
+        runs = []
+        for other in (11, 12):
+            with torch.random.fork_rng():
+                torch.manual_seed(other)     # the global RNG differs between the two runs
+                g = torch.Generator().manual_seed(seed)
+                runs.append(c.call(params, cfg, prompt, n, temperature=1.5, generator=g))
+        a, b = runs
+        if not isinstance(a, torch.Tensor) or a.shape != greedy.shape or a.dtype != torch.long:
+            c.expect_tensor(a, greedy, what=label, dims=("B", "P + max_new_tokens"))
+        if not torch.equal(a[:, :prompt.shape[1]], prompt):
+            c.fail(f"{label} does not start with the prompt.")
+        if int(a.min()) < 0 or int(a.max()) >= cfg.vocab_size:
+            c.fail(f"{label} produced token ids outside 0 .. {cfg.vocab_size - 1}.")
+        if not torch.equal(a, b):
+            c.fail(f"{label}: two runs with generators seeded alike gave different tokens.",
+                   "pass `generator` on to the sampler (sample_next_token(..., "
+                   "generator=generator)); the global random state must not matter")
+        outs.append(a)
+    if all(torch.equal(o, greedy) for o in outs):
+        c.fail(f"{label} gave the greedy tokens three times out of three.",
+               "pass `temperature` on to the sampler: temperature 0 is greedy, above 0 it "
+               "samples from softmax(logits / temperature)")
+
+
+__all__ = ["check_KVCache", "check_forward_with_cache", "check_generate", "tensor_nbytes"]
