@@ -182,7 +182,7 @@ def tolerance(dtype: torch.dtype) -> tuple[float, float]:
     return _TOLERANCES.get(dtype, (0.0, 0.0))
 
 
-def _close(got: torch.Tensor, want: torch.Tensor, atol: float, rtol: float) -> bool:
+def values_close(got: torch.Tensor, want: torch.Tensor, atol: float, rtol: float) -> bool:
     """Elementwise |got - want| <= atol + rtol * |want|, with inf/nan equal to themselves."""
     if got.shape != want.shape:
         return False
@@ -216,7 +216,8 @@ class Check:
         self.gen = torch.Generator().manual_seed(self.seed)
         self.forbid = dict(forbid or {})
         self.calls = 0
-        self.properties: list[str] = []
+        self.properties: list[str] = []  # every comparison's label, in order
+        self.headlines: list[str] = []  # what the pass line shows, when a check names them
 
     # ---- context manager ----
     def __enter__(self) -> "Check":
@@ -224,7 +225,7 @@ class Check:
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         if exc_type is None and not _quiet.get():
-            display.show_pass(self.exercise, self.calls, self.properties)
+            display.show_pass(self.exercise, self.calls, self.headlines or self.properties)
         return False
 
     # ---- random inputs ----
@@ -281,6 +282,12 @@ class Check:
         if prop not in self.properties:
             self.properties.append(prop)
 
+    def headline(self, prop: str) -> None:
+        """Name a verified property for the pass line. Once a check names any, the pass line
+        shows only these instead of every comparison's (often long, per-case) label."""
+        if prop not in self.headlines:
+            self.headlines.append(prop)
+
     # ---- comparisons ----
     def expect_tensor(self, got: Any, want: torch.Tensor, *, what: str = "output",
                       dims: Iterable[str] | None = None,
@@ -293,7 +300,7 @@ class Check:
                                                                     torch.nn.Parameter):
             self.fail(f"{what} should be a torch.Tensor, got {type(got).__name__}.")
         if got.shape != want.shape:
-            hint = self._diagnose(got, wrong, atol, rtol)
+            hint = self.diagnose(got, wrong, atol, rtol)
             self.fail(f"{what} has shape {_shape_text(got.shape, None)}, expected "
                       f"{_shape_text(want.shape, dims)}.", hint)
         if check_dtype and got.dtype != want.dtype:
@@ -301,10 +308,10 @@ class Check:
         default_atol, default_rtol = tolerance(want.dtype)
         atol = default_atol if atol is None else atol
         rtol = default_rtol if rtol is None else rtol
-        if not _close(got, want, atol, rtol):
-            hint = self._diagnose(got, wrong, atol, rtol)
+        if not values_close(got, want, atol, rtol):
+            hint = self.diagnose(got, wrong, atol, rtol)
             self.fail(f"{what} has the right shape but wrong values; "
-                      f"{_mismatch_text(got, want, atol, rtol, dims)}", hint)
+                      f"{mismatch_text(got, want, atol, rtol, dims)}", hint)
         self.note(what)
 
     def expect_equal(self, got: Any, want: Any, *, what: str = "output",
@@ -317,35 +324,35 @@ class Check:
         else:
             same = type(got) is type(want) and got == want
         if not same:
-            hint = self._diagnose(got, wrong, 0.0, 0.0)
+            hint = self.diagnose(got, wrong, 0.0, 0.0)
             self.fail(f"{what} is {describe(got)}, expected {describe(want)}.", hint)
         self.note(what)
 
-    def _diagnose(self, got: Any, wrong, atol, rtol) -> str | None:
+    def diagnose(self, got: Any, wrong, atol, rtol) -> str | None:
         """Name the first known-wrong variant that reproduces the learner's output."""
         for mistake, variant in (wrong or {}).items():
             try:
                 value = variant() if callable(variant) else variant
             except Exception:  # a variant that cannot be formed for these inputs says nothing
                 continue
-            if _matches(got, value, atol or 0.0, rtol or 0.0):
+            if matches(got, value, atol or 0.0, rtol or 0.0):
                 return mistake
         return None
 
 
-def _matches(got: Any, value: Any, atol: float, rtol: float) -> bool:
+def matches(got: Any, value: Any, atol: float, rtol: float) -> bool:
     if isinstance(value, torch.Tensor):
         if not isinstance(got, torch.Tensor) or got.shape != value.shape:
             return False
         tol_a, tol_r = tolerance(value.dtype)
-        return _close(got.to(value.dtype), value, max(atol, tol_a), max(rtol, tol_r))
+        return values_close(got.to(value.dtype), value, max(atol, tol_a), max(rtol, tol_r))
     try:
         return bool(got == value) and type(got) is type(value)
     except Exception:
         return False
 
 
-def _mismatch_text(got, want, atol, rtol, dims) -> str:
+def mismatch_text(got, want, atol, rtol, dims) -> str:
     got64, want64 = got.detach().double(), want.detach().double()
     bad = ~(want64.isfinite() & ((got64 - want64).abs() <= atol + rtol * want64.abs()))
     bad &= ~((got64 == want64) | (got64.isnan() & want64.isnan()))

@@ -63,7 +63,7 @@ def _expect_list(c: Check, got, want: list, *, what: str, wrong=None) -> None:
     if normal == want:
         c.note(what)
         return
-    hint = c._diagnose(got, wrong, 0.0, 0.0)
+    hint = c.diagnose(got, wrong, 0.0, 0.0)
     if normal is None:
         c.fail(f"{what} should be a list of ints, got {describe(got)}.",
                hint or "return a plain Python list of ints")
@@ -273,7 +273,7 @@ def _train_case(c: Check, text: str, num_merges: int) -> None:
     wrong = {k: (lambda kw=kw: list(_train_variant(text, num_merges, **kw).items()))
              for k, kw in _TRAIN_MISTAKES.items()}
     if items != want:
-        hint = c._diagnose(items, wrong, 0.0, 0.0)
+        hint = c.diagnose(items, wrong, 0.0, 0.0)
         k = next((i for i, (g, w) in enumerate(zip(items, want)) if g != w),
                  min(len(items), len(want)))
         got_at = f"{items[k][0]} -> {items[k][1]}" if k < len(items) else "no merge"

@@ -36,12 +36,6 @@ def _expect_mask(c: Check, got, want: torch.Tensor, *, what: str, dims, wrong=No
     c.expect_tensor(got, want, what=what, dims=dims, wrong=wrong)
 
 
-def _headline(c: Check, prop: str) -> None:
-    """Record a verified property ahead of the individual comparisons in the pass summary."""
-    if prop not in c.properties:
-        n = getattr(c, "_headlines", 0)
-        c.properties.insert(n, prop)
-        c._headlines = n + 1
 
 
 def _random_bool(c: Check, *shape: int) -> torch.Tensor:
@@ -91,14 +85,14 @@ def check_causal_mask(f, *, seed: int | None = None, thorough: bool = False) -> 
         # The article's example, 我 喜欢 学习 AI: four tokens, k_len left to its default.
         _expect_mask(c, c.call(4), ref.causal_mask(4), what="causal_mask(4)",
                      dims=("S_q", "S_k"), wrong=_causal_mixups(4, 4))
-        _headline(c, "the article's 4-token example")
+        c.headline("the article's 4-token example")
         for _ in range(3 if thorough else 1):
             s = c.randint(5, 12)
             _expect_mask(c, c.call(s, s), ref.causal_mask(s), what=f"causal_mask({s}, {s})",
                          dims=("S_q", "S_k"), wrong=_causal_mixups(s, s))
         _expect_mask(c, c.call(1), ref.causal_mask(1), what="causal_mask(1)",
                      dims=("S_q", "S_k"), wrong=_causal_mixups(1, 1))
-        _headline(c, "square masks")
+        c.headline("square masks")
         # Chunked prefill: fewer queries than keys; the queries are the last q_len positions.
         for _ in range(4 if thorough else 2):
             q = c.randint(2, 7)
@@ -106,13 +100,13 @@ def check_causal_mask(f, *, seed: int | None = None, thorough: bool = False) -> 
             _expect_mask(c, c.call(q, k), ref.causal_mask(q, k),
                          what=f"causal_mask({q}, {k}) (q_len < k_len, as in chunked prefill)",
                          dims=("S_q", "S_k"), wrong=_causal_mixups(q, k))
-        _headline(c, "bottom-right aligned for q_len < k_len")
+        c.headline("bottom-right aligned for q_len < k_len")
         # A decode step: one query, the newest token, sees every cached key.
         k = c.randint(3, 12)
         _expect_mask(c, c.call(1, k), ref.causal_mask(1, k),
                      what=f"causal_mask(1, {k}) (one decode step over {k} keys)",
                      dims=("S_q", "S_k"), wrong=_causal_mixups(1, k))
-        _headline(c, "a decode query sees every key")
+        c.headline("a decode query sees every key")
 
 
 # --------------------------------------------------------------------------------------------
@@ -143,12 +137,12 @@ def check_bidirectional_mask(f, *, seed: int | None = None, thorough: bool = Fal
                 _expect_mask(c, c.call(a, b), ref.bidirectional_mask(a, b),
                              what=f"bidirectional_mask({a}, {b})", dims=("S_q", "S_k"),
                              wrong=_bidirectional_mixups(a, b))
-        _headline(c, "q_len != k_len (cross-attention)")
+        c.headline("q_len != k_len (cross-attention)")
         k = c.randint(2, 10)
         _expect_mask(c, c.call(1, k), ref.bidirectional_mask(1, k),
                      what=f"bidirectional_mask(1, {k})", dims=("S_q", "S_k"),
                      wrong=_bidirectional_mixups(1, k))
-        _headline(c, "every query sees every key")
+        c.headline("every query sees every key")
 
 
 # --------------------------------------------------------------------------------------------
@@ -192,8 +186,8 @@ def check_padding_mask(f, *, seed: int | None = None, thorough: bool = False) ->
             if not torch.equal(am, before):
                 c.fail("changed the attention_mask it was given.",
                        "build a new tensor (or a view) instead of writing into the input")
-        _headline(c, "padded keys masked, shape [B, 1, 1, S]")
-        _headline(c, "right and left padding")
+        c.headline("padded keys masked, shape [B, 1, 1, S]")
+        c.headline("right and left padding")
 
 
 # --------------------------------------------------------------------------------------------
@@ -247,20 +241,20 @@ def check_combine_masks(f, *, seed: int | None = None, thorough: bool = False) -
         for _ in range(3 if thorough else 1):
             x, y = _random_bool(c, sq, sk), _random_bool(c, sq, sk)
             run([x, y], f"two random [{sq}, {sk}] masks", ("S_q", "S_k"))
-        _headline(c, "AND of two masks")
+        c.headline("AND of two masks")
         am = _padded_batch(c, b, s)
         run([ref.causal_mask(s), ref.padding_mask(am)],
             f"causal [{s}, {s}], padding [{b}, 1, 1, {s}]", ("B", "N", "S_q", "S_k"))
-        _headline(c, "causal & padding broadcast to [B, 1, S, S]")
+        c.headline("causal & padding broadcast to [B, 1, S, S]")
         am = _padded_batch(c, b, sk)
         heads = _random_bool(c, 1, n, sq, sk)
         run([ref.causal_mask(sq, sk), ref.padding_mask(am), heads],
             f"three masks: [{sq}, {sk}], [{b}, 1, 1, {sk}], [1, {n}, {sq}, {sk}]",
             ("B", "N", "S_q", "S_k"))
-        _headline(c, "three masks")
+        c.headline("three masks")
         one = _random_bool(c, b, 1, sq, sk)
         run([one], f"a single [{b}, 1, {sq}, {sk}] mask", ("B", "N", "S_q", "S_k"))
-        _headline(c, "a single mask")
+        c.headline("a single mask")
 
 
 # --------------------------------------------------------------------------------------------
@@ -339,7 +333,7 @@ def check_to_additive_mask(f, *, seed: int | None = None, thorough: bool = False
         causal = ref.causal_mask(4)
         _expect_additive(c, c.call(causal), causal, torch.float32,
                          what="to_additive_mask(causal_mask(4))", dims=("S_q", "S_k"))
-        _headline(c, "0 where True, -inf where False")
+        c.headline("0 where True, -inf where False")
         for _ in range(3 if thorough else 1):
             m = _random_bool(c, sq, sk)
             _expect_additive(c, c.call(m, dtype=torch.float32), m, torch.float32,
@@ -352,4 +346,4 @@ def check_to_additive_mask(f, *, seed: int | None = None, thorough: bool = False
             _expect_additive(c, c.call(combined, dtype=dtype), combined, dtype,
                              what=f"to_additive_mask(causal & padding [{b}, 1, {sk}, {sk}], "
                                   f"dtype={name})", dims=("B", "N", "S_q", "S_k"))
-        _headline(c, "the requested dtype")
+        c.headline("the requested dtype")

@@ -13,7 +13,7 @@ import math
 import torch
 
 from . import reference as ref
-from .engine import Check, CheckFailure, LearnerError, _matches
+from .engine import Check, CheckFailure, LearnerError, matches
 
 # --------------------------------------------------------------------------------------------
 # Forbidden shortcuts, by torch function name (the engine also catches `torch.ops.aten` overloads
@@ -113,7 +113,7 @@ def _summary(c: Check, *props: str) -> None:
 def _any_of(got, *candidates):
     """The first candidate that reproduces `got` (so one mistake can have several forms)."""
     for cand in candidates:
-        if _matches(got, cand, 0.0, 0.0):
+        if matches(got, cand, 0.0, 0.0):
             return cand
     return candidates[0]
 
@@ -123,8 +123,8 @@ def _observable(variant, want):
     def value():
         v = variant()
         if isinstance(v, torch.Tensor) and v.shape == want.shape and \
-                _matches(v.nan_to_num(0.0), want.nan_to_num(0.0), 0.0, 0.0):
-            raise ValueError("not observable with these inputs")  # _diagnose skips it
+                matches(v.nan_to_num(0.0), want.nan_to_num(0.0), 0.0, 0.0):
+            raise ValueError("not observable with these inputs")  # diagnose skips it
         return v
     return value
 

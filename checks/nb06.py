@@ -74,7 +74,7 @@ def check_kv_head_index(f, *, seed: int | None = None, thorough: bool = False) -
                 g, j = n_heads // n_kv, want[h]
                 c.fail(f"kv_head_index({h}, n_heads={n_heads}, n_kv_heads={n_kv}) returned "
                        f"{got[h]}, expected {j}: with G = {g}, query heads {j * g}..{j * g + g - 1}"
-                       f" share KV head {j}.", c._diagnose(got, _kv_index_mixups(n_heads, n_kv),
+                       f" share KV head {j}.", c.diagnose(got, _kv_index_mixups(n_heads, n_kv),
                                                           0.0, 0.0))
         c.note("consecutive groups for GQA, MHA (N_kv = N_h) and MQA (N_kv = 1)")
 

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from . import reference as ref
-from .engine import Check, LearnerError, _close, _mismatch_text, describe, tolerance
+from .engine import Check, LearnerError, values_close, mismatch_text, describe, tolerance
 
 # --------------------------------------------------------------------------------------------
 # Forbidden shortcuts. The engine matches a torch function's `__name__` exactly; calls through
@@ -106,21 +106,15 @@ def _compare(c: Check, got, want: torch.Tensor, *, what: str, dims=None, wrong=N
     if (isinstance(got, torch.Tensor) and got.shape == want.shape and got.dtype == want.dtype
             and type(got) in (torch.Tensor, torch.nn.Parameter)):
         atol, rtol = tolerance(want.dtype)
-        if not _close(got, want, atol, rtol):
-            hint = c._diagnose(got, wrong, atol, rtol)
+        if not values_close(got, want, atol, rtol):
+            hint = c.diagnose(got, wrong, atol, rtol)
             if hint is None and extra is not None:
                 hint = extra(got)
             c.fail(f"{what} has the right shape but wrong values; "
-                   f"{_mismatch_text(got, want, atol, rtol, dims)}", hint)
+                   f"{mismatch_text(got, want, atol, rtol, dims)}", hint)
     c.expect_tensor(got, want, what=what, dims=dims, wrong=wrong)
 
 
-def _headline(c: Check, prop: str) -> None:
-    """Record a verified property ahead of the individual comparisons in the pass summary."""
-    if prop not in c.properties:
-        n = getattr(c, "_headlines", 0)
-        c.properties.insert(n, prop)
-        c._headlines = n + 1
 
 
 def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -166,11 +160,11 @@ def _check_activation(name: str, f, seed, thorough: bool, reference: Callable,
             shape = _random_shape(c)
             run(c.randn(*shape, scale=3.0),
                 f"{name} of a random float32 tensor of shape {list(shape)}")
-        _headline(c, "elementwise, any shape")
-        _headline(c, "input left unchanged")
+        c.headline("elementwise, any shape")
+        c.headline("input left unchanged")
 
         def precision(got: torch.Tensor, x: torch.Tensor) -> str | None:
-            return _PRECISION if _close(got, reference(x), 1e-5, 1e-4) else None
+            return _PRECISION if values_close(got, reference(x), 1e-5, 1e-4) else None
 
         dtypes = [torch.float64, torch.bfloat16] + ([torch.float16] if thorough else [])
         for dtype in dtypes:
@@ -179,7 +173,7 @@ def _check_activation(name: str, f, seed, thorough: bool, reference: Callable,
             label = str(dtype).removeprefix("torch.")
             run(x, f"{name} of a random {label} tensor of shape {list(shape)}",
                 extra=precision if dtype == torch.float64 else None)
-        _headline(c, "keeps float64 / bfloat16")
+        c.headline("keeps float64 / bfloat16")
 
         for dtype in (torch.float32, torch.float64, torch.bfloat16) + (
                 (torch.float16,) if thorough else ()):
@@ -188,7 +182,7 @@ def _check_activation(name: str, f, seed, thorough: bool, reference: Callable,
             label = str(dtype).removeprefix("torch.")
             run(x, f"{name} of large {label} inputs x = {', '.join(f'{v:g}' for v in values)}",
                 extra=lambda got, x: _nonfinite_hint(got, overflow_hint))
-        _headline(c, "no overflow for large |x|")
+        c.headline("no overflow for large |x|")
 
         # Derivative through autograd: training needs it, and the figure in the notebook plots it.
         x = c.randn(c.randint(20, 40), scale=3.0, dtype=torch.float64).requires_grad_()
@@ -204,8 +198,8 @@ def _check_activation(name: str, f, seed, thorough: bool, reference: Callable,
         (want,) = torch.autograd.grad(reference(x_ref).sum(), x_ref)
         _compare(c, grad, want, what=f"the derivative d {name}(x) / dx (by autograd)",
                  dims=("i",), wrong=grad_mistakes(x.detach()),
-                 extra=lambda g: _PRECISION if _close(g, want, 1e-5, 1e-4) else None)
-        _headline(c, "differentiable")
+                 extra=lambda g: _PRECISION if values_close(g, want, 1e-5, 1e-4) else None)
+        c.headline("differentiable")
 
 
 def _relu_mistakes(x: torch.Tensor) -> dict:
@@ -412,9 +406,9 @@ def check_ffn(f, *, seed: int | None = None, thorough: bool = False) -> None:
                 c.fail(f"{what}: never called the `activation` it was given.",
                        "apply the activation argument, activation(x @ w1), instead of a fixed "
                        "activation function")
-        _headline(c, "activation(x @ w1) @ w2")
-        _headline(c, "uses the activation it is given")
-        _headline(c, "[B, S, H] and [T, H] inputs; float64 kept")
+        c.headline("activation(x @ w1) @ w2")
+        c.headline("uses the activation it is given")
+        c.headline("[B, S, H] and [T, H] inputs; float64 kept")
 
 
 # --------------------------------------------------------------------------------------------
@@ -477,8 +471,8 @@ def check_swiglu_ffn(f, *, seed: int | None = None, thorough: bool = False) -> N
             _compare(c, got, want, what=f"swiglu_ffn of {label}x {list(shape)} with H={h}, "
                      f"H_ff={h_ff}", dims=dims,
                      wrong=_swiglu_mistakes(x, w_gate, w_up, w_down))
-        _headline(c, "(silu(x W_gate) * (x W_up)) W_down")
-        _headline(c, "[B, S, H] and [T, H] inputs; float64 kept")
+        c.headline("(silu(x W_gate) * (x W_up)) W_down")
+        c.headline("[B, S, H] and [T, H] inputs; float64 kept")
 
 
 # --------------------------------------------------------------------------------------------
@@ -521,5 +515,5 @@ def check_ffn_param_count(f, *, seed: int | None = None, thorough: bool = False)
                        "return a Python int (`int(...)`), not a tensor")
             c.expect_equal(got, ref.ffn_param_count(h, h_ff, gated), what=what,
                            wrong=_count_mistakes(h, h_ff, gated))
-        _headline(c, "LLaMA-2-7B: 3 x 4096 x 11008 = 135,266,304")
-        _headline(c, "gated 3 H H_ff, plain 2 H H_ff")
+        c.headline("LLaMA-2-7B: 3 x 4096 x 11008 = 135,266,304")
+        c.headline("gated 3 H H_ff, plain 2 H H_ff")

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 
 from . import reference as ref
-from .engine import Check, CheckFailure, LearnerError, _close
+from .engine import Check, CheckFailure, LearnerError, values_close
 
 # --------------------------------------------------------------------------------------------
 # Forbidden shortcuts, by torch function name (the engine also catches `torch.ops.aten` overloads
@@ -61,12 +61,6 @@ def _dims(x: torch.Tensor):
     return _DIMS3 if x.dim() == 3 else None
 
 
-def _headline(c: Check, prop: str) -> None:
-    """Record a verified property ahead of the individual comparisons in the pass summary."""
-    if prop not in c.properties:
-        n = getattr(c, "_headlines", 0)
-        c.properties.insert(n, prop)
-        c._headlines = n + 1
 
 
 def _call(c: Check, *args, **kwargs):
@@ -271,14 +265,14 @@ def check_layer_norm(f, *, seed: int | None = None, thorough: bool = False) -> N
             x = _tokens(c, b, s, h, offset=2.0)
             _expect_layer_norm(c, x, _gamma(c, h), 0.5 * c.randn(h),
                                what=f"layer_norm(x, gamma, beta) for x {_shape_text(x)}")
-        _headline(c, "over the hidden axis of [B, S, H]")
-        _headline(c, "biased variance, eps inside the square root")
-        _headline(c, "gamma scales, beta shifts")
+        c.headline("over the hidden axis of [B, S, H]")
+        c.headline("biased variance, eps inside the square root")
+        c.headline("gamma scales, beta shifts")
         t, h = c.sizes(2, 4, 12)
         x = _tokens(c, t, h, offset=1.5)
         _expect_layer_norm(c, x, _gamma(c, h), 0.5 * c.randn(h),
                            what=f"layer_norm of a 2-D x [{t}, {h}] (tokens, H)")
-        _headline(c, "any number of leading axes")
+        c.headline("any number of leading axes")
         # a constant token (variance 0: eps keeps it finite, the output is beta) and tiny spreads,
         # where the place of eps matters
         b, s, h = _sizes(c)
@@ -290,7 +284,7 @@ def check_layer_norm(f, *, seed: int | None = None, thorough: bool = False) -> N
         x = c.randn(b, s, h, scale=0.05)
         _expect_layer_norm(c, x, _gamma(c, h), 0.5 * c.randn(h), eps=1e-2,
                            what=f"layer_norm(x, gamma, beta, eps=1e-2) for x {_shape_text(x)}")
-        _headline(c, "eps used, and a constant token gives beta")
+        c.headline("eps used, and a constant token gives beta")
         b, s, h = _sizes(c)
         x = c.randn(b, s, h, dtype=torch.float64) * 3.0 + 50.0
         _expect_layer_norm(c, x, _gamma(c, h, torch.float64),
@@ -301,12 +295,12 @@ def check_layer_norm(f, *, seed: int | None = None, thorough: bool = False) -> N
                            0.5 * c.randn(h, dtype=torch.float64),
                            what=f"layer_norm of float64 tokens with mean 1e5 and spread 1, x "
                                 f"{_shape_text(x)}", large_mean=True)
-        _headline(c, "dtype kept; stable for a large mean")
+        c.headline("dtype kept; stable for a large mean")
         b, s, h = _sizes(c)
         _expect_grads(c, (c.randn(b, s, h) + 1.0, _gamma(c, h), 0.5 * c.randn(h)),
                       lambda x, g, bt: ref.layer_norm(x, g, bt), names=("x", "gamma", "beta"),
                       what="layer_norm")
-        _headline(c, "gradients flow to x, gamma and beta")
+        c.headline("gradients flow to x, gamma and beta")
         c.note("input left unchanged")
 
 
@@ -412,11 +406,11 @@ def check_rms_norm(f, *, seed: int | None = None, thorough: bool = False) -> Non
         x = _tokens(c, b, s, h, offset=3.0)  # tokens far from mean zero
         _expect_rms_norm(c, x, _gamma(c, h),
                          what=f"rms_norm of tokens with non-zero means, x {_shape_text(x)}")
-        _headline(c, "over the hidden axis of [B, S, H], no centring")
+        c.headline("over the hidden axis of [B, S, H], no centring")
         t, h = c.sizes(2, 4, 12)
         x = _tokens(c, t, h)
         _expect_rms_norm(c, x, _gamma(c, h), what=f"rms_norm of a 2-D x [{t}, {h}] (tokens, H)")
-        _headline(c, "any number of leading axes")
+        c.headline("any number of leading axes")
         # small inputs (RMS ~ 1e-3, comparable with sqrt(eps)), where the place of eps matters,
         # and an all-zero token, which eps keeps finite
         b, s, h = _sizes(c)
@@ -428,7 +422,7 @@ def check_rms_norm(f, *, seed: int | None = None, thorough: bool = False) -> Non
         x = c.randn(b, s, h, scale=0.05)
         _expect_rms_norm(c, x, _gamma(c, h), eps=1e-2,
                          what=f"rms_norm(x, gamma, eps=1e-2) for x {_shape_text(x)}")
-        _headline(c, "eps inside the square root")
+        c.headline("eps inside the square root")
         dtypes = [torch.bfloat16, torch.float16]
         for dtype in dtypes:
             b, s, h = _sizes(c)
@@ -450,11 +444,11 @@ def check_rms_norm(f, *, seed: int | None = None, thorough: bool = False) -> Non
             x = c.randn(b, s, h, dtype=dtype, scale=0.2 + 3 * c.randn(1).abs().item())
             _expect_rms_norm(c, x, torch.ones(h, dtype=dtype), bitwise=True,
                              what=f"rms_norm of a {_name(dtype)} x {_shape_text(x)}, gamma = 1")
-        _headline(c, "bfloat16/float16: float32 inside, dtype kept")
+        c.headline("bfloat16/float16: float32 inside, dtype kept")
         b, s, h = _sizes(c)
         _expect_grads(c, (c.randn(b, s, h), _gamma(c, h)), lambda x, g: ref.rms_norm(x, g),
                       names=("x", "gamma"), what="rms_norm")
-        _headline(c, "gradients flow to x and gamma")
+        c.headline("gradients flow to x and gamma")
         c.note("input left unchanged")
 
 
@@ -548,7 +542,7 @@ def _post_mixups(x, s, n) -> dict:
 
 def _identify(t: torch.Tensor, candidates: dict) -> str:
     for name, value in candidates.items():
-        if t.shape == value.shape and _close(t, value, 2e-5, 2e-4):
+        if t.shape == value.shape and values_close(t, value, 2e-5, 2e-4):
             return name
     return "a tensor that is none of x, norm(x), sublayer(x) or their sums"
 
@@ -567,7 +561,7 @@ def _structure_hint(kind: str, x, sub: _Recorder, norm: _Recorder, s, n) -> str:
         if not rec.inputs:
             problems.append(f"{rec.__name__} was never called")
         elif not (rec.inputs[0].shape == should.shape
-                  and _close(rec.inputs[0], should, 2e-5, 2e-4)):
+                  and values_close(rec.inputs[0], should, 2e-5, 2e-4)):
             problems.append(f"{rec.__name__} received {_identify(rec.inputs[0], candidates)}, "
                             f"not {should_name}")
     if problems:
@@ -613,7 +607,7 @@ def _check_residual(kind: str, f, *, seed: int | None, thorough: bool) -> None:
             b, s, h = _sizes(c)
             for label, sub, norm in _blocks(c, h):
                 _residual_case(c, kind, c.randn(b, s, h) * 2.0 + 0.5, sub, norm, label=label)
-        _headline(c, "x + sublayer(norm(x))" if kind == "pre" else "norm(x + sublayer(x))")
+        c.headline("x + sublayer(norm(x))" if kind == "pre" else "norm(x + sublayer(x))")
         c.note("norm and sublayer each called once, on the right tensor")
         c.note("input left unchanged")
         # gradients flow back to x through both the residual path and the sublayer
@@ -631,7 +625,7 @@ def _check_residual(kind: str, f, *, seed: int | None, thorough: bool) -> None:
         (g,) = torch.autograd.grad((got * probe).sum(), x)
         (w,) = torch.autograd.grad((want * probe).sum(), x_ref)
         c.expect_tensor(g, w, what=f"the gradient with respect to x ({label})", dims=_DIMS3)
-        _headline(c, "gradients flow back to x")
+        c.headline("gradients flow back to x")
 
 
 def check_pre_norm_residual(f, *, seed: int | None = None, thorough: bool = False) -> None:

@@ -22,7 +22,7 @@ import torch
 
 from . import reference as ref
 from .config import LLAMA2_7B, ModelConfig
-from .engine import Check, ForbiddenCall, _close
+from .engine import Check, ForbiddenCall, values_close
 
 NAMES = ("attn_norm", "wqkv", "wo", "ffn_norm", "w_gate", "w_up", "w_down")
 NORMS = ("attn_norm", "ffn_norm")
@@ -600,7 +600,7 @@ def check_attention_sublayer(f, *, seed: int | None = None, thorough: bool = Fal
         out_x, out_y = c.call(x, layer, cfg, positions), c.call(y, layer, cfg, positions)
         if isinstance(out_x, torch.Tensor) and isinstance(out_y, torch.Tensor) and \
                 out_x.shape == out_y.shape == x.shape and \
-                not _close(out_x[:, :-1], out_y[:, :-1], 1e-5, 1e-4):
+                not values_close(out_x[:, :-1], out_y[:, :-1], 1e-5, 1e-4):
             c.fail("changing only the LAST token changed the outputs of earlier tokens.",
                    NON_CAUSAL)
         c.note("causal: later tokens never change earlier outputs")

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from . import reference as ref
 from .config import LLAMA2_7B, ModelConfig
-from .engine import Check, CheckFailure, ForbiddenCall, LearnerError, _close
+from .engine import Check, CheckFailure, ForbiddenCall, LearnerError, values_close
 from .reference import block as ref_block
 from .reference import model as ref_model
 from .reference.norms import rms_norm
@@ -84,12 +84,6 @@ def _local(f) -> bool:
     return not isinstance(f, RemoteFunction)
 
 
-def _headline(c: Check, prop: str) -> None:
-    """Record a verified property ahead of the individual comparisons in the pass summary."""
-    if prop not in c.properties:
-        n = getattr(c, "_headlines", 0)
-        c.properties.insert(n, prop)
-        c._headlines = n + 1
 
 
 def _quiet_expect(c: Check, got, want, **kw) -> None:
@@ -316,7 +310,7 @@ def check_init_model_params(f, *, seed: int | None = None, thorough: bool = Fals
                 c.fail(f"generators with different seeds gave the same {', '.join(same[:3])} "
                        f"({label}).", "the weights must come from the `generator` argument; a "
                        "fixed seed (torch.manual_seed) inside the function makes them constant")
-        _headline(c, "reproducible from a seeded generator")
+        c.headline("reproducible from a seeded generator")
         cfg = _init_cfgs(c)[1]
         for dtype in ((torch.float64, torch.bfloat16, torch.float16) if thorough
                       else (torch.float64, torch.bfloat16)):
@@ -555,7 +549,7 @@ def check_model_forward(f, *, seed: int | None = None, thorough: bool = False) -
         b, s = c.sizes(2, 2, 8)
         s += 2
         _forward_case(c, _model_cfg(c, "gqa"), b, s, "omitted")
-        _headline(c, "embed -> L blocks -> final RMSNorm -> LM head, logits [B, S, |V|]")
+        c.headline("embed -> L blocks -> final RMSNorm -> LM head, logits [B, S, |V|]")
         _forward_case(c, _model_cfg(c, "gqa", decoupled=True, partial=True,
                                     base=c.choice([500.0, 1e6]), eps=c.choice([0.05, 0.2])),
                       b, s, "BS")
@@ -570,7 +564,7 @@ def check_model_forward(f, *, seed: int | None = None, thorough: bool = False) -
                                             eps=c.choice([1e-5, 0.1])),
                               b, s + 1, c.choice(["omitted", "S", "BS"]))
             _forward_case(c, _model_cfg(c, "gqa"), 3, 1, "omitted")   # one token
-        _headline(c, "positions: default arange(S), [S] and [B, S] with gaps")
+        c.headline("positions: default arange(S), [S] and [B, S] with gaps")
         c.note("GQA, MHA, MQA; rope_base, rotary_dim and norm_eps from cfg")
         # Causality, on the learner's own function: a new last token changes no earlier logits.
         cfg = _model_cfg(c, "gqa", layers=2)
@@ -582,10 +576,10 @@ def check_model_forward(f, *, seed: int | None = None, thorough: bool = False) -
         out, out2 = c.call(ids, params, cfg), c.call(changed, params, cfg)
         if isinstance(out, torch.Tensor) and isinstance(out2, torch.Tensor) and \
                 out.shape == out2.shape == (b, s, cfg.vocab_size):
-            if not _close(out[:, :-1], out2[:, :-1], 1e-5, 1e-4):
+            if not values_close(out[:, :-1], out2[:, :-1], 1e-5, 1e-4):
                 c.fail("changing only the LAST token changed the logits of earlier positions.",
                        "the model must be causal: every block's attention uses the causal mask")
-            if _close(out[:, -1], out2[:, -1], 1e-6, 1e-6):
+            if values_close(out[:, -1], out2[:, -1], 1e-6, 1e-6):
                 c.fail("changing the last token did not change the last position's logits.",
                        "the logits of position t are computed from the tokens up to and "
                        "including t")
@@ -698,7 +692,7 @@ def check_next_token_loss(f, *, seed: int | None = None, thorough: bool = False)
             logits = c.randn(b, s + 1, v, scale=2.0)
             ids = c.randint(0, v, (b, s + 1))
             _loss_case(c, logits, ids, f"logits [B={b}, S={s + 1}, V={v}]")
-        _headline(c, "mean cross-entropy of logits[:, t] against token_ids[:, t + 1]")
+        c.headline("mean cross-entropy of logits[:, t] against token_ids[:, t + 1]")
         # Uniform logits: every prediction has probability 1/|V|, so the loss is ln |V|.
         b, s, v = c.sizes(3, 3, 12)
         got = _loss_case(c, torch.zeros(b, s, v), c.randint(0, v, (b, s)),
@@ -812,7 +806,7 @@ def check_model_param_count(f, *, seed: int | None = None, thorough: bool = Fals
             c.expect_equal(c.call(cfg), want, what=f"model_param_count ({label})",
                            wrong=_count_mixups(cfg, want))
             c.properties.remove(f"model_param_count ({label})")
-        _headline(c, "the article's 6,738,415,616 for LLaMA-2-7B")
+        c.headline("the article's 6,738,415,616 for LLaMA-2-7B")
         c.note("untied LM head [H, |V|]; GQA, MQA, D_h != H / N_h")
 
 
@@ -1028,7 +1022,7 @@ def check_sample_next_token(f, *, seed: int | None = None, thorough: bool = Fals
         huge = c.randn(b, v, scale=1e4)
         _quiet_expect(c, _sample(c, huge, "logits ~ 1e4", temperature=0.0), huge.argmax(-1),
                       what="greedy tokens for logits ~ 1e4", dims=("B",))
-        _headline(c, "temperature 0 is greedy: argmax of each row")
+        c.headline("temperature 0 is greedy: argmax of each row")
         # ---- the distributions: defaults, sharper, flatter, top-k
         vs = [c.randint(6, MAX_VOCAB + 1) for _ in range(4)]
         _statistical_case(c, vs[0], 1.0, None, defaults=True)
@@ -1041,7 +1035,7 @@ def check_sample_next_token(f, *, seed: int | None = None, thorough: bool = Fals
                 _statistical_case(c, v, temperature, c.choice([None, c.randint(2, v - 1)]))
             v = c.randint(6, MAX_VOCAB + 1)
             _statistical_case(c, v, 1.3, v)          # top_k = |V| keeps everything
-        _headline(c, f"frequencies match softmax(logits / T) over the top k ({N_SAMPLES} draws "
+        c.headline(f"frequencies match softmax(logits / T) over the top k ({N_SAMPLES} draws "
                      f"each, within ±{TOL:.3f})")
         c.note("T < 1 sharpens, T > 1 flattens")
         c.note("top-k never returns a token outside the top k")

@@ -132,17 +132,8 @@ _FORWARD_HINT = ("this exercise asks you to write the cached forward pass yourse
 # Small helpers
 
 
-def _headline(c: Check, prop: str) -> None:
-    """Record a verified property ahead of the individual comparisons in the pass summary."""
-    if prop not in c.properties:
-        n = getattr(c, "_headlines", 0)
-        c.properties.insert(n, prop)
-        c._headlines = n + 1
 
 
-def _headlines_only(c: Check) -> None:
-    """Keep the pass summary to the headlines (the comparisons' own labels are many and long)."""
-    del c.properties[getattr(c, "_headlines", 0):]
 
 
 @contextlib.contextmanager
@@ -452,7 +443,7 @@ def check_KVCache(cls, *, seed: int | None = None, thorough: bool = False) -> No
             s_max = prompt + 3 + 2 + extra + 4      # prefill, 3 decodes, a chunk of 2, room
             cache = _construct(c, cls, cfg, batch, s_max)
             storages = _check_allocation(c, cache, cfg, batch, s_max, torch.float32)
-            _headline(c, "preallocated: 2·L·B·N_kv·S_max·D_h numbers, N_kv heads only")
+            c.headline("preallocated: 2·L·B·N_kv·S_max·D_h numbers, N_kv heads only")
             sims = {m: _SimCache(mode, n_layers, batch, cfg.n_kv_heads, s_max, cfg.head_dim)
                     for m, mode in _CACHE_MISTAKES.items()}
             # The expected contents: what was written last at every position, per layer.
@@ -469,13 +460,13 @@ def check_KVCache(cls, *, seed: int | None = None, thorough: bool = False) -> No
                                    kv[layer, 0, :, :, :end], kv[layer, 1, :, :, :end], s_max)
 
             step(0, prompt)                                 # prefill
-            _headline(c, "prefill writes positions 0..P-1 of every layer")
+            c.headline("prefill writes positions 0..P-1 of every layer")
             for i in range(3):                              # decode steps
                 step(prompt + i, 1)
-            _headline(c, "decode steps write at start_pos and return views of 0..start_pos")
+            c.headline("decode steps write at start_pos and return views of 0..start_pos")
             step(prompt + 3, 2)                             # a chunk of two
             step(prompt + 2, 2)                             # rewind: overwrite from start_pos
-            _headline(c, "writes where start_pos says (rewinding too)")
+            c.headline("writes where start_pos says (rewinding too)")
             # Fill exactly to the end (every position written, none skipped): allowed.
             start = prompt + 4
             try:
@@ -500,7 +491,7 @@ def check_KVCache(cls, *, seed: int | None = None, thorough: bool = False) -> No
                     c.fail(f"{label} raised {type(exc).__name__}: {exc}",
                            WRONG_ERROR.format(name=type(exc).__name__))
                 c.fail(f"{label} did not raise.", NO_OVERFLOW)
-            _headline(c, "overflowing max_seq_len raises ValueError")
+            c.headline("overflowing max_seq_len raises ValueError")
         # dtype and device arguments; MQA (one KV head).
         cfg = _cfg(c, "mqa", n_layers=2)
         for dtype in ([torch.float64, torch.bfloat16] if thorough else [torch.float64]):
@@ -515,8 +506,7 @@ def check_KVCache(cls, *, seed: int | None = None, thorough: bool = False) -> No
                     and got[0].dtype != dtype:
                 c.fail(f"with dtype={dtype} update returned {got[0].dtype} keys.", DTYPE_IGNORED)
             _expect_update(c, cache, storages, sims, 0, k, v, 0, k, v, s_max)
-        _headline(c, "dtype and device arguments; MQA")
-        _headlines_only(c)
+        c.headline("dtype and device arguments; MQA")
 
 
 # --------------------------------------------------------------------------------------------
@@ -686,10 +676,9 @@ def check_forward_with_cache(f, *, seed: int | None = None, thorough: bool = Fal
                                 tokens, params, cfg, batch, s_max, done,
                                 _FORWARD_MISTAKES[m])[1].storage[layer, i, :, :, :e])
                                 for m in (UNROTATED_RECOMPUTED, UNROTATED_STORED)})
-            _headline(c, headline)
-        _headlines_only(c)
-        c.properties.insert(0, "logits equal the uncached forward pass over the whole sequence")
-        c.properties.insert(1, "the cache holds K after RoPE and V, N_kv heads")
+            c.headline(headline)
+        c.headline("logits equal the uncached forward pass over the whole sequence")
+        c.headline("the cache holds K after RoPE and V, N_kv heads")
 
 
 # --------------------------------------------------------------------------------------------
@@ -887,8 +876,8 @@ def check_generate(f, *, seed: int | None = None, thorough: bool = False) -> Non
             got = c.call(params, cfg, prompt, n, use_cache=False)
             c.expect_tensor(got, want, what=f"{label[:-1]}, use_cache=False) (greedy)",
                             dims=dims, wrong=mixups)
-        _headline(c, "greedy tokens identical with and without the cache")
-        _headline(c, "one prefill over the prompt, then one new token per sequence per step")
+        c.headline("greedy tokens identical with and without the cache")
+        c.headline("one prefill over the prompt, then one new token per sequence per step")
         # Edge cases: nothing to generate; a single token (the prefill alone).
         cfg, params, prompt, _ = _scenario(c, "gqa", 2, 3, 0)
         for n in (0, 1):
@@ -900,9 +889,8 @@ def check_generate(f, *, seed: int | None = None, thorough: bool = False) -> Non
                             wrong=_generate_mixups(params, cfg, prompt, n, want))
             if n == 1:
                 _check_steps(c, log.items, 2, 3, 1, "generate(..., max_new_tokens=1)")
-        _headline(c, "max_new_tokens = 0 and 1")
+        c.headline("max_new_tokens = 0 and 1")
         _check_sampling(c)
-        _headlines_only(c)
         c.note("temperature > 0 samples, reproducibly with the generator")
 
 
