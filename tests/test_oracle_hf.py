@@ -7,17 +7,9 @@ Two implementations of the block are compared with Hugging Face's: the course's 
 (`checks.reference`) and the solution notebook's own functions, taken from
 `solutions/11_decoder_block/11_decoder_block.ipynb` by running its import cell and answer cells.
 
-Converting a Hugging Face layer to the course's layout:
-- `nn.Linear` weights are [out, in] and applied as x @ W.T; the course's are [in, out] and applied
-  as x @ W, so every matrix is transposed. q, k and v become the column blocks Q | K | V of `wqkv`.
-- Hugging Face checkpoints pair RoPE features (i, i + D/2) ("half"); the course pairs (2i, 2i+1)
-  ("interleaved"). With p = interleaved_to_half_permutation(D), rotating interleaved and then
-  reordering by p equals reordering by p and then rotating half-paired. So if the course's Q and K
-  columns of every head are Hugging Face's in the order argsort(p), the course's rotated q (and k)
-  are Hugging Face's with the features of each head reordered, all heads and q and k alike; the
-  dot products q.k, hence the attention weights and the output, are the same. V is not rotated
-  and not permuted. (This is the permutation Meta's LLaMA checkpoints went through, in reverse,
-  when they were converted to Hugging Face's format.)
+The conversion between Hugging Face's layout and the course's (transposed matrices, fused QKV
+columns, and the Q/K column permutation between RoPE's pairings) is `checks.reference.hf`, shared
+with the other oracle tests and the benchmark; its module docstring gives the argument.
 """
 
 from __future__ import annotations
@@ -37,9 +29,10 @@ from checks import LLAMA2_7B, ModelConfig
 from checks import reference as ref
 
 transformers = pytest.importorskip("transformers")
-from transformers import LlamaConfig  # noqa: E402
 from transformers.models.llama.modeling_llama import (  # noqa: E402
     LlamaDecoderLayer, LlamaRotaryEmbedding)
+
+from checks.reference import hf  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "solutions" / "11_decoder_block" / "11_decoder_block.ipynb"
@@ -90,14 +83,8 @@ IMPLEMENTATIONS = {
 # Hugging Face's layer, and its weights in the course's layout
 
 
-def _hf_config(cfg: ModelConfig) -> LlamaConfig:
-    return LlamaConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
-                       intermediate_size=cfg.ffn_hidden_size,
-                       num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads,
-                       head_dim=cfg.head_dim, num_hidden_layers=1, rms_norm_eps=cfg.norm_eps,
-                       rope_theta=cfg.rope_base, max_position_embeddings=cfg.max_seq_len,
-                       hidden_act="silu", attention_bias=False, mlp_bias=False,
-                       attn_implementation="eager")
+def _hf_config(cfg: ModelConfig):
+    return hf.hf_config(cfg, num_hidden_layers=1)
 
 
 def _hf_layer(cfg: ModelConfig, seed: int) -> tuple[LlamaDecoderLayer, LlamaRotaryEmbedding]:
@@ -118,31 +105,7 @@ def _hf_layer(cfg: ModelConfig, seed: int) -> tuple[LlamaDecoderLayer, LlamaRota
     return layer, rotary
 
 
-def _course_layout(layer: LlamaDecoderLayer, cfg: ModelConfig, *,
-                   permute_rope_pairs: bool = True) -> dict[str, torch.Tensor]:
-    """The layer's weights as one `layers` entry of the course's parameter layout."""
-    attn, mlp = layer.self_attn, layer.mlp
-    d = cfg.head_dim
-    p = ref.interleaved_to_half_permutation(d)
-    order = torch.argsort(p) if permute_rope_pairs else torch.arange(d)
-
-    def rope_columns(w_t: torch.Tensor, n: int) -> torch.Tensor:
-        """[H, n * d] head-major columns, each head's features reordered by `order`."""
-        return w_t.unflatten(1, (n, d))[:, :, order].flatten(1)
-
-    with torch.no_grad():
-        w_q = rope_columns(attn.q_proj.weight.T, cfg.n_heads)
-        w_k = rope_columns(attn.k_proj.weight.T, cfg.n_kv_heads)
-        w_v = attn.v_proj.weight.T
-        return {
-            "attn_norm": layer.input_layernorm.weight.clone(),
-            "wqkv": torch.cat([w_q, w_k, w_v], dim=1).contiguous(),
-            "wo": attn.o_proj.weight.T.contiguous(),
-            "ffn_norm": layer.post_attention_layernorm.weight.clone(),
-            "w_gate": mlp.gate_proj.weight.T.contiguous(),
-            "w_up": mlp.up_proj.weight.T.contiguous(),
-            "w_down": mlp.down_proj.weight.T.contiguous(),
-        }
+_course_layout = hf.block_params_from_hf   # the layer's weights as one `layers` entry
 
 
 def _inputs(cfg: ModelConfig, seed: int):

@@ -3,13 +3,10 @@
 
 `transformers` is a test-only dependency (`pip install -e .[oracle]`); without it these tests are
 skipped. Nothing is downloaded: every model is built from a tiny `LlamaConfig` with random weights
-(norm scales random too), converted to the course's layout:
-- `nn.Linear` weights are [out, in] and applied as x @ W.T; the course's are [in, out], so every
-  matrix is transposed; q, k and v become the column blocks Q | K | V of `wqkv`.
-- Hugging Face pairs RoPE features (i, i + D/2); the course pairs (2i, 2i+1). With
-  p = interleaved_to_half_permutation(D), the course's Q and K columns of every head are Hugging
-  Face's in the order argsort(p): the rotated q and k are then Hugging Face's with each head's
-  features reordered alike, so every q.k, and everything after it, is the same.
+(norm scales random too), converted to the course's layout by `checks.reference.hf` (shared with
+the other oracle tests and the benchmark; its docstring explains the Q/K column permutation between
+Hugging Face's RoPE pairing and the course's). A last test converts the other way, the course's
+weights into a Hugging Face model, as the benchmark does.
 
 Two implementations generate: the course's reference (`checks.reference.generate`) and the
 solution notebook's own `KVCache`, `forward_with_cache` and `generate`, taken from
@@ -35,7 +32,9 @@ from checks import reference as ref
 from checks.reference import generation as gen
 
 transformers = pytest.importorskip("transformers")
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers import LlamaForCausalLM  # noqa: E402
+
+from checks.reference import hf  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "solutions" / "13_generation_kv_cache" / "13_generation_kv_cache.ipynb"
@@ -76,15 +75,8 @@ IMPLEMENTATIONS = {
 
 
 def _hf_model(cfg: ModelConfig, seed: int) -> LlamaForCausalLM:
-    hf_cfg = LlamaConfig(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.ffn_hidden_size, num_attention_heads=cfg.n_heads,
-        num_key_value_heads=cfg.n_kv_heads, head_dim=cfg.head_dim,
-        num_hidden_layers=cfg.n_layers, rms_norm_eps=cfg.norm_eps, rope_theta=cfg.rope_base,
-        max_position_embeddings=cfg.max_seq_len, hidden_act="silu", attention_bias=False,
-        mlp_bias=False, tie_word_embeddings=False, attn_implementation="eager",
-        initializer_range=1.0 / cfg.hidden_size**0.5,
-        bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    hf_cfg = hf.hf_config(cfg, initializer_range=1.0 / cfg.hidden_size**0.5,
+                          bos_token_id=None, eos_token_id=None, pad_token_id=None)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = LlamaForCausalLM(hf_cfg).eval()
@@ -98,32 +90,7 @@ def _hf_model(cfg: ModelConfig, seed: int) -> LlamaForCausalLM:
     return model
 
 
-def _course_params(model: LlamaForCausalLM, cfg: ModelConfig) -> dict:
-    """The model's weights in the course's parameter layout."""
-    d = cfg.head_dim
-    order = torch.argsort(ref.interleaved_to_half_permutation(d))
-
-    def rope_columns(w_t: torch.Tensor, n: int) -> torch.Tensor:
-        return w_t.unflatten(1, (n, d))[:, :, order].flatten(1)
-
-    layers = []
-    with torch.no_grad():
-        for layer in model.model.layers:
-            attn, mlp = layer.self_attn, layer.mlp
-            layers.append({
-                "attn_norm": layer.input_layernorm.weight.clone(),
-                "wqkv": torch.cat([rope_columns(attn.q_proj.weight.T, cfg.n_heads),
-                                   rope_columns(attn.k_proj.weight.T, cfg.n_kv_heads),
-                                   attn.v_proj.weight.T], dim=1).contiguous(),
-                "wo": attn.o_proj.weight.T.contiguous(),
-                "ffn_norm": layer.post_attention_layernorm.weight.clone(),
-                "w_gate": mlp.gate_proj.weight.T.contiguous(),
-                "w_up": mlp.up_proj.weight.T.contiguous(),
-                "w_down": mlp.down_proj.weight.T.contiguous(),
-            })
-        return {"embed": model.model.embed_tokens.weight.clone(), "layers": layers,
-                "final_norm": model.model.norm.weight.clone(),
-                "lm_head": model.lm_head.weight.T.contiguous()}
+_course_params = hf.params_from_hf   # the model's weights in the course's parameter layout
 
 
 def _hf_greedy(model, prompt: torch.Tensor, n: int) -> tuple[torch.Tensor, float]:
@@ -193,3 +160,28 @@ def test_without_the_permutation_generation_disagrees():
     prompt = _prompt(cfg, 1, 6, 10)
     want, _ = _hf_greedy(model, prompt, 24)
     assert not torch.equal(ref.generate(params, cfg, prompt, 24), want)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_course_weights_into_hugging_face_generate_alike(name):
+    """The other direction (what the benchmark does): the course's weights loaded into a Hugging
+    Face model by `hf_model_from_params` give the same logits and the same greedy tokens, and
+    converting back gives the weights again."""
+    cfg = CONFIGS[name]
+    params = _course_params(_hf_model(cfg, 3), cfg)
+    model = hf.hf_model_from_params(params, cfg, bos_token_id=None, eos_token_id=None,
+                                    pad_token_id=None)
+    back = _course_params(model, cfg)
+    for mine, theirs in zip([params["embed"], params["final_norm"], params["lm_head"],
+                             *(t for layer in params["layers"] for t in layer.values())],
+                            [back["embed"], back["final_norm"], back["lm_head"],
+                             *(t for layer in back["layers"] for t in layer.values())]):
+        assert torch.equal(mine, theirs)
+    tokens = _prompt(cfg, 2, 12, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(gen.full_forward(tokens, params, cfg), model(tokens).logits,
+                                   atol=1e-5, rtol=1e-5)
+    prompt = _prompt(cfg, 1, 6, 11)
+    want, margin = _hf_greedy(model, prompt, 24)
+    assert margin > MARGIN, f"a near tie ({margin:.1e}): pick another seed"
+    assert torch.equal(ref.generate(params, cfg, prompt, 24), want)

@@ -10,15 +10,10 @@ reference (`checks.reference`) and the solution notebook's own functions, taken 
 The loss is compared too: Hugging Face's `model(input_ids, labels=input_ids).loss` shifts the
 labels by itself, which makes it an independent check of `next_token_loss`'s shift and mean.
 
-Converting a Hugging Face model to the course's layout:
-- the embedding table is [|V|, H] on both sides; `nn.Linear` weights are [out, in] and applied as
-  x @ W.T, the course's are [in, out] and applied as x @ W, so every matrix (the LM head included)
-  is transposed; q, k and v become the column blocks Q | K | V of `wqkv`;
-- Hugging Face pairs RoPE features (i, i + D/2), the course (2i, 2i+1): with
-  p = interleaved_to_half_permutation(D), the course's Q and K columns of every head are Hugging
-  Face's in the order argsort(p); then the course's rotated q and k are Hugging Face's with the
-  features of each head reordered alike, and every dot product q.k is unchanged (see
-  tests/test_oracle_hf.py for the block-level version of this argument). V is not permuted.
+The conversion to the course's layout (every matrix transposed, the LM head included; q, k and v as
+the column blocks of `wqkv`; the Q/K column permutation between RoPE's pairings, V not permuted) is
+`checks.reference.hf`, shared with the other oracle tests and the benchmark; its module docstring
+gives the argument (tests/test_oracle_hf.py checks it block by block).
 """
 
 from __future__ import annotations
@@ -38,7 +33,9 @@ from checks import LLAMA2_7B, ModelConfig
 from checks import reference as ref
 
 transformers = pytest.importorskip("transformers")
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers import LlamaForCausalLM  # noqa: E402
+
+from checks.reference import hf  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "solutions" / "12_lm_head_logits" / "12_lm_head_logits.ipynb"
@@ -92,15 +89,8 @@ IMPLEMENTATIONS = {
 # Hugging Face's model, and its weights in the course's layout
 
 
-def _hf_config(cfg: ModelConfig, *, tied: bool = False) -> LlamaConfig:
-    return LlamaConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
-                       intermediate_size=cfg.ffn_hidden_size,
-                       num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads,
-                       head_dim=cfg.head_dim, num_hidden_layers=cfg.n_layers,
-                       rms_norm_eps=cfg.norm_eps, rope_theta=cfg.rope_base,
-                       max_position_embeddings=cfg.max_seq_len, hidden_act="silu",
-                       attention_bias=False, mlp_bias=False, tie_word_embeddings=tied,
-                       initializer_range=WEIGHT_STD, attn_implementation="eager")
+def _hf_config(cfg: ModelConfig, *, tied: bool = False):
+    return hf.hf_config(cfg, tie_word_embeddings=tied, initializer_range=WEIGHT_STD)
 
 
 def _hf_model(cfg: ModelConfig, seed: int, *, tied: bool = False) -> LlamaForCausalLM:
@@ -124,39 +114,7 @@ def _hf_model(cfg: ModelConfig, seed: int, *, tied: bool = False) -> LlamaForCau
     return model
 
 
-def _course_params(model: LlamaForCausalLM, cfg: ModelConfig, *,
-                   permute_rope_pairs: bool = True) -> dict:
-    """The model's weights in the course's parameter layout."""
-    d = cfg.head_dim
-    p = ref.interleaved_to_half_permutation(d)
-    order = torch.argsort(p) if permute_rope_pairs else torch.arange(d)
-
-    def rope_columns(w_t: torch.Tensor, n: int) -> torch.Tensor:
-        """[H, n * d] head-major columns, each head's features reordered by `order`."""
-        return w_t.unflatten(1, (n, d))[:, :, order].flatten(1)
-
-    def block(layer) -> dict:
-        attn, mlp = layer.self_attn, layer.mlp
-        w_q = rope_columns(attn.q_proj.weight.T, cfg.n_heads)
-        w_k = rope_columns(attn.k_proj.weight.T, cfg.n_kv_heads)
-        w_v = attn.v_proj.weight.T
-        return {
-            "attn_norm": layer.input_layernorm.weight.clone(),
-            "wqkv": torch.cat([w_q, w_k, w_v], dim=1).contiguous(),
-            "wo": attn.o_proj.weight.T.contiguous(),
-            "ffn_norm": layer.post_attention_layernorm.weight.clone(),
-            "w_gate": mlp.gate_proj.weight.T.contiguous(),
-            "w_up": mlp.up_proj.weight.T.contiguous(),
-            "w_down": mlp.down_proj.weight.T.contiguous(),
-        }
-
-    with torch.no_grad():
-        return {
-            "embed": model.model.embed_tokens.weight.clone(),
-            "layers": [block(layer) for layer in model.model.layers],
-            "final_norm": model.model.norm.weight.clone(),
-            "lm_head": model.lm_head.weight.T.contiguous(),
-        }
+_course_params = hf.params_from_hf   # the model's weights in the course's parameter layout
 
 
 def _inputs(cfg: ModelConfig, seed: int, b: int = 3, s: int = 9):

@@ -2,17 +2,25 @@
 
 Formulated differently from the notebook, which assembles each layer from the earlier chapters'
 functions (split_qkv, apply_rope, grouped_query_attention with a causal_mask): here one GEMM makes
-Q | K | V and the heads are cut out of its output by `unflatten`; RoPE rotates with cos/sin tables
-computed once per forward call for the positions start_pos .. start_pos+T-1 (angles rounded from
-float64 as in chapter 08, the rotation in float32) and shared by every layer; attention is
-PyTorch's `scaled_dot_product_attention(..., enable_gqa=True)`, with `is_causal=True` when the
-chunk starts the sequence (then its top-left triangle is the bottom-right one), no mask for a
-single decode query, and an explicit bottom-right boolean mask for a later chunk. The cache keeps
-every layer's K and V in one preallocated tensor [L, 2, B, N_kv, S_max, D_h].
+Q | K | V and the heads are cut out of its output by `unflatten`; RoPE multiplies each pair of
+features, taken as a complex number, by its rotor e^{i m theta}, the rotors computed once per
+forward call for the positions start_pos .. start_pos+T-1 (angles rounded from float64 as in
+chapter 08, the rotation in float32), shared by every layer, and Q and K rotated in one call
+(their heads are adjacent); attention is PyTorch's `scaled_dot_product_attention`: with
+`enable_gqa=True` and `is_causal=True` when the chunk starts the sequence (then its top-left
+triangle is the bottom-right one), with an explicit bottom-right boolean mask for a later chunk,
+and for a single decode query with the G query heads of each group stacked as G queries of their
+shared KV head (one query sees every cached key, so no mask; each KV head is read once, not G
+times). The cache keeps every layer's K and V in one preallocated tensor
+[L, 2, B, N_kv, S_max, D_h].
 
 The decode path does no per-step reallocation, concatenation or recomputation: the cache is
-written in place, the RoPE tables cover only the new positions, `last_only=True` runs the LM head
-on the last position alone, and `generate` runs under `torch.inference_mode`.
+written in place, the rotors cover only the new positions, `last_only=True` runs the LM head on
+the last position alone, and `generate` runs under `torch.inference_mode`. Decoding one token at
+batch 1 reads every weight once and does little arithmetic on it: its speed is the memory
+bandwidth, plus PyTorch's fixed cost per operation (a few microseconds each, some forty per
+layer), which is why the layer is written with few operations. What each change buys is
+measured by `python -m checks.benchmark` (its "decode path" section).
 
 Conventions (course-spec section 2): the cache stores K after RoPE and V, for the N_kv KV heads
 only (not repeated), per layer [B, N_kv, S_max, D_h]; causal masks are bottom-right aligned.
@@ -74,22 +82,42 @@ class KVCache:
 # One forward pass over a chunk of new tokens
 
 
-def _rope_tables(positions: torch.Tensor, cfg) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin [T, D_r/2] (float32) of the angles m * theta_i for the given positions."""
+def _rope_rotors(positions: torch.Tensor, cfg) -> torch.Tensor:
+    """e^{i m theta_i} [T, D_r/2] (complex64) for the given positions m: the angles formed in
+    float64 and rounded once to float32, as in chapter 08."""
     freqs = rope_frequencies(cfg.rotary_dim, cfg.rope_base).to(positions.device)
     angles = (positions.to(torch.float64)[:, None] * freqs.to(torch.float64)).to(torch.float32)
-    return angles.cos(), angles.sin()
+    return torch.polar(torch.ones_like(angles), angles)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate the pairs (2i, 2i+1) of the first D_r features of x [B, N, T, D_h] (float32 math)."""
-    d_r = 2 * cos.shape[-1]
-    even = x[..., 0:d_r:2].to(torch.float32)
-    odd = x[..., 1:d_r:2].to(torch.float32)
-    rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
-    if d_r == x.shape[-1]:
-        return rotated.to(x.dtype)
-    return torch.cat((rotated.to(x.dtype), x[..., d_r:]), dim=-1)
+def _rotate(x: torch.Tensor, rotors: torch.Tensor) -> torch.Tensor:
+    """Rotate the pairs (2i, 2i+1) of the first D_r features of x [B, N, T, D_h]: each pair is
+    the complex number x_2i + i x_2i+1, multiplied by its rotor (float32 math, x's dtype out)."""
+    d_r = 2 * rotors.shape[-1]
+    pairs = x[..., :d_r].to(torch.float32).unflatten(-1, (-1, 2)).contiguous()
+    rotated = torch.view_as_real(torch.view_as_complex(pairs) * rotors).flatten(-2).to(x.dtype)
+    return rotated if d_r == x.shape[-1] else torch.cat((rotated, x[..., d_r:]), dim=-1)
+
+
+def _rms_norm(x: torch.Tensor, gamma: torch.Tensor, eps: float) -> torch.Tensor:
+    """Chapter 10's RMSNorm. In float32 the cast back is a no-op, so the scale can go into
+    PyTorch's kernel (one call instead of four, the same numbers); other dtypes keep the
+    course's rule (normalise in float32, cast back, then multiply by gamma)."""
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), gamma, eps)
+    return rms_norm(x, gamma, eps)
+
+
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, causal: bool,
+               n_kv: int) -> torch.Tensor:
+    """[B, N_h, T, D_h]: causal grouped-query attention of q [B, N_h, T, D_h] over k, v
+    [B, N_kv, S, D_h]."""
+    b, n_h, t, d = q.shape
+    if t == 1:   # one query per head sees every key: a group's G heads are G queries of one head
+        out = F.scaled_dot_product_attention(q.reshape(b, n_kv, n_h // n_kv, d), k, v)
+        return out.reshape(b, n_h, 1, d)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                          enable_gqa=n_kv != n_h)
 
 
 def _forward(token_ids: torch.Tensor, params: dict, cfg, cache: KVCache | None, start_pos: int,
@@ -98,7 +126,7 @@ def _forward(token_ids: torch.Tensor, params: dict, cfg, cache: KVCache | None, 
     n_h, n_kv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     device = token_ids.device
     end = start_pos + t
-    cos, sin = _rope_tables(torch.arange(start_pos, end, device=device), cfg)
+    rotors = _rope_rotors(torch.arange(start_pos, end, device=device), cfg)
     if t == 1 or cache is None or start_pos == 0:
         mask = None                     # one query sees every key; a first chunk: is_causal
     else:                               # a later chunk: query i sits at position start_pos + i
@@ -108,23 +136,19 @@ def _forward(token_ids: torch.Tensor, params: dict, cfg, cache: KVCache | None, 
 
     x = F.embedding(token_ids, params["embed"])
     for i, layer in enumerate(params["layers"]):
-        h = rms_norm(x, layer["attn_norm"], cfg.norm_eps)
-        heads = F.linear(h, layer["wqkv"].t()).unflatten(-1, (n_h + 2 * n_kv, d)).transpose(1, 2)
-        q = _rotate(heads[:, :n_h], cos, sin)
-        k = _rotate(heads[:, n_h:n_h + n_kv], cos, sin)
-        v = heads[:, n_h + n_kv:]
+        h = _rms_norm(x, layer["attn_norm"], cfg.norm_eps)
+        heads = (h @ layer["wqkv"]).unflatten(-1, (n_h + 2 * n_kv, d)).transpose(1, 2)
+        qk = _rotate(heads[:, :n_h + n_kv], rotors)           # RoPE on Q and K, never V
+        q, k, v = qk[:, :n_h], qk[:, n_h:], heads[:, n_h + n_kv:]
         if cache is not None:
             k, v = cache.update(i, k, v, start_pos)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
-                                             enable_gqa=n_kv != n_h)
-        x = x + F.linear(out.transpose(1, 2).reshape(b, t, n_h * d), layer["wo"].t())
-        h = rms_norm(x, layer["ffn_norm"], cfg.norm_eps)
-        gate = F.linear(h, layer["w_gate"].t())
-        up = F.linear(h, layer["w_up"].t())
-        x = x + F.linear(F.silu(gate) * up, layer["w_down"].t())
+        out = _attention(q, k, v, mask, causal, n_kv)
+        x = x + out.transpose(1, 2).reshape(b, t, n_h * d) @ layer["wo"]
+        h = _rms_norm(x, layer["ffn_norm"], cfg.norm_eps)
+        x = x + (F.silu(h @ layer["w_gate"]) * (h @ layer["w_up"])) @ layer["w_down"]
     if last_only:
         x = x[:, -1:]
-    return F.linear(rms_norm(x, params["final_norm"], cfg.norm_eps), params["lm_head"].t())
+    return _rms_norm(x, params["final_norm"], cfg.norm_eps) @ params["lm_head"]
 
 
 def forward_with_cache(token_ids: torch.Tensor, params: dict, cfg, cache: KVCache, start_pos: int,
@@ -138,9 +162,11 @@ def forward_with_cache(token_ids: torch.Tensor, params: dict, cfg, cache: KVCach
     return _forward(token_ids, params, cfg, cache, start_pos, last_only)
 
 
-def full_forward(token_ids: torch.Tensor, params: dict, cfg) -> torch.Tensor:
-    """Logits [B, S, V] of the whole sequence at positions 0 .. S-1, no cache (model_forward)."""
-    return _forward(token_ids, params, cfg, None, 0, False)
+def full_forward(token_ids: torch.Tensor, params: dict, cfg, *,
+                 last_only: bool = False) -> torch.Tensor:
+    """Logits [B, S, V] of the whole sequence at positions 0 .. S-1, no cache (model_forward).
+    With `last_only`, the logits of the last position only ([B, 1, V])."""
+    return _forward(token_ids, params, cfg, None, 0, last_only)
 
 
 # --------------------------------------------------------------------------------------------
@@ -163,7 +189,8 @@ def generate(params: dict, cfg, prompt_ids: torch.Tensor, max_new_tokens: int, *
 
     With the cache: one prefill call over the prompt, then one decode call per new token (the
     last token is sampled but never fed back). Without: the whole sequence so far runs through
-    the model for every new token. Greedy (temperature 0) outputs are the same either way.
+    the model for every new token (the LM head on its last position only, in both cases). Greedy
+    (temperature 0) outputs are the same either way.
     """
     b, p = prompt_ids.shape
     with torch.inference_mode():
@@ -174,7 +201,7 @@ def generate(params: dict, cfg, prompt_ids: torch.Tensor, max_new_tokens: int, *
                             device=prompt_ids.device)
             logits = forward_with_cache(prompt_ids, params, cfg, cache, 0, last_only=True)
         elif max_new_tokens > 0:
-            logits = full_forward(prompt_ids, params, cfg)
+            logits = full_forward(prompt_ids, params, cfg, last_only=True)
         for step in range(max_new_tokens):
             out[:, p + step] = _next_token(logits[:, -1], temperature, generator)
             if step + 1 == max_new_tokens:
@@ -183,7 +210,7 @@ def generate(params: dict, cfg, prompt_ids: torch.Tensor, max_new_tokens: int, *
                 logits = forward_with_cache(out[:, p + step:p + step + 1], params, cfg, cache,
                                             p + step)
             else:
-                logits = full_forward(out[:, :p + step + 1], params, cfg)
+                logits = full_forward(out[:, :p + step + 1], params, cfg, last_only=True)
     return out.clone()   # a normal tensor (not an inference tensor) for the caller
 
 
