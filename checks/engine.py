@@ -15,6 +15,7 @@ import math
 import numbers
 import os
 import secrets
+import sys
 import traceback
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -271,6 +272,31 @@ class Check:
             raise LearnerError(self.exercise, message, seed=self.seed) from None
         finally:
             sandbox.calling.reset(token)
+
+    def forbid_functions(self, functions: Iterable[Callable], hint: str) -> None:
+        """Make `call` fail when the learner's function runs any of `functions` (the course's
+        own answers in checks.reference), however they were imported or renamed: they are
+        recognised by their code objects while the learner's function runs. `hint` may use
+        `{name}`."""
+        codes = {id(fn.__code__): fn.__name__ for fn in functions}
+        inner = self.fn
+
+        def profile(frame, event, arg):
+            if event == "call" and id(frame.f_code) in codes:
+                name = codes[id(frame.f_code)]
+                raise ForbiddenCall(self.exercise, f"calls checks.reference.{name}, the course's "
+                                    "own answer.", hint=hint.format(name=name))
+
+        def guarded(*args, **kwargs):
+            previous = sys.getprofile()
+            sys.setprofile(profile)
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                sys.setprofile(previous)
+
+        guarded.__name__ = getattr(inner, "__name__", self.exercise)
+        self.fn = guarded
 
     # ---- failing ----
     def fail(self, message: str, hint: str | None = None, *, show_seed: bool = True):

@@ -16,13 +16,12 @@ same attention as `arange(S)` and could not show that the positions given were i
 from __future__ import annotations
 
 import math
-import sys
 
 import torch
 
 from . import reference as ref
 from .config import LLAMA2_7B, ModelConfig
-from .engine import Check, ForbiddenCall, values_close
+from .engine import Check, values_close
 
 NAMES = ("attn_norm", "wqkv", "wo", "ffn_norm", "w_gate", "w_up", "w_down")
 NORMS = ("attn_norm", "ffn_norm")
@@ -101,25 +100,7 @@ _REFERENCE_HINT = ("this exercise asks you to assemble the block yourself from t
 
 def _no_reference(c: Check, *names: str) -> None:
     """Make `c.call` fail if the learner's function reaches checks.reference's `names`."""
-    codes = {id(getattr(ref.block, n).__code__): n for n in names}
-    fn = c.fn
-
-    def profile(frame, event, arg):
-        if event == "call" and id(frame.f_code) in codes:
-            name = codes[id(frame.f_code)]
-            raise ForbiddenCall(c.exercise, f"calls checks.reference.{name}, the course's own "
-                                "answer.", hint=_REFERENCE_HINT.format(name=name))
-
-    def guarded(*args, **kwargs):
-        previous = sys.getprofile()
-        sys.setprofile(profile)
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            sys.setprofile(previous)
-
-    guarded.__name__ = getattr(fn, "__name__", c.exercise)
-    c.fn = guarded
+    c.forbid_functions([getattr(ref.block, n) for n in names], _REFERENCE_HINT)
 
 
 # --------------------------------------------------------------------------------------------

@@ -26,14 +26,13 @@ inside the notebook.
 from __future__ import annotations
 
 import math
-import sys
 
 import torch
 import torch.nn.functional as F
 
 from . import reference as ref
 from .config import LLAMA2_7B, ModelConfig
-from .engine import Check, CheckFailure, ForbiddenCall, LearnerError, values_close
+from .engine import Check, CheckFailure, LearnerError, values_close
 from .reference import block as ref_block
 from .reference import model as ref_model
 from .reference.norms import rms_norm
@@ -57,25 +56,8 @@ _REFERENCE_HINT = ("this exercise asks you to write {name} yourself (from the ea
 
 def _no_reference(c: Check, *names: str) -> None:
     """Make `c.call` fail if the learner's function reaches checks.reference's `names`."""
-    codes = {id(getattr(ref_model, n).__code__): n for n in names}
-    fn = c.fn
+    c.forbid_functions([getattr(ref_model, n) for n in names], _REFERENCE_HINT)
 
-    def profile(frame, event, arg):
-        if event == "call" and id(frame.f_code) in codes:
-            name = codes[id(frame.f_code)]
-            raise ForbiddenCall(c.exercise, f"calls checks.reference.{name}, the course's own "
-                                "answer.", hint=_REFERENCE_HINT.format(name=name))
-
-    def guarded(*args, **kwargs):
-        previous = sys.getprofile()
-        sys.setprofile(profile)
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            sys.setprofile(previous)
-
-    guarded.__name__ = getattr(fn, "__name__", c.exercise)
-    c.fn = guarded
 
 
 def _local(f) -> bool:

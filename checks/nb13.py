@@ -34,14 +34,13 @@ from __future__ import annotations
 
 import contextlib
 import math
-import sys
 
 import torch
 import torch.nn.functional as F
 
 from . import reference as ref
 from .config import ModelConfig
-from .engine import Check, CheckFailure, ForbiddenCall, LearnerError, NotStarted
+from .engine import Check, CheckFailure, LearnerError, NotStarted
 from .reference import generation as gen
 
 # --------------------------------------------------------------------------------------------
@@ -149,25 +148,8 @@ def _calling(c: Check, fn):
 
 def _no_reference(c: Check, *fns) -> None:
     """Make `c.call` fail if the learner's function runs the course's own answer (`fns`)."""
-    codes = {id(fn.__code__): fn.__name__ for fn in fns}
-    inner = c.fn
+    c.forbid_functions(fns, _FORWARD_HINT)
 
-    def profile(frame, event, arg):
-        if event == "call" and id(frame.f_code) in codes:
-            name = codes[id(frame.f_code)]
-            raise ForbiddenCall(c.exercise, f"calls checks.reference.{name}, the course's own "
-                                "answer.", hint=_FORWARD_HINT.format(name=name))
-
-    def guarded(*args, **kwargs):
-        previous = sys.getprofile()
-        sys.setprofile(profile)
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            sys.setprofile(previous)
-
-    guarded.__name__ = getattr(inner, "__name__", c.exercise)
-    c.fn = guarded
 
 
 def _cfg(c: Check, kind: str = "gqa", *, partial: bool = False, n_layers: int = 2,
