@@ -14,13 +14,7 @@ with the other oracle tests and the benchmark; its module docstring gives the ar
 
 from __future__ import annotations
 
-import builtins
-import contextlib
 import dataclasses
-import functools
-import io
-import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -34,8 +28,8 @@ from transformers.models.llama.modeling_llama import (  # noqa: E402
 
 from checks.reference import hf  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOK = ROOT / "solutions" / "11_decoder_block" / "11_decoder_block.ipynb"
+from .solutions import solution_namespace  # noqa: E402
+
 
 # fp32 throughout; the two sides differ only by rounding (summation order, fp32 vs fp64 angles).
 ATOL = RTOL = 1e-5
@@ -58,24 +52,11 @@ CONFIGS = {
 # The solution notebook's functions
 
 
-@functools.lru_cache(maxsize=None)
-def _solution() -> dict:
-    """The notebook's import cell and answer cells, run in a fresh namespace (output swallowed)."""
-    cells = json.loads(NOTEBOOK.read_text(encoding="utf-8"))["cells"]
-    code = [cell for cell in cells if cell["cell_type"] == "code"]
-    namespace = {"__name__": "solution_11_decoder_block", "__builtins__": builtins}
-    answers = [cell for cell in code if cell["metadata"].get("nbgrader", {}).get("solution")]
-    assert answers, "the notebook has no answer cells"
-    for cell in [code[0], *answers]:  # the first code cell is the imports
-        source = "".join(cell["source"])
-        with contextlib.redirect_stdout(io.StringIO()):
-            exec(compile(source, f"<{NOTEBOOK.name}>", "exec"), namespace)
-    return namespace
 
 
 IMPLEMENTATIONS = {
     "reference": lambda name: getattr(ref, name),
-    "solution": lambda name: _solution()[name],
+    "solution": lambda name: solution_namespace("11_decoder_block")[name],
 }
 
 

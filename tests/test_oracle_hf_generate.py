@@ -17,12 +17,6 @@ also asserts that each of Hugging Face's greedy choices wins by a clear margin.
 
 from __future__ import annotations
 
-import builtins
-import contextlib
-import functools
-import io
-import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -36,8 +30,8 @@ from transformers import LlamaForCausalLM  # noqa: E402
 
 from checks.reference import hf  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOK = ROOT / "solutions" / "13_generation_kv_cache" / "13_generation_kv_cache.ipynb"
+from .solutions import solution_namespace  # noqa: E402
+
 MARGIN = 1e-3        # smallest gap between the best and second-best logit of a greedy choice
 
 CONFIGS = {
@@ -53,24 +47,11 @@ CONFIGS = {
 }
 
 
-@functools.lru_cache(maxsize=None)
-def _solution() -> dict:
-    """The notebook's import cell and answer cells, run in a fresh namespace (output swallowed)."""
-    cells = json.loads(NOTEBOOK.read_text(encoding="utf-8"))["cells"]
-    code = [cell for cell in cells if cell["cell_type"] == "code"]
-    namespace = {"__name__": "solution_13_generation_kv_cache", "__builtins__": builtins}
-    answers = [cell for cell in code if cell["metadata"].get("nbgrader", {}).get("solution")]
-    assert [c["metadata"]["nbgrader"]["grade_id"] for c in answers] == [
-        "KVCache", "forward_with_cache", "generate"]
-    for cell in [code[0], *answers]:
-        with contextlib.redirect_stdout(io.StringIO()):
-            exec(compile("".join(cell["source"]), f"<{NOTEBOOK.name}>", "exec"), namespace)
-    return namespace
 
 
 IMPLEMENTATIONS = {
     "reference": lambda name: getattr(ref, name),
-    "solution": lambda name: _solution()[name],
+    "solution": lambda name: solution_namespace("13_generation_kv_cache")[name],
 }
 
 

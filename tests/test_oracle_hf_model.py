@@ -18,13 +18,7 @@ gives the argument (tests/test_oracle_hf.py checks it block by block).
 
 from __future__ import annotations
 
-import builtins
-import contextlib
 import dataclasses
-import functools
-import io
-import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -37,8 +31,8 @@ from transformers import LlamaForCausalLM  # noqa: E402
 
 from checks.reference import hf  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOK = ROOT / "solutions" / "12_lm_head_logits" / "12_lm_head_logits.ipynb"
+from .solutions import solution_namespace  # noqa: E402
+
 
 # fp32 throughout; the two sides differ only by rounding (summation order, fp32 vs fp64 angles).
 ATOL = RTOL = 1e-5
@@ -64,24 +58,11 @@ CONFIGS = {
 # The solution notebook's functions
 
 
-@functools.lru_cache(maxsize=None)
-def _solution() -> dict:
-    """The notebook's import cell and answer cells, run in a fresh namespace (output swallowed)."""
-    cells = json.loads(NOTEBOOK.read_text(encoding="utf-8"))["cells"]
-    code = [cell for cell in cells if cell["cell_type"] == "code"]
-    namespace = {"__name__": "solution_12_lm_head_logits", "__builtins__": builtins}
-    answers = [cell for cell in code if cell["metadata"].get("nbgrader", {}).get("solution")]
-    assert answers, "the notebook has no answer cells"
-    for cell in [code[0], *answers]:  # the first code cell is the imports
-        source = "".join(cell["source"])
-        with contextlib.redirect_stdout(io.StringIO()):
-            exec(compile(source, f"<{NOTEBOOK.name}>", "exec"), namespace)
-    return namespace
 
 
 IMPLEMENTATIONS = {
     "reference": lambda name: getattr(ref, name),
-    "solution": lambda name: _solution()[name],
+    "solution": lambda name: solution_namespace("12_lm_head_logits")[name],
 }
 
 
