@@ -130,7 +130,7 @@ def _cfg(c: Check, kind: str = "gqa", *, decoupled: bool = False, partial: bool 
                        norm_eps=eps, max_seq_len=512)
 
 
-def _layer(c: Check, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+def random_layer(c: Check, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """Random weights of unit-ish scale and random norm scales (not ones: they must matter)."""
     h, d, h_ff = cfg.hidden_size, cfg.head_dim, cfg.ffn_hidden_size
     width = (cfg.n_heads + 2 * cfg.n_kv_heads) * d
@@ -145,7 +145,7 @@ def _layer(c: Check, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     }
 
 
-def _positions(c: Check, b: int, s: int, *, batched: bool) -> torch.Tensor:
+def random_positions(c: Check, b: int, s: int, *, batched: bool) -> torch.Tensor:
     """Increasing positions from a random start, with at least one gap: [S], or [B, S] (each
     sequence its own)."""
     rows = b if batched else 1
@@ -325,8 +325,8 @@ def _label(cfg: ModelConfig, b: int, s: int, positions: torch.Tensor, extra: str
 def _run(c: Check, cfg: ModelConfig, *, b: int, s: int, batched: bool, want_fn, mixups_fn,
          what: str, extra: str = ""):
     x = c.randn(b, s, cfg.hidden_size, scale=2.5)
-    layer = _layer(c, cfg)
-    positions = _positions(c, b, s, batched=batched)
+    layer = random_layer(c, cfg)
+    positions = random_positions(c, b, s, batched=batched)
     before = (x.clone(), {k: t.clone() for k, t in layer.items()}, positions.clone())
     got = c.call(x, layer, cfg, positions)
     if not torch.equal(x, before[0]):
@@ -574,8 +574,8 @@ def check_attention_sublayer(f, *, seed: int | None = None, thorough: bool = Fal
         # output.
         cfg = _cfg(c, "gqa")
         b, s = 2, c.randint(4, 8)
-        x, layer = c.randn(b, s, cfg.hidden_size), _layer(c, cfg)
-        positions = _positions(c, b, s, batched=False)
+        x, layer = c.randn(b, s, cfg.hidden_size), random_layer(c, cfg)
+        positions = random_positions(c, b, s, batched=False)
         y = x.clone()
         y[:, -1] = c.randn(b, cfg.hidden_size)
         out_x, out_y = c.call(x, layer, cfg, positions), c.call(y, layer, cfg, positions)
@@ -603,8 +603,8 @@ def check_decoder_block(f, *, seed: int | None = None, thorough: bool = False) -
         cfg = _cfg(c, "gqa")
         b, s = c.sizes(2, 2, 7)
         x = c.randn(b, s, cfg.hidden_size)
-        positions = _positions(c, b, s, batched=False)
-        layers = [_layer(c, cfg) for _ in range(3)]
+        positions = random_positions(c, b, s, batched=False)
+        layers = [random_layer(c, cfg) for _ in range(3)]
         got, want = x, x
         for layer in layers:
             got = c.call(got, layer, cfg, positions)

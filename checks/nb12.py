@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from . import reference as ref
 from .config import LLAMA2_7B, ModelConfig
 from .engine import Check, CheckFailure, LearnerError, values_close
+from .nb11 import random_layer, random_positions  # the same random blocks as chapter 11
 from .reference import block as ref_block
 from .reference import model as ref_model
 from .reference.norms import rms_norm
@@ -59,13 +60,10 @@ def _no_reference(c: Check, *names: str) -> None:
     c.forbid_functions([getattr(ref_model, n) for n in names], _REFERENCE_HINT)
 
 
-
 def _local(f) -> bool:
     """Whether the learner's function runs in this process (not through the grader's worker)."""
     from .sandbox import RemoteFunction
     return not isinstance(f, RemoteFunction)
-
-
 
 
 def _quiet_expect(c: Check, got, want, **kw) -> None:
@@ -390,37 +388,11 @@ def _model_cfg(c: Check, kind: str = "gqa", *, decoupled: bool = False, partial:
                        norm_eps=eps, max_seq_len=512)
 
 
-def _layer(c: Check, cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """Random weights of unit-ish scale, random norm scales (so that every mistake shows)."""
-    h, d, h_ff = cfg.hidden_size, cfg.head_dim, cfg.ffn_hidden_size
-    width = (cfg.n_heads + 2 * cfg.n_kv_heads) * d
-    return {
-        "attn_norm": 1.0 + 0.4 * c.randn(h),
-        "wqkv": c.randn(h, width, scale=1.2 / math.sqrt(h)),
-        "wo": c.randn(cfg.n_heads * d, h, scale=1 / math.sqrt(cfg.n_heads * d)),
-        "ffn_norm": 1.0 + 0.4 * c.randn(h),
-        "w_gate": c.randn(h, h_ff, scale=1 / math.sqrt(h)),
-        "w_up": c.randn(h, h_ff, scale=1 / math.sqrt(h)),
-        "w_down": c.randn(h_ff, h, scale=1 / math.sqrt(h_ff)),
-    }
-
-
 def _params(c: Check, cfg: ModelConfig) -> dict:
     h, v = cfg.hidden_size, cfg.vocab_size
-    return {"embed": c.randn(v, h), "layers": [_layer(c, cfg) for _ in range(cfg.n_layers)],
+    return {"embed": c.randn(v, h), "layers": [random_layer(c, cfg) for _ in range(cfg.n_layers)],
             "final_norm": 1.0 + 0.4 * c.randn(h),
             "lm_head": c.randn(h, v, scale=1.5 / math.sqrt(h))}
-
-
-def _positions(c: Check, b: int, s: int, *, batched: bool) -> torch.Tensor:
-    """Increasing positions from a random start with at least one gap: [S] or [B, S]."""
-    rows = b if batched else 1
-    steps = torch.randint(1, 4, (rows, s), generator=c.gen)
-    steps[:, 0] = torch.randint(0, 40, (rows,), generator=c.gen)
-    if s > 1:
-        steps[:, c.randint(1, s)] = 2 + c.randint(0, 2)
-    positions = steps.cumsum(-1)
-    return positions if batched else positions[0]
 
 
 def _forward(ids, params, cfg, positions, *, final_norm=True, eps=None, head=None, blocks=None,
@@ -498,7 +470,7 @@ def _forward_case(c: Check, cfg: ModelConfig, b: int, s: int, mode: str) -> None
     """mode: 'omitted' (no positions argument), 'none' (positions=None), 'S' or 'BS'."""
     params = _params(c, cfg)
     ids = c.randint(0, cfg.vocab_size, (b, s))
-    positions = None if mode in ("omitted", "none") else _positions(c, b, s, batched=mode == "BS")
+    positions = None if mode in ("omitted", "none") else random_positions(c, b, s, batched=mode == "BS")
     before = (ids.clone(), [(w, t.clone()) for w, t in _all_tensors(params)])
     how = "positions not passed" if mode == "omitted" else "positions=None"
     label = _label(cfg, b, s, positions, how)
