@@ -5,8 +5,10 @@ one `check_<exercise>` per graded exercise of chapter NN; `checks.reference` is 
 reference implementation. `python -m checks --help` lists the command line.
 """
 
-from . import reference
+from . import context, reference
 from .config import LLAMA2_7B, ModelConfig
 from .engine import CheckFailure, NotStarted, use_if_passing
 
-__all__ = ["reference", "LLAMA2_7B", "ModelConfig", "CheckFailure", "NotStarted", "use_if_passing"]
+context.configure_threads()
+
+__all__ = ["context", "reference", "LLAMA2_7B", "ModelConfig", "CheckFailure", "NotStarted", "use_if_passing"]

@@ -1,0 +1,100 @@
+"""Where the notebooks run: a learner's JupyterLab, or a grader (and how much time to spend).
+
+One environment variable, `LLAMA_COURSE_GRADING`, tells the notebooks that a machine is running
+them rather than a person: `python -m checks status|grade`, the test suite and the nbgrader
+configuration set it, and nbgrader's own `NBGRADER_EXECUTION` (set by `autograde` and `validate`)
+counts too. In that context:
+
+- an unstarted exercise fails its self-check (it scores zero), where in JupyterLab the learner
+  sees the yellow "not started" line and Run All goes on;
+- timing and demonstration cells do the smallest run that still exercises their code
+  (`demo_size`), so that no graded result depends on how busy the machine is.
+
+`time_budget` is how every timing cell measures: for a budget of seconds, not a fixed amount of
+work.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+GRADING_ENV = "LLAMA_COURSE_GRADING"
+THREADS_ENV = "LLAMA_COURSE_THREADS"
+_NBGRADER_ENV = "NBGRADER_EXECUTION"
+
+T = TypeVar("T")
+
+
+def grading() -> bool:
+    """True when a grader, a status run, the test suite or nbgrader runs this notebook."""
+    flag = os.environ.get(GRADING_ENV, "").strip().lower()
+    return flag not in ("", "0", "false", "no") or bool(os.environ.get(_NBGRADER_ENV))
+
+
+def demo_size(full: T, quick: T) -> T:
+    """`full` for a learner in JupyterLab, `quick` (the smallest run that still exercises the
+    code) under a grader."""
+    return quick if grading() else full
+
+
+def grading_environment(base: dict[str, str] | None = None) -> dict[str, str]:
+    """A copy of `base` (default: this process's environment) with the grading flag set, for
+    the processes a grader starts."""
+    env = dict(os.environ if base is None else base)
+    env[GRADING_ENV] = "1"
+    return env
+
+
+@dataclass(frozen=True)
+class Timing:
+    """What `time_budget` measured: the median of `repeats` timed calls, in seconds."""
+
+    median: float
+    repeats: int
+    fastest: float
+    result: Any = None
+
+    def __str__(self) -> str:
+        return f"{self.median * 1e3:.3f} ms (median of {self.repeats})"
+
+
+def time_budget(fn: Callable[[], Any], *, budget: float | None = None, warmup: int = 1,
+                min_repeats: int = 3, max_repeats: int = 10_000,
+                sync: Callable[[], None] | None = None) -> Timing:
+    """Time `fn()` for about `budget` seconds: `warmup` untimed calls, then timed calls until
+    the budget is spent (at least `min_repeats`, at most `max_repeats`); the median counts.
+
+    The default budget is 2 s for a learner and 0.05 s under a grader, where the point is only
+    that the code runs. `sync` (for example `torch.cuda.synchronize`) runs after every call so
+    that asynchronous devices are timed to completion."""
+    if budget is None:
+        budget = demo_size(2.0, 0.05)
+    done = sync or (lambda: None)
+    result = None
+    for _ in range(warmup):
+        result = fn()
+        done()
+    samples: list[float] = []
+    deadline = time.perf_counter() + budget
+    while len(samples) < max_repeats and (len(samples) < min_repeats
+                                          or time.perf_counter() < deadline):
+        start = time.perf_counter()
+        result = fn()
+        done()
+        samples.append(time.perf_counter() - start)
+    return Timing(statistics.median(samples), len(samples), min(samples), result)
+
+
+def configure_threads() -> None:
+    """Use the number of threads a grader gave this process (`LLAMA_COURSE_THREADS`), if any."""
+    value = os.environ.get(THREADS_ENV, "").strip()
+    if value.isdigit() and int(value) > 0:
+        import torch
+
+        if torch.get_num_threads() != int(value):
+            torch.set_num_threads(int(value))
