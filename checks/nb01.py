@@ -118,6 +118,9 @@ def check_tensor_shape(f, *, seed: int | None = None, thorough: bool = False) ->
         b, s = c.sizes(2, 2, 9)
         configs = [_random_config(c) for _ in range(3 if thorough else 1)]
         configs.append(dataclasses.replace(LLAMA2_7B, n_kv_heads=8))
+        # head_dim set explicitly, so N_h * D_h != H: attn_out and the per-head shapes must
+        # read cfg.head_dim instead of assuming H / N_h
+        configs += [_random_config(c, decoupled_head_dim=True) for _ in range(2 if thorough else 1)]
         for cfg in configs:
             for name in TENSOR_NAMES:
                 want = ref.tensor_shape(name, cfg, b, s)
@@ -135,6 +138,13 @@ def check_tensor_shape(f, *, seed: int | None = None, thorough: bool = False) ->
         else:
             c.fail("an unknown name ('not_a_tensor') should raise KeyError, not return a shape.")
         c.note("unknown names raise KeyError")
+
+
+ATTN_OUT_IS_H = ("attn_out is the heads' outputs side by side, N_h * D_h wide; that equals H only "
+                 "when D_h = H / N_h, and this config sets head_dim itself: use "
+                 "cfg.n_heads * cfg.head_dim")
+RECOMPUTED_D_H = ("recomputed the head width as H // N_h although the config sets head_dim "
+                  "itself; read cfg.head_dim")
 
 
 def _short(cfg: ModelConfig) -> str:
@@ -160,10 +170,23 @@ def _shape_mixups(name: str, cfg: ModelConfig, b: int, s: int) -> dict:
         "hidden": {"hidden states are [B, S, H], not [B, |V|, H]": (b, cfg.vocab_size, h)},
         "scores": {"scores exist per query head: [B, N_h, S, S]": (b, s, s)},
         "attn_weights": {"weights exist per query head: [B, N_h, S, S]": (b, s, s)},
-        "attn_out": {"attn_out is the heads concatenated back: [B, S, N_h * D_h]": (b, nh, s, d)},
+        "attn_out": {"attn_out is the heads concatenated back: [B, S, N_h * D_h]": (b, nh, s, d),
+                     ATTN_OUT_IS_H: (b, s, h)},
         "ffn_mid": {"the FFN's middle width is H_ff, not H": (b, s, h)},
         "logits": {"logits have one score per vocabulary entry: [B, S, |V|]": (b, s, h)},
         "kv_cache_layer": {"the cache keeps N_kv heads, not N_h": (2, b, nh, s, d),
                            "K and V are both cached: leading 2": (b, nkv, s, d)},
     }
-    return mixups.get(name, {})
+    found = mixups.get(name, {})
+    if d != h // nh:  # only then is a recomputed head width visible
+        recomputed = _shape_with_head_dim(name, cfg, b, s, h // nh)
+        if recomputed is not None:
+            found[RECOMPUTED_D_H] = recomputed
+    return found
+
+
+def _shape_with_head_dim(name: str, cfg: ModelConfig, b: int, s: int, d: int):
+    """The per-head shapes computed with head width `d` (None for other tensors)."""
+    nh, nkv = cfg.n_heads, cfg.n_kv_heads
+    return {"q": (b, nh, s, d), "k": (b, nkv, s, d), "v": (b, nkv, s, d),
+            "attn_out": (b, s, nh * d), "kv_cache_layer": (2, b, nkv, s, d)}.get(name)

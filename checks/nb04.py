@@ -13,7 +13,7 @@ import math
 import torch
 
 from . import reference as ref
-from .engine import Check, CheckFailure, LearnerError, matches
+from .engine import Check, CheckFailure, LearnerError, NotStarted, matches, quiet
 
 # --------------------------------------------------------------------------------------------
 # Forbidden shortcuts, by torch function name (the engine also catches `torch.ops.aten` overloads
@@ -93,6 +93,12 @@ OUT_TRANSPOSED = ("returned the output transposed ([..., D_v, S_q]): out = weigh
                   "[..., S_q, D_v]")
 WEIGHTS_K = "mixed the keys instead of the values: out = weights @ v, not weights @ k"
 PAIR_ORDER = "returned (weights, out) in the wrong order: return (out, weights)"
+SCORES_STEP = "in the scores (attention_scores): "
+SOFTMAX_STEP = "in the softmax (masked_softmax): "
+UNEXPLAINED = ("the weights are not the masked softmax of Q K^T / sqrt(D) over the keys, and no "
+               "known mistake reproduces them; test the pieces your attention uses by passing "
+               "them in: check_attention(attention, attention_scores=attention_scores, "
+               "masked_softmax=masked_softmax)")
 SHAPES = ("check the shapes: scores = q @ k.transpose(-2, -1) is [..., S_q, S_k] (not k @ q^T), "
           "and out = weights @ v is [..., S_q, D_v]")
 PROJ_SHAPES = "check the shapes: x [..., H] @ W [H, out] -> [..., out]; no transpose needed"
@@ -250,6 +256,34 @@ def _mask_variants(got, scores, mask) -> dict:
         if sq != sk:
             variants[TOP_LEFT] = lambda: _any_of(got, *_both(scores, ones.tril()))
     return variants
+
+
+def _attention_hint(mask, shape, *, large: bool, weights: bool = False):
+    """What to say when no known variant reproduces attention's output: instability only where
+    the scores are large enough to overflow; otherwise, how to find the broken piece."""
+    nonfinite = _nonfinite_hint(mask, shape, SOFTMAX_STEP + OVERFLOW if large else UNEXPLAINED,
+                                weights=weights)
+
+    def hint(got):
+        found = nonfinite(got)
+        if found == FULLY_MASKED_NAN:
+            return SOFTMAX_STEP + found
+        return UNEXPLAINED if found is None and not large else found
+    return hint
+
+
+def _whole_tensor(scores, mask):
+    """Normalised over every entry at once instead of row by row."""
+    s = scores if mask is None else scores.masked_fill(~mask, float("-inf"))
+    e = (s - s.max()).exp()
+    return e / e.sum()
+
+
+def _max_before_mask(scores, mask):
+    """The row max taken over all keys, masked ones included (zero-row and NaN-row forms)."""
+    e = (scores.masked_fill(~mask, float("-inf")) - scores.amax(-1, keepdim=True)).exp()
+    total = e.sum(-1, keepdim=True)
+    return torch.where(total > 0, e / total, torch.zeros_like(e)), e / total
 
 
 def _rows_sum_to_one(c: Check, weights: torch.Tensor, mask) -> None:
@@ -479,7 +513,52 @@ def _large_scores(c: Check) -> None:
 # attention
 
 
-def check_attention(f, *, seed: int | None = None, thorough: bool = False) -> None:
+def check_attention(f, *, seed: int | None = None, thorough: bool = False,
+                    attention_scores=None, masked_softmax=None) -> None:
+    """`attention_scores` and `masked_softmax` (optional): the learner's own helpers, which
+    their `attention` presumably calls. When `attention` fails, each given helper is checked
+    too, and a helper that fails its own check is named as the likely cause."""
+    try:
+        _check_attention(f, seed=seed, thorough=thorough)
+    except NotStarted:
+        raise
+    except CheckFailure as failure:
+        hint = _helper_hint(failure, attention_scores=attention_scores,
+                            masked_softmax=masked_softmax)
+        if hint is None:
+            raise
+        raise CheckFailure(failure.exercise, failure.message, hint=hint,
+                           seed=failure.seed) from None
+
+
+def _helper_hint(failure: CheckFailure, **helpers) -> str | None:
+    """A better hint for a failed attention check from the learner's helpers (None: keep the
+    failure's own): the first given helper that fails its own check is named; when every given
+    helper passes, an unexplained failure lies in how attention combines them. A helper that is
+    not started yet cannot be what a started attention calls, so it is not blamed."""
+    checkers = {"attention_scores": check_attention_scores, "masked_softmax": check_masked_softmax}
+    passed = []
+    for name, helper in helpers.items():
+        if helper is None:
+            continue
+        try:
+            with quiet():
+                checkers[name](helper, seed=failure.seed)
+        except NotStarted:
+            continue
+        except CheckFailure as broken:
+            found = broken.hint or broken.message.splitlines()[0]
+            return (f"your {name} does not pass its own check ({found}); attention is built on "
+                    f"it, so fix {name} first, then run this check again")
+        passed.append(name)
+    if failure.hint == UNEXPLAINED and len(passed) == len(checkers):
+        return ("your attention_scores and masked_softmax pass their own checks, so look at how "
+                "attention puts them together: weights = masked_softmax(attention_scores(q, k), "
+                "mask), out = weights @ v")
+    return None
+
+
+def _check_attention(f, *, seed: int | None, thorough: bool) -> None:
     with Check("attention", f, seed=seed, forbid=FORBID_ATTENTION) as c:
         for _ in range(3 if thorough else 1):
             b, n, sq, sk, d, dv = c.sizes(6, 3, 12)
@@ -502,15 +581,17 @@ def check_attention(f, *, seed: int | None = None, thorough: bool = False) -> No
         q = c.randn(b, n, sq, d, dtype=torch.float64, scale=100.0)
         k = c.randn(b, n, sk, d, dtype=torch.float64, scale=100.0)
         v = c.randn(b, n, sk, dv, dtype=torch.float64)
-        _attention_case(c, q, k, v, None, "scores ~1e4 (float64)")
+        _attention_case(c, q, k, v, None, "scores ~1e4 (float64)", large=True)
         _attention_case(c, q, k, v, _random_mask(c, b, n, sq, sk, fully_masked_rows=True),
-                        "scores ~1e4 and fully masked rows (float64)")
+                        "scores ~1e4 and fully masked rows (float64)", large=True)
         _summary(c, "out and weights agree with scaled_dot_product_attention",
                  "S_q != S_k, D != D_v, causal and random masks", "fully masked rows give zeros",
                  "stable for scores ~1e4")
 
 
-def _attention_case(c: Check, q, k, v, mask, what: str) -> None:
+def _attention_case(c: Check, q, k, v, mask, what: str, *, large: bool = False) -> None:
+    """One call of attention. Only with `large` scores can exp overflow, so only then does an
+    unexplained failure point at stability."""
     args = (q, k, v) if mask is None else (q, k, v, mask)
     got = _call_unchanged(c, args, hint=SHAPES)
     want_out, want_w = ref.attention(q, k, v, mask)
@@ -538,19 +619,35 @@ def _attention_case(c: Check, q, k, v, mask, what: str) -> None:
     def sm(s, m=mask, dim=-1):
         return _any_of(weights, *_both(s, m, dim)) if m is not None else _softmax(s, None, dim)
 
-    w_wrong = {
+    # Each mistake is named with the step (and so the helper) it belongs to.
+    scores_wrong = {
         NO_SCALE: lambda: sm(raw),
         SCALE_BY_D: lambda: sm(raw / d),
-        QUERY_AXIS: lambda: sm(scaled, dim=-2),
+        SCALE_MULTIPLIED: lambda: sm(raw * math.sqrt(d)),
         QK_SWAPPED: lambda: sm(k @ q.transpose(-2, -1) / math.sqrt(d)),
     }
+    lengths = {q.shape[-2], k.shape[-2]}
+    if not lengths & {d * d, (q.shape[-3] if nd == 4 else 1) * d}:  # else it looks like another
+        scores_wrong[SCALE_BY_S] = lambda: _any_of(weights, *(sm(raw / math.sqrt(n))
+                                                              for n in lengths))
     if nd == 4:
-        w_wrong[SCALE_BY_H] = lambda: sm(raw / math.sqrt(q.shape[-3] * d))
+        scores_wrong[SCALE_BY_H] = lambda: sm(raw / math.sqrt(q.shape[-3] * d))
+    softmax_wrong = {QUERY_AXIS: lambda: sm(scaled, dim=-2)}
+    if not large:  # with (nearly) one-hot rows these look like an unstable softmax
+        softmax_wrong[WHOLE_TENSOR] = lambda: _any_of(weights, _whole_tensor(scaled, mask),
+                                                      _whole_tensor(scaled, None))
+        softmax_wrong[NOT_NORMALISED] = lambda: _any_of(
+            weights, _unnormalised(scaled, mask, shift=True),
+            _unnormalised(scaled, mask, shift=False))
     if mask is not None:
-        w_wrong.update(_mask_variants(weights, scaled, mask))
+        softmax_wrong[MAX_BEFORE_MASK] = lambda: _any_of(weights,
+                                                         *_max_before_mask(scaled, mask))
+        softmax_wrong.update(_mask_variants(weights, scaled, mask))
+    w_wrong = {**{SCORES_STEP + hint: v for hint, v in scores_wrong.items()},
+               **{SOFTMAX_STEP + hint: v for hint, v in softmax_wrong.items()}}
     dead = _rows_fully_masked(mask, want_w.shape)
     _expect(c, weights, want_w, what=f"weights for {shapes}", dims=w_dims, wrong=w_wrong,
-            fallback=_nonfinite_hint(mask, want_w.shape, OVERFLOW, weights=True))
+            fallback=_attention_hint(mask, want_w.shape, large=large, weights=True))
 
     o_wrong = {
         OUT_TRANSPOSED: lambda: (want_w @ v).transpose(-2, -1),
@@ -561,6 +658,6 @@ def _attention_case(c: Check, q, k, v, mask, what: str) -> None:
     for mistake, variant in w_wrong.items():
         o_wrong.setdefault(mistake, lambda variant=variant: variant() @ v)
     _expect(c, out, want_out, what=f"out for {shapes}", dims=o_dims, wrong=o_wrong,
-            fallback=_nonfinite_hint(mask, want_w.shape, OVERFLOW))
+            fallback=_attention_hint(mask, want_w.shape, large=large))
     if dead is not None and dead.any():
         c.note("fully masked rows give zeros")

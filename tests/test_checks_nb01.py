@@ -97,6 +97,15 @@ WRONG = {
             "kv_cache_layer", lambda c, b, s: (b, c.n_kv_heads, s, c.head_dim)), "leading 2"),
         Wrong("unknown name returns None", lambda n, cfg, b, s: ref.tensor_shape(n, cfg, b, s)
               if n in nb01.TENSOR_NAMES else None, "keyerror"),
+        # configs that set head_dim themselves (N_h * D_h != H)
+        Wrong("attn_out as [B, S, H]", _tensor_shape_with(
+            "attn_out", lambda c, b, s: (b, s, c.hidden_size)), "N_h * D_h wide"),
+        Wrong("Q with D_h = H // N_h", _tensor_shape_with(
+            "q", lambda c, b, s: (b, c.n_heads, s, c.hidden_size // c.n_heads)),
+            "recomputed the head width as H // N_h"),
+        Wrong("cache with D_h = H // N_h", _tensor_shape_with(
+            "kv_cache_layer", lambda c, b, s: (2, b, c.n_kv_heads, s, c.hidden_size // c.n_heads)),
+            "read cfg.head_dim"),
     ],
 }
 

@@ -1,6 +1,9 @@
 """Chapter 04 checkers: correct implementations pass at every seed; each known mistake is
 diagnosed; the library shortcuts the chapter forbids are rejected."""
 
+import contextlib
+import functools
+import io
 import math
 from unittest import mock
 
@@ -334,6 +337,20 @@ WRONG = {
         Wrong("(weights, out)", _attention_with(pair=lambda out, w: (w, out)), "wrong order"),
         Wrong("only out", lambda q, k, v, mask=None: good_attention(q, k, v, mask)[0],
               "return the pair"),
+        # mistakes of the helpers attention is built from, named with their step
+        Wrong("scaled by sqrt(S)", _attention_with(_scores_div(lambda q: math.sqrt(q.shape[-2]))),
+              "in the scores (attention_scores): scaled by the square root of a sequence"),
+        Wrong("multiplied by sqrt(D)", _attention_with(
+            lambda q, k: q @ k.transpose(-2, -1) * q.shape[-1] ** 0.5),
+            "in the scores (attention_scores): multiplied by sqrt(D)"),
+        Wrong("softmax over the whole tensor", _attention_with(
+            softmax=lambda s, mask=None: (s - s.max()).exp() / (s - s.max()).exp().sum()),
+            "in the softmax (masked_softmax): normalised over the whole tensor"),
+        Wrong("softmax not normalised", _attention_with(softmax=lambda s, mask=None: (
+            s if mask is None else s.masked_fill(~mask, NEG_INF)).exp()),
+            "in the softmax (masked_softmax): exponentiated without dividing by the row sum"),
+        Wrong("softmax max before masking", _attention_with(softmax=_softmax_max_before_mask),
+              "in the softmax (masked_softmax): took the row max before masking"),
     ],
 }
 
@@ -349,6 +366,92 @@ def test_wrong_implementation_is_diagnosed(name, wrong, seed):
 def test_every_exercise_has_a_catalogue_of_three():
     assert set(WRONG) == set(CHECKERS)
     assert all(len(wrongs) >= 3 for wrongs in WRONG.values())
+
+
+# --------------------------------------------------------------------------------------------
+# attention built from the learner's own helpers: the test cell passes them in, and a failing
+# attention names the helper that fails its own check
+
+
+def _softmax_shifted_by_mean(scores, mask=None):
+    """A wrong softmax no known variant reproduces: divides by the row mean, not the sum."""
+    if mask is not None:
+        scores = scores.masked_fill(~mask, NEG_INF)
+    e = (scores - scores.amax(-1, keepdim=True)).exp().nan_to_num(0.0)
+    return e / e.mean(-1, keepdim=True).clamp_min(1e-30)
+
+
+def _scores_with_key_bias(q, k):
+    """Wrong scores no known variant reproduces (a per-key bias: a per-query one would cancel
+    in the softmax)."""
+    return q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) + 0.5 * k.sum(-1).unsqueeze(-2)
+
+
+GOOD_SCORES = CORRECT[2][1]
+
+# (name, learner's attention_scores, learner's masked_softmax, words the hint must contain)
+HELPER_CASES = [
+    ("unknown softmax mistake", GOOD_SCORES, _softmax_shifted_by_mean,
+     "your masked_softmax does not pass its own check"),
+    ("unknown scores mistake", _scores_with_key_bias, good_masked_softmax,
+     "your attention_scores does not pass its own check"),
+    ("softmax over the whole tensor", GOOD_SCORES,
+     lambda s, mask=None: (s - s.max()).exp() / (s - s.max()).exp().sum(),
+     "masked_softmax does not pass its own check (normalised over the whole tensor"),
+    ("unstable softmax", GOOD_SCORES, _softmax_unstable,
+     "masked_softmax does not pass its own check (exp overflowed"),
+    ("unscaled scores", lambda q, k: q @ k.transpose(-2, -1), good_masked_softmax,
+     "attention_scores does not pass its own check (forgot the scale"),
+]
+
+
+@pytest.mark.parametrize("seed", SEEDS[:2])
+@pytest.mark.parametrize("case", HELPER_CASES, ids=[c[0] for c in HELPER_CASES])
+def test_attention_names_the_broken_helper(case, seed):
+    _, scores_fn, softmax, diagnosis = case
+    wrong = Wrong(case[0], _attention_with(scores_fn, softmax), diagnosis)
+    checker = functools.partial(nb04.check_attention, attention_scores=scores_fn,
+                                masked_softmax=softmax)
+    failure = assert_rejects(checker, wrong, seed)
+    assert "overflow" not in str(failure).lower() or "exp overflowed" in diagnosis
+
+
+def test_unknown_helper_mistake_without_helpers_does_not_blame_overflow():
+    with pytest.raises(CheckFailure) as info:
+        with contextlib.redirect_stdout(io.StringIO()):
+            nb04.check_attention(_attention_with(softmax=_softmax_shifted_by_mean), seed=0)
+    text = str(info.value)
+    assert "overflow" not in text and "masked_softmax=masked_softmax" in text
+
+
+def test_correct_attention_passes_whatever_its_unused_helpers_do():
+    checker = functools.partial(nb04.check_attention, attention_scores=_scores_with_key_bias,
+                                masked_softmax=_softmax_shifted_by_mean)
+    assert_passes(checker, good_attention, 0)
+
+
+def test_wrong_attention_with_good_helpers_keeps_its_own_diagnosis():
+    checker = functools.partial(nb04.check_attention, attention_scores=GOOD_SCORES,
+                                masked_softmax=good_masked_softmax)
+    wrong = Wrong("A^T V", _attention_with(combine=lambda w, k, v: w.transpose(-2, -1) @ v),
+                  "transposed weights")
+    assert_rejects(checker, wrong, 0)
+
+
+def test_unexplained_failure_with_passing_helpers_points_at_how_they_are_combined():
+    checker = functools.partial(nb04.check_attention, attention_scores=GOOD_SCORES,
+                                masked_softmax=good_masked_softmax)
+    wrong = Wrong("own scores inline", _attention_with(_scores_with_key_bias),
+                  "pass their own checks, so look at how attention puts them together")
+    assert_rejects(checker, wrong, 0)
+
+
+def test_unstarted_helpers_are_not_blamed():
+    checker = functools.partial(nb04.check_attention, attention_scores=not_started,
+                                masked_softmax=not_started)
+    wrong = Wrong("no scale", _attention_with(lambda q, k: q @ k.transpose(-2, -1)),
+                  "in the scores (attention_scores): forgot the scale")
+    assert_rejects(checker, wrong, 0)
 
 
 def test_failures_are_check_failures_not_tracebacks():

@@ -317,3 +317,32 @@ def test_every_exercise_has_a_catalogue_of_three():
 def test_forbidden_shortcuts_are_rejected(shortcut):
     with pytest.raises(ForbiddenCall):
         nb05.check_multi_head_attention(shortcut, seed=0)
+
+
+# --------------------------------------------------------------------------------------------
+# The drawing helpers behind this chapter's picture of heads (and chapters 01, 04, 06, 08)
+
+
+def test_diagram_matrix_is_placed_by_its_top_left_corner_and_returns_its_box():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from checks import diagrams
+
+    fig, ax = diagrams.canvas(4, 3)
+    colors = [[diagrams.HEAD_COLORS[c] for c in range(3)] for _ in range(2)]  # 2 rows, 3 cols
+    left, bottom, right, top = diagrams.matrix(ax, 0.5, 2.5, colors, cell=0.25, label="x",
+                                               shape="[S, H]")
+    assert (left, right, top) == (0.5, 1.25, 2.5) and math.isclose(bottom, 2.0)
+    assert len(ax.patches) == 6 and {t.get_text() for t in ax.texts} == {"x", "[S, H]"}
+    matplotlib.pyplot.close(fig)
+
+
+def test_diagram_colors_mark_blocked_entries_and_keep_signs_apart():
+    from checks import diagrams
+
+    values = torch.tensor([[-2.0, 0.0], [2.0, float("-inf")]])
+    colors = diagrams.values_to_colors(values, blocked=torch.isinf(values))
+    assert colors[1][1] == diagrams.BLOCKED_COLOR
+    assert colors[0][0] != colors[1][0]                   # -2 and +2 differ
+    assert diagrams.shade("#000000", 0.0) == (1.0, 1.0, 1.0)  # amount 0 is white
