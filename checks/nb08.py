@@ -1,4 +1,5 @@
-"""Checks for chapter 08: RoPE (frequencies, angles, the 2x2 rotation, both pairing conventions).
+"""Checks for chapter 08: RoPE (frequencies, angles, the 2x2 rotation, rotating the pairs of a
+vector, both pairing conventions).
 
 Conventions (course-spec section 2): theta_i = base ** (-2i / D_r) for i = 0 .. D_r/2 - 1; a token
 at position m rotates pair i by m * theta_i (counter-clockwise); the default pairing is the
@@ -110,6 +111,33 @@ RETURNED_X = ("returned x unchanged: every pair of the first rotary_dim features
               "m * theta_i")
 IN_PLACE = ("changed its input x in place: build a new tensor (the caller still needs x, and "
             "slices such as x[..., :D_r] are views into it)")
+
+ANGLES_AS_GIVEN = ("cos and sin come ready to broadcast against x's pairs ([..., D_r/2] against "
+                   "x's [..., D_r] features, one angle per pair): use them as they are, without "
+                   "adding or moving axes")
+LAYOUT_BACK = ("rotated the right pairs but wrote them back in the other layout: with "
+               "interleaved=True the results go back to features (2i, 2i+1) "
+               "(`torch.stack([a, b], dim=-1).flatten(-2)`), with interleaved=False to "
+               "(i, i + D_r/2) (`torch.cat([a, b], dim=-1)`)")
+SPREAD_INTERLEAVED = ("cos and sin reached the wrong features: pair i's angle belongs to both of "
+                      "its features, and with interleaved=True those are 2i and 2i+1 "
+                      "(`cos.repeat_interleave(2, dim=-1)`), not i and i + D_r/2 "
+                      "(`torch.cat([cos, cos], dim=-1)`)")
+SPREAD_HALF = ("cos and sin reached the wrong features: pair i's angle belongs to both of its "
+               "features, and with interleaved=False those are i and i + D_r/2 "
+               "(`torch.cat([cos, cos], dim=-1)`), not 2i and 2i+1 "
+               "(`cos.repeat_interleave(2, dim=-1)`)")
+COS_OF_COS = ("cos and sin are already the cosines and sines of the angles: use them as they are "
+              "(you applied torch.cos / torch.sin to them once more)")
+MINUS_TWICE = ("not a rotation: the minus sign belongs only in x'_a = x_a cos - x_b sin; the "
+               "second line, x'_b = x_a sin + x_b cos, has none")
+NOT_FLATTENED = ("return x's shape [..., D_r]: put the rotated pairs back into one feature axis "
+                 "(`torch.stack([a, b], dim=-1).flatten(-2)` for interleaved, "
+                 "`torch.cat([a, b], dim=-1)` for half)")
+HALF_RETURNED = ("return both members of every pair: x's shape [..., D_r], the rotated x_a and "
+                 "x_b put back together, not [..., D_r/2]")
+ROTATE_IN_PLACE = ("changed its input x in place: build a new tensor (apply_rope passes a slice "
+                   "of its own input, x[..., :D_r], which is a view)")
 
 PERM_INVERSE = ("returned the inverse permutation (half -> interleaved): p lists, for each "
                 "position of the half layout, the interleaved feature that goes there: the even "
@@ -397,6 +425,175 @@ def check_rotation_matrix(f, *, seed: int | None = None, thorough: bool = False)
             c.fail(f"R({a:.4g})^T R({b:.4g}) differs from R({b - a:.4g}).")
         c.properties[:] = ["[[cos, -sin], [sin, cos]]", "counter-clockwise",
                            "R(a)^T R(b) = R(b - a)", "float and tensor angles"]
+
+
+# --------------------------------------------------------------------------------------------
+# rotate_pairs
+
+
+def _pairs64(x: torch.Tensor, interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x_a, x_b) of every pair, float64, [..., D_r/2] each."""
+    x64 = x.detach().to(torch.float64)
+    half = x.shape[-1] // 2
+    return (x64[..., 0::2], x64[..., 1::2]) if interleaved else (x64[..., :half], x64[..., half:])
+
+
+def _join64(a: torch.Tensor, b: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    return torch.stack([a, b], dim=-1).flatten(-2) if interleaved else torch.cat([a, b], dim=-1)
+
+
+def _rotate64(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, interleaved: bool = True,
+              write_interleaved: bool | None = None, direction: float = 1.0, swap: bool = False,
+              minus_a: bool = True, minus_b: bool = False) -> torch.Tensor:
+    """The pair formula in float64 with one known mistake switched on, in x's dtype."""
+    c, s = cos.to(torch.float64), sin.to(torch.float64) * direction
+    if swap:
+        c, s = s, c
+    a, b = _pairs64(x, interleaved)
+    a2 = a * c - b * s if minus_a else a * c + b * s
+    b2 = -a * s + b * c if minus_b else a * s + b * c
+    back = interleaved if write_interleaved is None else write_interleaved
+    return _join64(a2, b2, back).to(x.dtype)
+
+
+def _spread64(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *,
+              interleaved: bool) -> torch.Tensor:
+    """x * cos + rotate(x) * sin with cos and sin spread over the features the other pairing's
+    way (repeat_interleave for half pairs, cat for interleaved ones), in x's dtype."""
+    half = x.shape[-1] // 2
+    j = torch.arange(2 * half)
+    index = j % half if interleaved else j // 2                   # the wrong pair for feature j
+    c, s = cos.to(torch.float64)[..., index], sin.to(torch.float64)[..., index]
+    a, b = _pairs64(x, interleaved)
+    turned = _join64(-b, a, interleaved)                          # (x_a, x_b) -> (-x_b, x_a)
+    return (x.detach().to(torch.float64) * c + turned * s).to(x.dtype)
+
+
+def _rotate_mixups(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   interleaved: bool) -> dict:
+    def v(**changes):
+        return lambda: _rotate64(x, cos, sin, **{"interleaved": interleaved, **changes})
+
+    want = ref.rotate_pairs(x, cos, sin, interleaved)
+    half = x.shape[-1] // 2
+    other = OTHER_PAIRING_HALF if interleaved else OTHER_PAIRING_INTERLEAVED
+    return {
+        other: v(interleaved=not interleaved),
+        LAYOUT_BACK: v(write_interleaved=not interleaved),
+        LAYOUT_BACK + " (and read the pairs the other way as well)":
+            v(interleaved=not interleaved, write_interleaved=interleaved),
+        WRONG_WAY: v(direction=-1.0),
+        f"{WRONG_WAY}; and {other}": v(direction=-1.0, interleaved=not interleaved),
+        SIN_COS_SWAPPED: v(swap=True),
+        SIN_COS_SWAPPED + " (and rotated the wrong way)": v(swap=True, direction=-1.0),
+        NO_MINUS: v(minus_a=False),
+        MINUS_TWICE: v(minus_b=True),
+        (SPREAD_INTERLEAVED if interleaved else SPREAD_HALF):
+            lambda: _spread64(x, cos, sin, interleaved=interleaved),
+        COS_OF_COS: lambda: _rotate64(x, torch.cos(cos.double()), torch.sin(sin.double()),
+                                      interleaved=interleaved),
+        "returned x unchanged: every pair turns by its angle, the one whose cosine and sine "
+        "cos[..., i] and sin[..., i] hold": x,
+        NOT_FLATTENED + " (you returned [..., D_r/2, 2])": lambda: _join64(
+            *_pairs64(want, interleaved), True).unflatten(-1, (half, 2)).to(x.dtype),
+        NOT_FLATTENED + " (you returned [..., 2, D_r/2])": lambda: _join64(
+            *_pairs64(want, interleaved), False).unflatten(-1, (2, half)).to(x.dtype),
+        HALF_RETURNED + " (you returned only the new x_a)": lambda: _pairs64(
+            want, interleaved)[0].to(x.dtype),
+    }
+
+
+def _angles_for(c: Check, *shape: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of random angles in [-4, 4] radians (every quadrant), float32."""
+    angles = (torch.rand(*shape, generator=c.gen, dtype=torch.float64) * 8 - 4).float()
+    return torch.cos(angles), torch.sin(angles)
+
+
+def _expect_rotated(c: Check, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *,
+                    interleaved: bool | None, label: str) -> torch.Tensor:
+    """Call rotate_pairs (without `interleaved` when None: the default), then compare."""
+    pairing = True if interleaved is None else interleaved
+    before, cos_before, sin_before = x.clone(), cos.clone(), sin.clone()
+    hints = {"view size|view(|stride": VIEW_NOT_CONTIGUOUS,
+             "must match|broadcast|size of tensor|expanded size": ANGLES_AS_GIVEN}
+    kwargs = {} if interleaved is None else {"interleaved": interleaved}
+    got = _call(c, x, cos, sin, hints=hints, **kwargs)
+    if not torch.equal(x, before):
+        c.fail(f"rotate_pairs changed its input x in place ({label}).", ROTATE_IN_PLACE)
+    if not (torch.equal(cos, cos_before) and torch.equal(sin, sin_before)):
+        c.fail(f"rotate_pairs changed its input cos or sin in place ({label}).",
+               "build new tensors; cos and sin are shared by every head and every layer")
+    want = ref.rotate_pairs(before, cos, sin, pairing)
+    shown = [f"x {describe(before)}", f"cos and sin {describe(cos)}"] + [
+        f"{k}={v}" for k, v in kwargs.items()]
+    what = f"rotate_pairs for {label} ({', '.join(shown)})"
+    _expect_dtype(c, got, want, what=what, hint="return x's dtype (cos and sin have it too)")
+    try:
+        dims = {1: ("feature",), 2: ("S", "feature"), 4: ("B", "N", "S", "feature")}
+        c.expect_tensor(got, want, what=what, dims=dims.get(before.dim()),
+                        wrong=_rotate_mixups(before, cos, sin, pairing))
+    except CheckFailure as failure:
+        if failure.hint is not None:
+            raise
+        raise CheckFailure(failure.exercise, failure.message, hint=_norm_hint(before, got),
+                           seed=failure.seed) from None
+    return got
+
+
+def check_rotate_pairs(f, *, seed: int | None = None, thorough: bool = False) -> None:
+    with Check("rotate_pairs", f, seed=seed) as c:
+        for _ in range(3 if thorough else 1):
+            b, n, s = c.sizes(3, 2, 8)
+            d_r = 2 * c.randint(3, 9)
+            # angles [S, D_r/2] (positions shared by the batch), both pairings and the default
+            for interleaved in (None, True, False):
+                cos, sin = _angles_for(c, s, d_r // 2)
+                _expect_rotated(c, c.randn(b, n, s, d_r), cos, sin, interleaved=interleaved,
+                                label="x [B, N, S, D_r] with cos, sin [S, D_r/2]")
+            # angles [B, 1, S, D_r/2] (positions per sequence, shared by the heads)
+            for interleaved in ((True, False) if thorough else (c.choice([True, False]),)):
+                cos, sin = _angles_for(c, b, 1, s, d_r // 2)
+                _expect_rotated(c, c.randn(b, n, s, d_r), cos, sin, interleaved=interleaved,
+                                label="x [B, N, S, D_r] with cos, sin [B, 1, S, D_r/2]")
+        # a quarter turn of every pair: (1, 0) becomes (0, 1), wherever the pair's features are.
+        for interleaved in (True, False):
+            x = torch.tensor([1.0, 0.0, 1.0, 0.0]) if interleaved else \
+                torch.tensor([1.0, 1.0, 0.0, 0.0])
+            _expect_rotated(c, x, torch.zeros(2), torch.ones(2), interleaved=interleaved,
+                            label="a quarter turn of the pairs (1, 0), one token, D_r = 4")
+        # any leading shape: tokens of a plain [S, D_r] matrix, one angle per token and pair
+        s, half = c.sizes(2, 2, 9)
+        cos, sin = _angles_for(c, s, half)
+        _expect_rotated(c, c.randn(s, 2 * half), cos, sin, interleaved=c.choice([True, False]),
+                        label="x [S, D_r]")
+        # a single pair (both pairings coincide) and the article's head, D_r = 128
+        cos, sin = _angles_for(c, 3, 1)
+        _expect_rotated(c, c.randn(2, 3, 2), cos, sin, interleaved=None, label="D_r = 2")
+        cos, sin = _angles_for(c, 4, 64)
+        for interleaved in (True, False):
+            _expect_rotated(c, c.randn(1, 2, 4, 128), cos, sin, interleaved=interleaved,
+                            label="the article's D_h = 128, 64 pairs")
+        # heads-first tensors come out of a transpose: not contiguous
+        b, n, s = c.sizes(3, 2, 8)
+        cos, sin = _angles_for(c, s, 5)
+        x = c.randn(b, s, n, 10).transpose(1, 2)
+        _expect_rotated(c, x, cos, sin, interleaved=True, label="a non-contiguous x")
+        # float64 in, float64 out
+        cos, sin = (t.double() for t in _angles_for(c, s, 3))
+        _expect_rotated(c, c.randn(b, n, s, 6, dtype=torch.float64), cos, sin,
+                        interleaved=c.choice([True, False]), label="float64 x, cos and sin")
+        # a rotation keeps every pair's length
+        cos, sin = _angles_for(c, s, 8)
+        x = c.randn(b, n, s, 16)
+        got = _expect_rotated(c, x, cos, sin, interleaved=False, label="the length test")
+        pair_len = _pairs64(got, False)[0] ** 2 + _pairs64(got, False)[1] ** 2
+        want_len = _pairs64(x, False)[0] ** 2 + _pairs64(x, False)[1] ** 2
+        if not torch.allclose(pair_len, want_len, rtol=1e-5, atol=1e-6):
+            c.fail("rotate_pairs changed the length of a pair; a rotation keeps it.",
+                   NOT_A_ROTATION)
+        c.properties[:] = ["x'_a = x_a cos - x_b sin, x'_b = x_a sin + x_b cos",
+                           "both pairings, results back in place", "cos, sin broadcast",
+                           "x's dtype and shape", "input untouched"]
 
 
 # --------------------------------------------------------------------------------------------

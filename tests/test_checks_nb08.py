@@ -16,6 +16,7 @@ CHECKERS = {
     "rope_frequencies": nb08.check_rope_frequencies,
     "rope_angles": nb08.check_rope_angles,
     "rotation_matrix": nb08.check_rotation_matrix,
+    "rotate_pairs": nb08.check_rotate_pairs,
     "apply_rope": nb08.check_apply_rope,
     "interleaved_to_half_permutation": nb08.check_interleaved_to_half_permutation,
 }
@@ -179,6 +180,79 @@ def _rope_meta(x, positions, *, base=10000.0, rotary_dim=None, interleaved=True)
     return torch.cat([out.type_as(x), x[..., d_r:]], dim=-1)
 
 
+def _rotate(x, cos, sin, interleaved=True, *, read=None, write=None, direction=1.0, swap=False,
+            minus_a=True, minus_b=False, cos_again=False, in_place=False, use_view=False,
+            unflattened=False, a_only=False, add_head_axis=False):
+    """rotate_pairs as a learner writes it: split the pairs, a cos - b sin / a sin + b cos,
+    put them back; `read` / `write` force a pairing for reading / writing the features."""
+    read = interleaved if read is None else read
+    write = read if write is None else write
+    half = x.shape[-1] // 2
+    if cos_again:
+        cos, sin = torch.cos(cos), torch.sin(sin)
+    if swap:
+        cos, sin = sin, cos
+    sin = sin * direction
+    if add_head_axis:                             # treats [S, D_r/2] angles as [B, S, D_r/2]
+        cos, sin = cos[:, None], sin[:, None]
+    if use_view and read:                         # rows of pairs: [everything, 2]
+        pairs = x.view(-1, 2)
+        a, b = pairs[:, 0].view(*x.shape[:-1], half), pairs[:, 1].view(*x.shape[:-1], half)
+    elif read:
+        a, b = x[..., 0::2], x[..., 1::2]
+    else:
+        a, b = x[..., :half], x[..., half:]
+    a2 = a * cos - b * sin if minus_a else a * cos + b * sin
+    b2 = -a * sin + b * cos if minus_b else a * sin + b * cos
+    if a_only:
+        return a2
+    if unflattened:
+        return torch.stack([a2, b2], dim=-1)
+    out = torch.stack([a2, b2], dim=-1).flatten(-2) if write else torch.cat([a2, b2], dim=-1)
+    if in_place:
+        x.copy_(out)
+        return x
+    return out
+
+
+def _rotating(**mistakes):
+    def rotate_pairs(x, cos, sin, interleaved=True):
+        return _rotate(x, cos, sin, interleaved, **mistakes)
+    return rotate_pairs
+
+
+def _rotate_hf(x, cos, sin, interleaved=True, *, spread_wrong=False):
+    """Hugging Face's x * cos + rotate_half(x) * sin, cos and sin spread over the features."""
+    half = x.shape[-1] // 2
+    by_pairs = interleaved != spread_wrong
+    cos2 = cos.repeat_interleave(2, -1) if by_pairs else torch.cat([cos, cos], -1)
+    sin2 = sin.repeat_interleave(2, -1) if by_pairs else torch.cat([sin, sin], -1)
+    if interleaved:
+        turned = torch.stack([-x[..., 1::2], x[..., 0::2]], dim=-1).flatten(-2)
+    else:
+        turned = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos2 + turned * sin2
+
+
+def _rotate_complex(x, cos, sin, interleaved=True):
+    """Meta's way: the pairs as complex numbers, times cos + i sin."""
+    half = x.shape[-1] // 2
+    if interleaved:
+        z = torch.view_as_complex(x.reshape(*x.shape[:-1], half, 2).contiguous())
+        return torch.view_as_real(z * torch.complex(cos, sin)).flatten(-2)
+    w = torch.complex(x[..., :half], x[..., half:]) * torch.complex(cos, sin)
+    return torch.cat([w.real, w.imag], dim=-1)
+
+
+def _rotate_matrices(x, cos, sin, interleaved=True):
+    """The article's 2x2 matrices, one per pair, applied with einsum."""
+    half = x.shape[-1] // 2
+    r = torch.stack([torch.stack([cos, -sin], -1), torch.stack([sin, cos], -1)], -2)
+    a, b = (x[..., 0::2], x[..., 1::2]) if interleaved else (x[..., :half], x[..., half:])
+    out = torch.einsum("...pij,...pj->...pi", r, torch.stack([a, b], -1))
+    return out.flatten(-2) if interleaved else torch.cat([out[..., 0], out[..., 1]], -1)
+
+
 def _perm_by_cat(d_r):
     return torch.cat([torch.arange(0, d_r, 2), torch.arange(1, d_r, 2)])
 
@@ -192,6 +266,10 @@ OTHER_CORRECT = [
     ("rotation_matrix", "stacked tensors", _rotation),
     ("rotation_matrix", "math + torch.tensor", lambda a: torch.tensor(
         [[math.cos(a), -math.sin(a)], [math.sin(a), math.cos(a)]])),
+    ("rotate_pairs", "split, formula, stack/cat", _rotating()),
+    ("rotate_pairs", "Hugging Face x cos + rotate_half(x) sin", _rotate_hf),
+    ("rotate_pairs", "complex numbers", _rotate_complex),
+    ("rotate_pairs", "2x2 matrices with einsum", _rotate_matrices),
     ("apply_rope", "cos/sin pair formula", _with()),
     ("apply_rope", "exp/log frequencies", _with(freqs_fn=_freqs_exp_log)),
     ("apply_rope", "Hugging Face rotate_half, cos/sin in x's dtype", _rope_hf),
@@ -275,6 +353,31 @@ WRONG = {
         Wrong("degrees", lambda a: _rot(a, degrees=True), "radians"),
         Wrong("flat [4]", lambda a: _rot(a).reshape(4), "[2, 2] tensor"),
         Wrong("float64", lambda a: _rot(a).double(), "float32"),
+    ],
+    "rotate_pairs": [
+        Wrong("half pairing always", _rotating(read=False), "other pairing convention"),
+        Wrong("interleaved pairing always", _rotating(read=True), "other pairing convention"),
+        Wrong("pairings swapped", lambda x, c, s, interleaved=True: _rotate(
+            x, c, s, not interleaved), "other pairing convention"),
+        Wrong("read interleaved, written back as halves", lambda x, c, s, interleaved=True:
+              _rotate(x, c, s, interleaved, write=not interleaved), "other layout"),
+        Wrong("rotates the wrong way", _rotating(direction=-1.0), "rotated the wrong way"),
+        Wrong("sin/cos swapped", _rotating(swap=True), "sin and cos swapped"),
+        Wrong("minus sign missing", _rotating(minus_a=False), "not a rotation"),
+        Wrong("minus sign in both lines", _rotating(minus_b=True), "belongs only in"),
+        Wrong("HF formula, cos spread the other pairing's way",
+              lambda x, c, s, interleaved=True: _rotate_hf(x, c, s, interleaved,
+                                                           spread_wrong=True),
+              "reached the wrong features"),
+        Wrong("cos of cos", _rotating(cos_again=True), "already the cosines"),
+        Wrong("returns x unchanged", lambda x, c, s, interleaved=True: x.clone(),
+              "returned x unchanged"),
+        Wrong("pairs not flattened", _rotating(unflattened=True), "one feature axis"),
+        Wrong("only x_a returned", _rotating(a_only=True), "both members"),
+        Wrong("writes into x", _rotating(in_place=True), "in place"),
+        Wrong(".view on a transposed x", _rotating(use_view=True), "contiguous"),
+        Wrong("adds a head axis to cos and sin", _rotating(add_head_axis=True),
+              "use them as they are"),
     ],
     "apply_rope": [
         Wrong("half pairing when interleaved asked", _with(pairing="half"),
@@ -433,3 +536,20 @@ def test_reference_keeps_half_precision_dtype_and_accuracy():
         got = ref.apply_rope(x.to(dtype), positions)
         assert got.dtype == dtype
         assert (got.double() - want).abs().max() < 0.05
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+def test_reference_rotate_pairs_is_the_article_matrix_pair_by_pair(interleaved):
+    """ref.rotate_pairs against R(alpha) @ (x_a, x_b), one pair at a time, in float64."""
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(2, 3, 5, 8, generator=g, dtype=torch.float64)
+    alpha = torch.rand(5, 4, generator=g, dtype=torch.float64) * 8 - 4
+    got = ref.rotate_pairs(x, torch.cos(alpha), torch.sin(alpha), interleaved)
+    assert got.shape == x.shape and got.dtype == x.dtype
+    for i in range(4):
+        a, b = (2 * i, 2 * i + 1) if interleaved else (i, i + 4)
+        for s in range(5):
+            r = ref.rotation_matrix(float(alpha[s, i])).double()
+            pair = torch.stack([x[..., s, a], x[..., s, b]], -1) @ r.T
+            torch.testing.assert_close(got[..., s, a], pair[..., 0], atol=1e-6, rtol=1e-6)
+            torch.testing.assert_close(got[..., s, b], pair[..., 1], atol=1e-6, rtol=1e-6)

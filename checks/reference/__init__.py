@@ -19,10 +19,11 @@ from .tokens import (bpe_decode, bpe_encode, bpe_merge, bpe_train, embed, embedd
 from .positions import (equivariance_error, permutation_matrix, permute_tokens,
                         sinusoidal_positions)
 from .rope import (apply_rope, interleaved_to_half_permutation, rope_angles, rope_frequencies,
-                   rotation_matrix)
+                   rotate_pairs, rotation_matrix)
 from .ffn import ffn, ffn_param_count, gelu, relu, silu, swiglu_ffn
 from .norms import layer_norm, post_norm_residual, pre_norm_residual, rms_norm
 from .block import attention_sublayer, block_param_count, decoder_block, init_block_params
 from .model import (init_model_params, model_forward, model_param_count, next_token_loss,
                     sample_next_token)
-from .generation import KVCache, forward_with_cache, full_forward, generate
+from .generation import (KVCache, arithmetic_intensity, decode_step_bytes, forward_with_cache,
+                         full_forward, generate, prefill_flops)

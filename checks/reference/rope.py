@@ -45,6 +45,27 @@ def rotation_matrix(alpha) -> torch.Tensor:
     return torch.linalg.matrix_exp(alpha * generator).to(torch.float32)
 
 
+def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 interleaved: bool = True) -> torch.Tensor:
+    """Rotate every feature pair of x [..., D_r] by the angle whose cosine and sine are given.
+
+    cos, sin: [..., D_r/2], one angle per pair, broadcasting against x's pairs. Pair i is the
+    complex number z = x_a + i x_b with (a, b) = (2i, 2i+1) (interleaved) or (i, i + D_r/2)
+    (half); the rotation is the product z * (cos + i sin), formed in complex128. Returns x's
+    shape, in the dtype torch's promotion gives x with cos.
+    """
+    half = x.shape[-1] // 2
+    dtype = torch.promote_types(x.dtype, cos.dtype)
+    x64 = x.to(torch.float64)
+    if interleaved:   # adjacent floats are (real, imag)
+        z = torch.view_as_complex(x64.reshape(*x64.shape[:-1], half, 2).contiguous())
+    else:             # real parts first, imaginary parts after
+        z = torch.complex(x64[..., :half], x64[..., half:])
+    w = z * torch.complex(cos.to(torch.float64), sin.to(torch.float64))
+    rotated = torch.view_as_real(w).flatten(-2) if interleaved else torch.cat([w.real, w.imag], -1)
+    return rotated.to(dtype)
+
+
 def apply_rope(x: torch.Tensor, positions: torch.Tensor, *, base: float = 10000.0,
                rotary_dim: int | None = None, interleaved: bool = True) -> torch.Tensor:
     """Rotate the first rotary_dim features of every head of x [B, N, S, D] by position.
