@@ -1,15 +1,76 @@
-"""Borrow a function from the learner's own notebook of an earlier chapter, or use the reference.
+"""Use the learner's own functions from earlier chapters, or the course's reference.
 
-Later chapters demonstrate ideas on building blocks from earlier ones. `own_or_reference` lets a
-demonstration run on the learner's own code when it passes its check, and on the course's
-reference otherwise, without ever stopping the notebook:
+Later chapters build on earlier ones: chapter 11's block needs chapter 10's `rms_norm`, chapter
+08's `apply_rope`, chapter 06's `grouped_query_attention` and more. This module takes each of those
+from the learner's own notebook of that chapter when it passes that chapter's check, and from
+`checks.reference` otherwise, so the later chapter always runs and is the learner's own wherever it
+can be.
+
+For a chapter's import cell: `own_functions`
+--------------------------------------------
+
+    from checks.borrow import own_functions
+
+    (rms_norm, apply_rope, grouped_query_attention) = own_functions({
+        "rms_norm": "10_norm_residual",
+        "apply_rope": "08_rope",
+        "grouped_query_attention": "06_gqa_mqa",
+    })
+
+It maps each function name to the chapter that teaches it (the chapter's folder name, or just its
+number, "08") and returns a `Borrowed`: a namespace (`borrowed.apply_rope`) that also unpacks in
+the order asked, as above. It prints exactly one line saying whose each function is, e.g.
+
+    Yours: rms_norm (10), apply_rope (08) · the course's reference: swiglu_ffn (09: not started)
+
+Reasons shown: "not started", "check failed", "no notebook", "unreadable notebook", "no answer
+cell", "syntax error", "cell raised <Error>", "not defined" (the cell defines no such function),
+"checking raised <Error>", "no checks" (no `checks.nbNN` for that chapter). Names that share a
+chapter and a reason are listed together. `borrowed.whose[name]` is "yours" or "reference" and
+`borrowed.why[name]` the longer reason, for tests and curious learners.
+
+Under a grader (`checks.context.grading()`: `python -m checks status|grade`, nbgrader, the test
+suite) every function is the reference and the line says so: grading one chapter never reads or
+depends on the learner's other notebooks. `own_or_reference` follows the same rule.
+
+For one function, with a custom check: `own_or_reference`
+---------------------------------------------------------
 
     attention = own_or_reference("04_self_attention", "attention")
 
+The same choice for one function, with an optional `checker` and `fallback`; it prints one line.
+
+Where the notebooks are, and what runs
+--------------------------------------
+
 Jupyter runs a notebook in its own folder, so the earlier chapter's notebook is found next to the
-current one: `../04_self_attention/04_self_attention.ipynb`. Only that notebook's answer cells up
-to the requested one and its import cells run (never its demonstrations, figures or tests), in a
-fresh namespace, with their output swallowed. The notebook file is read as last saved.
+current one: `../08_rope/08_rope.ipynb` (pass `root=` to look elsewhere). The notebook is read as
+last saved. Its code cells run in a fresh namespace, in order, up to its last answer cell, with
+all output swallowed:
+
+- answer cells (nbgrader `solution`) run whole; one that raises is skipped and reported if it is
+  the one asked for (a later answer may not need it: the check decides);
+- test cells (nbgrader `grade`) never run;
+- every other cell contributes only its top-level imports, function definitions and borrowing
+  statements (calls to `own_functions` / `own_or_reference`), each on its own, failures skipped;
+  its demonstrations, figures and timings never run. (Import cells also hold statements such as
+  `_ = torch.manual_seed(0)`; that must not cost the cell its imports.) IPython magics are
+  ignored.
+
+Borrowing nests: chapter 12 borrowing chapter 11's `decoder_block` runs chapter 11's import cell,
+which borrows chapter 10's `rms_norm` and the others from the same folder, so the learner's
+model is built from their own pieces all the way down.
+
+Each function is then checked with `checks.nbNN.check_<name>` (quietly; an unfinished function,
+one that raises `NotImplementedError`, never counts as passing). Notebooks and decisions are cached
+per process, keyed by the notebook's path, size and modification time: asking again is free, and
+saving the earlier notebook (or one it borrows from) makes the next call read it afresh.
+
+Writing a chapter that borrows: list every earlier function the chapter's answers and
+demonstrations use, each with the chapter that grades it (it needs a `check_<name>` there and a
+`checks.reference.<name>`), unpack in the dict's order, and say in the markdown below the import
+cell that the printed line tells whose each one is. Its self-checks must not depend on whose they
+are (they compare with the reference block, model, ...), and the solutions must pass either way.
 """
 
 from __future__ import annotations
@@ -17,19 +78,102 @@ from __future__ import annotations
 import ast
 import builtins
 import contextlib
+import contextvars
+import functools
 import importlib
 import io
 import json
 import os
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import reference
-from .engine import use_if_passing
+from .context import grading
+from .engine import CheckFailure, NotStarted, quiet
+
+BORROWING_CALLS = frozenset({"own_functions", "own_or_reference"})
+
+# While a notebook is being loaded: the folder that holds its chapter folders (where the borrowing
+# statements inside it look), and the notebooks being loaded (to stop a circle of borrowing).
+_current_root: contextvars.ContextVar[Path | None] = contextvars.ContextVar("borrow_root",
+                                                                            default=None)
+_loading: contextvars.ContextVar[tuple[tuple[str, set], ...]] = contextvars.ContextVar(
+    "borrow_loading", default=())
 
 
 class _Unavailable(Exception):
-    """The learner's function cannot be used; the message says why, in a few words."""
+    """The learner's function cannot be used. `short` fits the one-line summary; the message
+    says more."""
+
+    def __init__(self, short: str, detail: str | None = None):
+        self.short = short
+        super().__init__(detail or short)
+
+
+# --------------------------------------------------------------------------------------------
+# The two entry points
+
+
+class Borrowed:
+    """The chosen functions, by name (`borrowed.rms_norm`, `borrowed["rms_norm"]`), unpacking in
+    the order asked.
+
+    `whose[name]` is "yours" or "reference"; `why[name]` says why the reference is used ("" for
+    yours); `line` is the summary line that was printed."""
+
+    def __init__(self, chosen: dict[str, Callable], whose: dict[str, str], why: dict[str, str],
+                 line: str):
+        self.functions = chosen
+        self.whose = whose
+        self.why = why
+        self.line = line
+
+    def __getattr__(self, name: str) -> Callable:
+        functions = self.__dict__.get("functions", {})
+        if name in functions:
+            return functions[name]
+        raise AttributeError(f"nothing borrowed under the name {name!r}")
+
+    def __getitem__(self, name: str) -> Callable:
+        return self.functions[name]
+
+    def __iter__(self) -> Iterator[Callable]:
+        return iter(self.functions.values())
+
+    def __len__(self) -> int:
+        return len(self.functions)
+
+    def __repr__(self) -> str:
+        return self.line
+
+
+def own_functions(wanted: Mapping[str, str], *, root: str | os.PathLike | None = None) -> Borrowed:
+    """For each `name: chapter` in `wanted`, the learner's `name` from that chapter's notebook
+    if it passes `checks.nbNN.check_<name>`, else `checks.reference.<name>`; prints one line
+    saying whose each one is. Under a grader: always the reference. Never raises on the
+    learner's side; a name without a reference (a bug in the course) raises LookupError."""
+    fallbacks = {name: _reference(name) for name in wanted}
+    if grading():
+        listed = ", ".join(f"{name} ({_chapter_number(ch)})" for name, ch in wanted.items())
+        line = (f"Graded run: the course's reference for {listed} "
+                "(grading never depends on your other notebooks).")
+        print(line)
+        return Borrowed(fallbacks, dict.fromkeys(wanted, "reference"),
+                        dict.fromkeys(wanted, "graded run"), line)
+    chosen, whose, why, shown = {}, {}, {}, []
+    for name, chapter in wanted.items():
+        try:
+            chosen[name] = _own_if_passing(chapter, name, root, checker=None)
+            whose[name], why[name], short = "yours", "", None
+        except _Unavailable as exc:
+            chosen[name] = fallbacks[name]
+            whose[name], why[name], short = "reference", str(exc), exc.short
+        shown.append((name, _chapter_number(chapter), short))
+    line = _summary_line(shown)
+    print(line)
+    return Borrowed(chosen, whose, why, line)
 
 
 def own_or_reference(chapter: str, name: str, *, root: str | os.PathLike | None = None,
@@ -44,54 +188,142 @@ def own_or_reference(chapter: str, name: str, *, root: str | os.PathLike | None 
     checker:  the check to pass (default: `checks.nbNN.check_<name>`).
     fallback: what to use otherwise (default: `checks.reference.<name>`).
 
-    Prints one line saying which implementation is used. Any failure on the learner's side (no
-    notebook, no such cell, a syntax error, an exception, a failed check) falls back to the
-    reference; only a missing reference (a bug in the course) raises.
+    Prints one line saying which implementation is used. Under a grader: always the fallback.
+    Any failure on the learner's side (no notebook, no such cell, a syntax error, an exception,
+    a failed check) falls back; only a missing reference (a bug in the course) raises.
     """
     if fallback is None:
-        fallback = getattr(reference, name, None)
-        if fallback is None:
-            raise LookupError(f"checks.reference has no `{name}` to fall back on")
+        fallback = _reference(name)
+    if grading():
+        print(f"Using the course's reference `{name}` (graded run: grading never depends on "
+              "your other notebooks).")
+        return fallback
     try:
-        if checker is None:
-            checker = _checker(chapter, name)
-        fn = _load(_notebook_path(chapter, root), name)
+        fn = _own_if_passing(chapter, name, root, checker=checker)
     except _Unavailable as why:
         print(f"Using the course's reference `{name}` ({why}).")
         return fallback
+    print(f"Using your own `{name}`.")
+    return fn
 
-    # The check calls the learner's function many times: keep whatever it prints out of sight
-    # and show only use_if_passing's verdict (its last line).
-    shown = io.StringIO()
+
+# --------------------------------------------------------------------------------------------
+# Choosing: load, then check (both cached)
+
+
+def _reference(name: str) -> Callable:
+    fn = getattr(reference, name, None)
+    if fn is None:
+        raise LookupError(f"checks.reference has no `{name}` to fall back on")
+    return fn
+
+
+def _own_if_passing(chapter: str, name: str, root, *, checker: Callable | None) -> Callable:
+    """The learner's function if it passes; raises _Unavailable saying why not."""
+    if checker is None:
+        checker = _checker(chapter, name)
+    notebook = _notebook(_notebook_path(chapter, root))
+    key = (name, checker)
+    if key not in notebook.verdicts:
+        notebook.verdicts[key] = _verdict(notebook, name, checker)
+    fn, problem = notebook.verdicts[key]
+    if problem is not None:
+        raise problem
+    return fn
+
+
+def _verdict(notebook: "_Notebook", name: str, checker: Callable):
     try:
-        with contextlib.redirect_stdout(shown), contextlib.redirect_stderr(io.StringIO()):
-            chosen = use_if_passing(fn, checker, fallback, name=name)
-    except Exception as exc:  # a failure that is not a CheckFailure: still never stop the notebook
-        print(f"Using the course's reference `{name}` (checking yours raised "
-              f"{type(exc).__name__}: {_short(exc)}).")
-        return fallback
-    lines = shown.getvalue().splitlines()
-    print(lines[-1] if lines else f"Using {'your own' if chosen is fn else 'the reference'} "
-          f"`{name}`.")
-    return chosen
+        fn = notebook.function(name)
+        _passes(fn, checker)
+    except _Unavailable as problem:
+        return None, problem
+    return fn, None
+
+
+def _passes(fn: Callable, checker: Callable) -> None:
+    """Raise _Unavailable unless `fn` passes `checker`. Whatever the check prints stays hidden;
+    a function that raised NotImplementedError anywhere during the check is "not started", even
+    if the check itself only showed that (as in JupyterLab, where it does not raise)."""
+    seen = {"not_implemented": False}
+
+    @functools.wraps(fn)
+    def watched(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except NotImplementedError:
+            seen["not_implemented"] = True
+            raise
+
+    candidate = fn if isinstance(fn, type) else watched  # a class is checked as it is
+    try:
+        with quiet(), contextlib.redirect_stdout(io.StringIO()), \
+                contextlib.redirect_stderr(io.StringIO()):
+            checker(candidate)
+    except NotStarted:
+        raise _Unavailable("not started", "yours is not started yet") from None
+    except CheckFailure as exc:
+        if seen["not_implemented"]:
+            raise _Unavailable("not started", "yours is not started yet") from None
+        raise _Unavailable("check failed", f"yours does not pass its check yet: "
+                           f"{_short(exc)}") from None
+    except Exception as exc:  # a bug in checking: still never stop the notebook
+        raise _Unavailable(f"checking raised {type(exc).__name__}",
+                           f"checking yours raised {type(exc).__name__}: {_short(exc)}") from None
+    if seen["not_implemented"]:
+        raise _Unavailable("not started", "yours is not started yet")
 
 
 def _checker(chapter: str, name: str) -> Callable:
-    number = chapter[:2]
+    number = _chapter_number(chapter)
     if not number.isdigit():
-        raise _Unavailable(f"cannot tell the chapter number from {chapter!r}")
+        raise _Unavailable("unknown chapter", f"cannot tell the chapter number from {chapter!r}")
     try:
         module = importlib.import_module(f".nb{number}", __package__)
     except Exception:  # missing, or broken while being written
-        raise _Unavailable(f"the checks of chapter {number} are not available") from None
+        raise _Unavailable("no checks", f"the checks of chapter {number} are not "
+                           "available") from None
     check = getattr(module, f"check_{name}", None)
     if check is None:
-        raise _Unavailable(f"chapter {number} has no check for `{name}`")
+        raise _Unavailable("no check", f"chapter {number} has no check for `{name}`")
     return check
 
 
+def _summary_line(shown: list[tuple[str, str, str | None]]) -> str:
+    """'Yours: a (10), b (08) · the course's reference: c, d (05: not started)'."""
+    yours = [f"{name} ({number})" for name, number, short in shown if short is None]
+    theirs: list[tuple[list[str], str]] = []  # consecutive names that share chapter and reason
+    for name, number, short in shown:
+        if short is None:
+            continue
+        reason = f"{number}: {short}"
+        if theirs and theirs[-1][1] == reason:
+            theirs[-1][0].append(name)
+        else:
+            theirs.append(([name], reason))
+    parts = []
+    if yours:
+        parts.append("Yours: " + ", ".join(yours))
+    if theirs:
+        parts.append("the course's reference: " + ", ".join(
+            f"{', '.join(names)} ({reason})" for names, reason in theirs))
+    line = " · ".join(parts) or "No functions borrowed."
+    return line[0].upper() + line[1:]
+
+
+# --------------------------------------------------------------------------------------------
+# Finding and reading a notebook
+
+
+def _chapter_number(chapter: str) -> str:
+    return str(chapter)[:2]
+
+
 def _notebook_path(chapter: str, root) -> Path:
-    base = Path.cwd().parent if root is None else Path(root)
+    if root is not None:
+        base = Path(root)
+    else:
+        base = _current_root.get() or Path.cwd().parent
     if "_" in chapter:
         path = base / chapter / f"{chapter}.ipynb"
     else:  # "04": the one folder 04_* that holds a notebook of its own name
@@ -99,47 +331,160 @@ def _notebook_path(chapter: str, root) -> Path:
                        if p.stem == p.parent.name)
         path = found[0] if found else base / f"{chapter}_*" / f"{chapter}_*.ipynb"
     if not path.is_file():
-        raise _Unavailable(f"no notebook at {_shown_path(path)}")
+        raise _Unavailable("no notebook", f"no notebook at {_shown_path(path)}")
     return path
 
 
-def _load(path: Path, name: str) -> Callable:
-    """Run the notebook's import cells and answer cells up to `name`; return what `name` is."""
+def _file_state(path: Path) -> tuple:
+    stat = path.stat()
+    return (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@dataclass
+class _Notebook:
+    """What a notebook's answer cells defined: each function as its own cell left it.
+
+    `files` are the (path, size, mtime) of this notebook and of every notebook its borrowing
+    statements read: when any of them changes, the notebook is run again. `verdicts` caches each
+    function's check result."""
+
+    name: str
+    files: set[tuple] = field(default_factory=set)
+    functions: dict[str, Callable] = field(default_factory=dict)
+    problems: dict[str, _Unavailable] = field(default_factory=dict)
+    verdicts: dict[tuple, tuple] = field(default_factory=dict)
+
+    def up_to_date(self) -> bool:
+        try:
+            return all(_file_state(Path(path)) == (path, size, mtime)
+                       for path, size, mtime in self.files)
+        except OSError:
+            return False
+
+    def function(self, name: str) -> Callable:
+        if name in self.problems:
+            raise self.problems[name]
+        if name not in self.functions:
+            raise _Unavailable("no answer cell", f"{self.name} has no answer cell `{name}`")
+        return self.functions[name]
+
+
+_notebooks: dict[str, _Notebook] = {}  # by resolved path
+
+
+def _notebook(path: Path) -> _Notebook:
+    """The notebook's answers, run afresh if it or a notebook it borrows from has changed."""
+    resolved = str(path.resolve())
+    cached = _notebooks.get(resolved)
+    if cached is None or not cached.up_to_date():
+        if any(resolved == loading for loading, _ in _loading.get()):
+            raise _Unavailable("circular borrowing",
+                               f"{path.name} borrows from itself through other chapters")
+        files = {_file_state(path)}
+        loading = _loading.set(_loading.get() + ((resolved, files),))
+        here = _current_root.set(path.parent.parent)
+        try:
+            cached = _execute(path)
+        finally:
+            _current_root.reset(here)
+            _loading.reset(loading)
+        cached.files = files
+        _notebooks[resolved] = cached
+    for _, files in _loading.get():  # whoever is loading now depends on this notebook's files
+        files.update(cached.files)
+    return cached
+
+
+def _execute(path: Path) -> _Notebook:
+    """Run the notebook's cells as the module docstring says, up to its last answer cell."""
     try:
         cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
         code = [(_source(cell), cell.get("metadata", {}).get("nbgrader") or {})
                 for cell in cells if cell.get("cell_type") == "code"]
     except Exception as exc:
-        raise _Unavailable(f"could not read {path.name}: {type(exc).__name__}") from None
-    target = next((i for i, (_, meta) in enumerate(code) if meta.get("grade_id") == name), None)
-    if target is None:
-        raise _Unavailable(f"{path.name} has no answer cell `{name}`")
-
+        raise _Unavailable("unreadable notebook",
+                           f"could not read {path.name}: {type(exc).__name__}") from None
+    answers = [i for i, (_, meta) in enumerate(code) if meta.get("solution")]
+    result = _Notebook(path.name)
     namespace = {"__name__": f"_borrowed_{path.stem}", "__builtins__": builtins}
-    for source, meta in code[:target]:
-        # Imports, and earlier answers (the requested function may call them). A broken earlier
-        # cell is skipped: the check below tells whether the function still works without it.
-        if meta.get("solution") or (not meta and _only_imports(source)):
-            with contextlib.suppress(Exception, SystemExit):
-                _run(source, namespace, f"<{path.name}>")
+    for source, meta in code[: answers[-1] + 1] if answers else []:
+        if meta.get("solution"):
+            _run_answer(source, meta.get("grade_id"), namespace, result, path.name)
+        elif not meta.get("grade"):
+            _run_definitions(source, namespace, path.name)
+    return result
 
-    source = code[target][0]
+
+def _run_answer(source: str, name: str | None, namespace: dict, result: _Notebook,
+                notebook: str) -> None:
     try:
-        _run(source, namespace, f"<{path.name}: cell {name}>")
+        _run(compile(source, f"<{notebook}: cell {name}>", "exec"), namespace)
     except SyntaxError as exc:
-        raise _Unavailable(f"your cell `{name}` in {path.name} has a syntax error on line "
-                           f"{exc.lineno}") from None
+        result.problems[name] = _Unavailable(
+            "syntax error", f"your cell `{name}` in {notebook} has a syntax error on line "
+                            f"{exc.lineno}")
+        return
     except (Exception, SystemExit) as exc:
-        raise _Unavailable(f"running your cell `{name}` in {path.name} raised "
-                           f"{type(exc).__name__}: {_short(exc)}") from None
+        result.problems[name] = _Unavailable(
+            f"cell raised {type(exc).__name__}",
+            f"running your cell `{name}` in {notebook} raised {type(exc).__name__}: "
+            f"{_short(exc)}")
+        return
     fn = namespace.get(name)
-    if not callable(fn):
-        raise _Unavailable(f"your cell `{name}` in {path.name} does not define `{name}`")
-    return fn
+    if callable(fn):
+        result.functions[name] = fn
+    else:
+        result.problems[name] = _Unavailable(
+            "not defined", f"your cell `{name}` in {notebook} does not define `{name}`")
 
 
-def _run(source: str, namespace: dict, filename: str) -> None:
-    code = compile(source, filename, "exec")
+def _run_definitions(source: str, namespace: dict, notebook: str) -> None:
+    """Run the cell's top-level imports, function definitions and borrowing statements, each on
+    its own (one that fails is skipped); nothing else of the cell runs."""
+    try:
+        body = ast.parse(source).body
+    except SyntaxError:
+        try:
+            body = ast.parse(_without_magics(source)).body
+        except SyntaxError:
+            return
+    for node in body:
+        if _is_definition(node):
+            module = ast.Module(body=[node], type_ignores=[])
+            with contextlib.suppress(Exception, SystemExit):
+                _run(compile(module, f"<{notebook}>", "exec"), namespace)
+
+
+def _is_definition(node: ast.stmt) -> bool:
+    if isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef)):
+        return True
+    if isinstance(node, (ast.Assign, ast.AnnAssign, ast.Expr)) and node.value is not None:
+        return _borrows(node.value)
+    return False
+
+
+def _borrows(value: ast.expr) -> bool:
+    """`own_functions(...)`, `borrow.own_or_reference(...)`, or one of those with an attribute or
+    index taken (`own_functions({...}).rms_norm`)."""
+    while isinstance(value, (ast.Attribute, ast.Subscript)):
+        value = value.value
+    if not isinstance(value, ast.Call):
+        return False
+    func = value.func
+    called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    return called in BORROWING_CALLS
+
+
+_MAGIC = re.compile(r"^(\s*)[%!]")
+
+
+def _without_magics(source: str) -> str:
+    """IPython magics (`%matplotlib inline`, `!pip ...`) as `pass`, so the rest still parses."""
+    return "\n".join(_MAGIC.sub(r"\1pass  # ", line) if _MAGIC.match(line) else line
+                     for line in source.splitlines())
+
+
+def _run(code, namespace: dict) -> None:
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         exec(code, namespace)
 
@@ -147,14 +492,6 @@ def _run(source: str, namespace: dict, filename: str) -> None:
 def _source(cell: dict) -> str:
     source = cell.get("source", "")
     return "".join(source) if isinstance(source, list) else str(source)
-
-
-def _only_imports(source: str) -> bool:
-    try:
-        body = ast.parse(source).body
-    except SyntaxError:  # IPython magics and the like
-        return False
-    return bool(body) and all(isinstance(node, (ast.Import, ast.ImportFrom)) for node in body)
 
 
 def _shown_path(path: Path) -> str:

@@ -487,3 +487,50 @@ def test_reference_sampler_properties():
     draws = ref_model.sample_next_token(row.expand(200_000, 5), temperature=1.7, generator=g)
     freq = torch.bincount(draws, minlength=5).double() / 200_000
     assert (freq - torch.softmax(row.double() / 1.7, -1)).abs().max() < 0.01
+
+
+# --------------------------------------------------------------------------------------------
+# The chapter's last section: the solutions' model on SmolLM2's real weights (skipped when the
+# model's package is not installed)
+
+
+@pytest.fixture(scope="module")
+def smol():
+    from checks import smollm
+
+    if not smollm.available():
+        pytest.skip(f"SmolLM2 is not installed ({smollm.INSTALL})")
+    params, cfg = smollm.load()
+    return params, cfg, smollm.tokenizer()
+
+
+def test_solutions_model_answers_the_chapters_question(smol):
+    """Greedy decoding with the solution's model_forward and sample_next_token, the prompt encoded
+    by chapter 12's bpe_encode, as the chapter's cell does it."""
+    from checks import smollm
+
+    from .solutions import solution_namespace
+
+    ns = solution_namespace("12_lm_head_logits")
+    params, cfg, tok = smol
+    question = "What is the capital of France?"
+    prompt = tok.encode(smollm.chat_text(question), bpe_encode=ns["bpe_encode"])
+    assert prompt == tok.chat_prompt(question)
+    tokens = torch.tensor([prompt])
+    for _ in range(12):
+        last = ns["model_forward"](tokens, params, cfg)[:, -1]
+        tokens = torch.cat([tokens, ns["sample_next_token"](last, temperature=0.0)[:, None]], 1)
+        if tokens[0, -1] == tok.im_end_id:
+            break
+    assert tok.decode(tokens[0, len(prompt):].tolist()) == (
+        "The capital of France is Paris.<|im_end|>")
+
+
+def test_real_model_lm_head_is_tied_and_counted_once(smol):
+    params, cfg, _ = smol
+    table, head = params["embed"], params["lm_head"]
+    assert head.data_ptr() == table.data_ptr() and torch.equal(head, table.T)
+    tensors = [table, head, params["final_norm"],
+               *(t for layer in params["layers"] for t in layer.values())]
+    stored = sum({t.data_ptr(): t.numel() for t in tensors}.values())
+    assert stored == ref.model_param_count(cfg) - cfg.vocab_size * cfg.hidden_size == 134_515_008
