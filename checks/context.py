@@ -1,9 +1,9 @@
 """Where the notebooks run: a learner's JupyterLab, or a grader (and how much time to spend).
 
 One environment variable, `LLAMA_COURSE_GRADING`, tells the notebooks that a machine is running
-them rather than a person: `python -m checks status|grade`, the test suite and the nbgrader
-configuration set it, and nbgrader's own `NBGRADER_EXECUTION` (set by `autograde` and `validate`)
-counts too. In that context:
+them rather than a person: `python -m checks status|grade` and the test suite set it, and
+nbgrader's own `NBGRADER_EXECUTION` (which `autograde` and `validate` set around execution, and
+the kernel inherits) counts too. In that context:
 
 - an unstarted exercise fails its self-check (it scores zero), where in JupyterLab the learner
   sees the yellow "not started" line and Run All goes on;

@@ -60,3 +60,31 @@ def failure_lines(status: str, text: str) -> list[str]:
     mark = "…" if status == "not started" else "✗"
     first, *rest = text.splitlines()
     return [f"{colour}{mark} {first}{_RESET}", *(f"  {line}" for line in rest)]
+
+
+class _NotStartedBlock:
+    """The yellow line an unstarted exercise's self-check shows in JupyterLab."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self) -> str:
+        return "\n".join(failure_lines("not started", self.text))
+
+    def _repr_html_(self) -> str:
+        first, *rest = self.text.splitlines()
+        more = "".join(f"<br>{html.escape(line)}" for line in rest)
+        return ('<div class="llama-course-not-started" style="border-left:4px solid #f9a825;'
+                'background:#fff8e1;color:#6d4c00;padding:4px 10px;font-family:sans-serif">'
+                f'<b>… {html.escape(first)}</b>{more}</div>')
+
+
+def show_not_started(text: str) -> None:
+    """Show an unstarted exercise's check result without stopping the notebook."""
+    block = _NotStartedBlock(text)
+    if in_notebook():
+        from IPython.display import display
+
+        display(block)
+    else:
+        print(repr(block))

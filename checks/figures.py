@@ -1,0 +1,117 @@
+"""Chinese text in the course's figures.
+
+matplotlib's default font (DejaVu Sans) has no Chinese glyphs, so the article's sentence
+"我 喜欢 学习 AI" would render as empty boxes. The course installs a CJK font from PyPI
+(`noto-cjk-sans-otc`: Noto Sans CJK, SIL Open Font License) and `use_cjk_font()` registers it with
+matplotlib; a machine without that package falls back to a Chinese font the system already has.
+
+    from checks.figures import use_cjk_font
+    cjk_font = use_cjk_font()   # "Noto Sans CJK SC", or None (one line on stdout says why)
+    ax.set_xticks(range(4), ["我", "喜欢", "学习", "AI"], fontfamily=cjk_font)
+
+After the call, plain text in any figure falls back to the CJK font for the glyphs DejaVu Sans
+lacks, so titles and labels with Chinese work without naming the family.
+"""
+
+from __future__ import annotations
+
+import functools
+from importlib import util as importlib_util
+from pathlib import Path
+
+# The characters the course draws; a font counts as Chinese only if it has all of them.
+SAMPLE_TEXT = "我喜欢学习"
+
+# The Python package that ships the course's CJK font (see pyproject.toml).
+FONT_PACKAGE = "noto_cjk_sans_otc"
+FONT_FILE = "NotoSansCJK-Regular.ttc"
+
+# System fonts that cover Simplified Chinese, best first (Linux, macOS, Windows).
+SYSTEM_CJK_FAMILIES = (
+    "Noto Sans CJK SC", "Noto Sans SC", "Source Han Sans SC", "Source Han Sans CN",
+    "WenQuanYi Micro Hei", "WenQuanYi Zen Hei", "PingFang SC", "Heiti SC", "Hiragino Sans GB",
+    "Microsoft YaHei", "SimHei", "Noto Sans CJK JP", "Noto Sans CJK TC", "Noto Serif CJK SC",
+    "Arial Unicode MS",
+)
+
+NO_FONT_MESSAGE = ("No Chinese font found: Chinese text in figures will show as empty boxes "
+                   "(install one with `pip install noto-cjk-sans-otc`, part of `make setup`).")
+
+
+def packaged_font_path() -> Path | None:
+    """The font file of the course's font package, or None when it is not installed."""
+    # find_spec, not import: the file is all we need, and the package has no code worth running.
+    spec = importlib_util.find_spec(FONT_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / FONT_FILE
+    return path if path.is_file() else None
+
+
+def covers(font_path: str | Path, text: str = SAMPLE_TEXT) -> bool:
+    """True when the font file has a glyph for every non-space character of `text`."""
+    from matplotlib import ft2font
+
+    charmap = ft2font.FT2Font(str(font_path)).get_charmap()
+    return all(ord(ch) in charmap for ch in text if not ch.isspace())
+
+
+def _register_packaged_font() -> str | None:
+    """Add the packaged font to matplotlib; return its Simplified Chinese family name."""
+    from matplotlib import font_manager
+
+    path = packaged_font_path()
+    if path is None:
+        return None
+    font_manager.fontManager.addfont(str(path))
+    # matplotlib >= 3.10 registers every face of the collection (SC, TC, JP, KR, HK); older
+    # versions only the first (JP), which still has every Chinese glyph the course draws.
+    names = [entry.name for entry in font_manager.fontManager.ttflist
+             if Path(entry.fname) == path]
+    simplified = [name for name in names if name.endswith(" SC")]
+    return (simplified or names or [None])[0]
+
+
+def _system_cjk_family() -> str | None:
+    """The best installed system font that covers SAMPLE_TEXT, or None."""
+    from matplotlib import font_manager
+
+    paths_by_name: dict[str, list[str]] = {}
+    for entry in font_manager.fontManager.ttflist:
+        paths_by_name.setdefault(entry.name, []).append(entry.fname)
+    for name in SYSTEM_CJK_FAMILIES:
+        if any(covers(path) for path in paths_by_name.get(name, ())):
+            return name
+    return None
+
+
+def _add_as_fallback(family: str) -> None:
+    """Keep the usual font first; let the CJK font supply the glyphs it lacks.
+
+    matplotlib falls back glyph by glyph only along the `font.family` list (not along the fonts
+    a generic name such as "sans-serif" stands for), so the CJK family goes at its end.
+    """
+    import matplotlib
+
+    families = list(matplotlib.rcParams["font.family"])
+    if family not in families:
+        matplotlib.rcParams["font.family"] = [*families, family]
+
+
+@functools.lru_cache(maxsize=None)
+def _find_cjk_family() -> str | None:
+    return _register_packaged_font() or _system_cjk_family()
+
+
+def use_cjk_font() -> str | None:
+    """Make Chinese text render in matplotlib figures; return the font family to use.
+
+    Prefers the course's packaged Noto Sans CJK, then an installed system font; prints one line
+    and returns None when there is none, so a figure can label its axes another way.
+    """
+    family = _find_cjk_family()
+    if family is None:
+        print(NO_FONT_MESSAGE)
+        return None
+    _add_as_fallback(family)
+    return family
