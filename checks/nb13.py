@@ -17,9 +17,19 @@ How the checks look inside:
   of the whole sequence computed without any cache (`checks.reference.generation.full_forward`).
   After each call the cache's contents are compared with the reference's (K after RoPE). Known
   mistakes are re-run from the first call with the mistake, from the earlier chapters' pieces.
+- `forward_with_cache` raising: when the learner's call fails in a later chunk, the square-mask
+  mistakes (`causal_mask(T)`, `causal_mask(start_pos + T)`) are replayed; if one raises there too
+  and the learner's error names the same exception and sizes, the failure names that mask.
 - `generate`: the token embedding table is handed over as a tensor subclass that counts the token
-  ids looked up in it, call by call: with the cache, the prompt goes through once and every
-  later call carries exactly one new token per sequence.
+  ids looked up in it, call by call: with the cache, the prompt goes through once, every later
+  call carries exactly one new token per sequence, and nothing is fed after the last new token
+  (n tokens: the prefill and n - 1 decode steps); without it, one call per new token.
+- `prefill_flops`, `decode_step_bytes`, `arithmetic_intensity`: exact numbers compared with the
+  reference's counts (`checks.reference.generation`). Each known mistake is the count with one
+  term changed, and every random case is drawn so that the mistakes give different numbers, so a
+  wrong answer is named for what it is; LLaMA-2-7B's own numbers are among the cases.
+- Every check runs on one CPU thread (`_one_thread`): the models are tiny, and on a busy machine
+  two threads made a check many times slower.
 - When `python -m checks grade` runs the learner's code in a worker process, the cache handle's
   `update` (a bound method) and the counting table's log (a callable of this package) stay in the
   grading process and are called back, so the forward_with_cache and generate checks see the
@@ -33,13 +43,17 @@ choice wins by a clear margin, so that rounding can never flip a token.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
+import numbers
+import re
 
 import torch
 import torch.nn.functional as F
 
 from . import reference as ref
-from .config import ModelConfig
+from . import timing
+from .config import LLAMA2_7B, ModelConfig
 from .engine import Check, CheckFailure, LearnerError, NotStarted
 from .reference import generation as gen
 
@@ -96,6 +110,16 @@ NO_OFFSET = ("decode positions not offset: rotated the new tokens by positions 0
 TOP_LEFT = ("causal mask top-left aligned (`causal_mask(T)` or `tril(ones(T, S_k))`): the T new "
             "queries are the LAST T of the start_pos+T keys, so query i sits at position "
             "start_pos + i; use the bottom-right mask causal_mask(T, start_pos + T)")
+SQUARE_NEW = ("built the mask with causal_mask(T): a [T, T] square, while the T new queries meet "
+              "start_pos + T keys (the scores are [T, start_pos + T]); use the bottom-right "
+              "causal_mask(T, start_pos + T). A decode step hides the mistake: there a [1, 1] "
+              "mask broadcasts")
+SQUARE_ALL = ("built the mask with causal_mask(start_pos + T): one row per key, while only the T "
+              "new tokens are queries (the scores are [T, start_pos + T]); use the bottom-right "
+              "causal_mask(T, start_pos + T)")
+SQUARE_EITHER = ("a square causal mask against a longer cache (causal_mask(T) or "
+                 "causal_mask(start_pos + T)): the scores of T new queries against the "
+                 "start_pos + T keys are [T, start_pos + T]; use causal_mask(T, start_pos + T)")
 NO_MASK = ("no causal mask: within a chunk of several new tokens each may attend only up to its "
            "own position; pass causal_mask(T, start_pos + T)")
 IGNORED_CACHE = ("ignored the cache: attended to the new tokens' own K and V only; attend to the "
@@ -108,8 +132,8 @@ UNROTATED_RECOMPUTED = ("the cache stores K before RoPE (and every cached key is
 NOT_ADVANCED = ("cache not advanced: every decode step used start_pos = P, so each new token "
                 "overwrote the previous one's slot; the token generated at step t sits at "
                 "position P + t")
-SKIPPED_SLOT = ("start_pos one too far in the decode steps (P + t + 1): the token fed at step t "
-                "sits at position P + t, the slot right after the previous one")
+SKIPPED_SLOT = ("start_pos one too far in the decode steps (P + t + 1): the token generated at "
+                "step t sits at position P + t, the slot right after the previous one")
 FIRST_POSITION = ("took the logits of the first position after the prefill: the next token comes "
                   "from the LAST position's logits, logits[:, -1]")
 RECOMPUTED = ("recomputed the whole sequence each step: with use_cache=True, feed only the "
@@ -118,6 +142,13 @@ RECOMPUTED = ("recomputed the whole sequence each step: with use_cache=True, fee
 PREFILL_BY_TOKEN = ("pushed the prompt through one token at a time: prefill runs the whole prompt "
                     "in one call, forward_with_cache(prompt_ids, ..., start_pos=0)")
 NEW_TOKENS_ONLY = "returned only the new tokens: return the prompt followed by them, [B, P + n]"
+WASTED_FORWARD = ("fed the last new token back through the model: its logits are never used, so "
+                  "that forward pass is wasted (a whole pass over every weight); n new tokens "
+                  "need the prefill and n - 1 decode steps; stop the loop once the last token is "
+                  "chosen")
+WASTED_FORWARD_UNCACHED = ("fed the last new token back through the model: its logits are never "
+                           "used, so that pass is wasted; without the cache, n new tokens need n "
+                           "passes (over P, P + 1, ..., P + n - 1 tokens)")
 ONE_TOO_MANY = "generated max_new_tokens + 1 tokens"
 ONE_TOO_FEW = "generated max_new_tokens - 1 tokens"
 
@@ -129,6 +160,24 @@ _FORWARD_HINT = ("this exercise asks you to write the cached forward pass yourse
 
 # --------------------------------------------------------------------------------------------
 # Small helpers
+
+
+def _one_thread(check):
+    """Run a check on one CPU thread. Its models are tiny, so their time goes into the fixed cost
+    of each operation, which more threads do not shorten; on a busy machine the threads of each
+    small operation also wait for one another (measured beside two busy processes on 2 cores:
+    check_generate took 0.8 s on one thread, 28 s on two). The caller's setting comes back after."""
+    @functools.wraps(check)
+    def run(*args, **kwargs):
+        saved = torch.get_num_threads()
+        if saved == 1:
+            return check(*args, **kwargs)
+        torch.set_num_threads(1)
+        try:
+            return check(*args, **kwargs)
+        finally:
+            torch.set_num_threads(saved)
+    return run
 
 
 
@@ -198,7 +247,9 @@ def _sim_forward(token_ids, params, cfg, cache, start_pos, *, offset=True, mask=
                  store_rotated=True, rerotate=False, use_cache=True):
     """forward_with_cache with the named mistake (no keyword: the correct computation).
 
-    offset=False: RoPE positions 0..T-1; mask: "bottom_right", "top_left" or "none";
+    offset=False: RoPE positions 0..T-1; mask: "bottom_right", "top_left", "none", or a square
+    mask that cannot fit a later chunk's scores: "square_new" (causal_mask(T)) or "square_all"
+    (causal_mask(start_pos + T));
     store_rotated=False: K goes into the cache before RoPE (and is used from there as it is,
     or, with rerotate, rotated again by 0..end-1); use_cache=False: attends to the new tokens only.
     """
@@ -223,6 +274,10 @@ def _sim_forward(token_ids, params, cfg, cache, start_pos, *, offset=True, mask=
             m = ref.causal_mask(t, keys)
         elif mask == "top_left":
             m = torch.ones(t, keys, dtype=torch.bool).tril()
+        elif mask == "square_new":
+            m = ref.causal_mask(t)
+        elif mask == "square_all":
+            m = ref.causal_mask(keys)
         else:
             m = None
         out = ref.grouped_query_attention(q, k_all, v_all, m)
@@ -416,6 +471,7 @@ def _expect_update(c: Check, cache, storages, sims, layer, k, v, start, want_k, 
                    NEW_ONLY if same else COPY.format(what=what))
 
 
+@_one_thread
 def check_KVCache(cls, *, seed: int | None = None, thorough: bool = False) -> None:
     with Check("KVCache", cls, seed=seed) as c:
         for trial in range(3 if thorough else 1):
@@ -598,6 +654,43 @@ def _plans(c: Check, thorough: bool) -> list[tuple]:
     return plans
 
 
+def _replay_error(tokens, params, cfg, batch, s_max, chunks, mistake: dict) -> str | None:
+    """'Type: message' of the exception a mistake's replay raises (None: it runs)."""
+    try:
+        _replay(tokens, params, cfg, batch, s_max, chunks, mistake)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def _diagnose_raise(c: Check, err: LearnerError, tokens, params, cfg, batch, s_max,
+                    chunks) -> None:
+    """The learner's call `chunks[-1]` raised. Fail naming a square mask when that mistake raises
+    there too and the learner's error names the same exception and the same sizes (T and
+    start_pos + T); otherwise return, and the raw error is reported as it is."""
+    s, e = chunks[-1]
+    t = e - s
+    if s == 0:
+        return
+    text = err.message.splitlines()[0]
+    numbers = {int(n) for n in re.findall(r"\d+", text)}
+    found = []
+    for hint, mask in ((SQUARE_NEW, "square_new"), (SQUARE_ALL, "square_all")):
+        raised = _replay_error(tokens, params, cfg, batch, s_max, chunks, dict(mask=mask))
+        if raised is None or raised.split(":")[0] not in text:
+            continue
+        if raised in text:
+            found = [hint]                      # the very same error: no doubt left
+            break
+        if {t, e} <= numbers:
+            found.append(hint)
+    if found:
+        kind = "decode" if t == 1 else "chunk"
+        c.fail(f"call {len(chunks)} ({kind}: T={t} new tokens at start_pos={s}, so {e} keys) "
+               f"{text}", found[0] if len(found) == 1 else SQUARE_EITHER)
+
+
+@_one_thread
 def check_forward_with_cache(f, *, seed: int | None = None, thorough: bool = False) -> None:
     with Check("forward_with_cache", f, seed=seed) as c:
         _no_reference(c, gen.forward_with_cache, gen.generate)
@@ -618,6 +711,11 @@ def check_forward_with_cache(f, *, seed: int | None = None, thorough: bool = Fal
                 with torch.no_grad():
                     try:
                         got = c.call(ids, params, cfg, handle, s)
+                    except LearnerError as err:
+                        if mine.failure is not None:
+                            raise mine.failure from None
+                        _diagnose_raise(c, err, tokens, params, cfg, batch, s_max, chunks[:n + 1])
+                        raise
                     except CheckFailure:
                         if mine.failure is not None:
                             raise mine.failure from None
@@ -827,11 +925,22 @@ def _check_steps(c: Check, log: list[int], batch: int, p: int, n: int, label: st
                f"exactly one new token per sequence, B = {batch} ({seen}).",
                RECOMPUTED if grows or m >= batch * p else None)
     steps = len(rest) - (first == batch * (p - 1) != batch * p)   # fed the last prompt token late
-    if steps not in (n - 1, n) and n > 0:
+    if steps != n - 1 and n > 0:
         c.fail(f"{label}: {len(log)} forward calls for {n} new tokens ({seen}); expected the "
-               f"prefill and then {n - 1} decode steps (the last new token is never fed back).")
+               f"prefill and then {n - 1} decode steps (the last new token is never fed back).",
+               WASTED_FORWARD if steps == n else None)
 
 
+def _check_uncached_calls(c: Check, log: list[int], n: int, label: str) -> None:
+    """Without the cache: one forward pass per new token, none after the last."""
+    if len(log) > n:
+        shown = ", ".join(map(str, log[:8])) + (", ..." if len(log) > 8 else "")
+        c.fail(f"{label}: {len(log)} forward calls for {n} new tokens (tokens looked up per "
+               f"call: [{shown}]); expected {n}, one per new token.",
+               WASTED_FORWARD_UNCACHED if len(log) == n + 1 else None)
+
+
+@_one_thread
 def check_generate(f, *, seed: int | None = None, thorough: bool = False) -> None:
     with Check("generate", f, seed=seed) as c:
         _no_reference(c, gen.generate)
@@ -855,11 +964,14 @@ def check_generate(f, *, seed: int | None = None, thorough: bool = False) -> Non
             c.expect_tensor(got, want, what=f"{label} (greedy, with the cache)", dims=dims,
                             wrong=mixups)
             _check_steps(c, log.items, batch, p, n, label)
-            got = c.call(params, cfg, prompt, n, use_cache=False)
+            log = _Recorder()
+            got = c.call(_counting_params(params, log), cfg, prompt, n, use_cache=False)
             c.expect_tensor(got, want, what=f"{label[:-1]}, use_cache=False) (greedy)",
                             dims=dims, wrong=mixups)
+            _check_uncached_calls(c, log.items, n, f"{label[:-1]}, use_cache=False)")
         c.headline("greedy tokens identical with and without the cache")
-        c.headline("one prefill over the prompt, then one new token per sequence per step")
+        c.headline("one prefill over the prompt, then one new token per sequence per step; "
+                   "no forward pass after the last token")
         # Edge cases: nothing to generate; a single token (the prefill alone).
         cfg, params, prompt, _ = _scenario(c, "gqa", 2, 3, 0)
         for n in (0, 1):
@@ -871,6 +983,10 @@ def check_generate(f, *, seed: int | None = None, thorough: bool = False) -> Non
                             wrong=_generate_mixups(params, cfg, prompt, n, want))
             if n == 1:
                 _check_steps(c, log.items, 2, 3, 1, "generate(..., max_new_tokens=1)")
+            elif log.items:
+                c.fail(f"generate(..., max_new_tokens=0) ran {len(log.items)} forward "
+                       f"call(s) (tokens looked up per call: {log.items[:8]}).",
+                       "with nothing to generate, no forward pass is needed: return the prompt")
         c.headline("max_new_tokens = 0 and 1")
         _check_sampling(c)
         c.note("temperature > 0 samples, reproducibly with the generator")
@@ -909,4 +1025,246 @@ def _check_sampling(c: Check) -> None:
                "samples from softmax(logits / temperature)")
 
 
-__all__ = ["check_KVCache", "check_forward_with_cache", "check_generate", "tensor_nbytes"]
+# --------------------------------------------------------------------------------------------
+# Exercises 4-6: the roofline's arithmetic. A multiply-add counts as 2 FLOPs; the chapter's text
+# defines what each count includes, and `checks.reference.generation` holds the answers.
+
+_COUNT_HINT = ("this exercise asks you to write the formula yourself; the course's {name} (in "
+               "checks.reference or checks.timing) is what your answer is compared with")
+
+
+def _roofline_cfg(c: Check) -> ModelConfig:
+    """Sizes that tell the mistakes apart: distinct, GQA (N_kv >= 2, G >= 2), and a head_dim
+    other than H / N_h, so that N_h·D_h, N_kv·D_h and H are three different numbers."""
+    n_kv, g = c.sizes(2, 2, 5)
+    n_h = n_kv * g
+    d = c.choice([6, 10, 14])
+    h = c.choice([40, 56, 72])
+    return ModelConfig(vocab_size=c.randint(300, 900), hidden_size=h, n_heads=n_h,
+                       n_kv_heads=n_kv, head_dim=d, ffn_hidden_size=c.randint(100, 200),
+                       n_layers=c.randint(3, 7), max_seq_len=4096)
+
+
+def _prefill_count(cfg: ModelConfig, b: int, p: int, *, per_mac: int = 2, kv_heads=None,
+                   ffn: int = 3, wo: bool = True, attn: str = "triangle", attn_heads=None,
+                   lm_head_rows=None, layers=None, width=None, embed: bool = False) -> int:
+    """Prefill FLOPs with the named mistake (no keyword: the correct count). kv_heads / width /
+    attn_heads: the heads of the K/V projections, the width used for N_h·D_h, the heads that
+    compute attention; attn: "triangle", "square", "scores" (Q K^T only) or "none";
+    lm_head_rows: positions through the LM head (default: the last of each prompt)."""
+    h, d = cfg.hidden_size, cfg.head_dim
+    q_width = cfg.n_heads * d if width is None else width
+    kv_width = (cfg.n_kv_heads if kv_heads is None else kv_heads) * d
+    tokens = b * p
+    weights = h * q_width + 2 * h * kv_width + (q_width * h if wo else 0) + \
+        ffn * h * cfg.ffn_hidden_size
+    pairs = {"triangle": p * (p + 1) // 2, "square": p * p, "scores": p * (p + 1) // 2,
+             "none": 0}[attn]
+    products = 1 if attn == "scores" else 2
+    heads = cfg.n_heads if attn_heads is None else attn_heads
+    attention = products * b * heads * pairs * d
+    rows = b if lm_head_rows is None else lm_head_rows
+    lm_head = rows * h * cfg.vocab_size
+    n_layers = cfg.n_layers if layers is None else layers
+    total = n_layers * (tokens * weights + attention) + lm_head
+    if embed:
+        total += tokens * h * cfg.vocab_size
+    return per_mac * total
+
+
+def _prefill_mixups(cfg: ModelConfig, b: int, p: int, want: int) -> dict:
+    h, d = cfg.hidden_size, cfg.head_dim
+    f = functools.partial(_prefill_count, cfg, b, p)
+    return {
+        "counted a multiply-add as 1 FLOP: it is 2 (a multiply and an add), so a [in, out] "
+        "weight costs 2·in·out per token": f(per_mac=1),
+        "left out attention's own products: the scores Q Kᵀ and the weighted sum of V are "
+        "matrix products too (2·D_h FLOPs each per query-key pair and query head)":
+            f(attn="none"),
+        "counted the full P x P score matrix: under the causal mask query i meets only keys "
+        "0..i, P(P+1)/2 pairs": f(attn="square"),
+        "counted only Q Kᵀ: the weighted sum of V (weights @ V) costs as much again":
+            f(attn="scores"),
+        "counted attention for the N_kv KV heads: every one of the N_h query heads computes its "
+        "own scores and weighted sum": f(attn_heads=cfg.n_kv_heads),
+        "counted the K and V projections for N_h heads (K/V repeated for every query head): "
+        "with GQA, W_K and W_V have N_kv·D_h columns each": f(kv_heads=cfg.n_heads),
+        "used H where N_h·D_h belongs (W_Q's columns, W_O's rows): they differ when head_dim "
+        "is set explicitly": f(width=h),
+        "ran the LM head on every prompt position: prefill needs only the last position's "
+        "logits (the next token), B rows": f(lm_head_rows=b * p),
+        "left out the LM head (B·H·|V| multiply-adds for the last positions)": f(lm_head_rows=0),
+        "left out the batch B: all B·P tokens go through every weight": _prefill_count(cfg, 1, p),
+        "counted one layer: every one of the L layers does the same work": f(layers=1),
+        "counted two FFN matrices: SwiGLU has three (W_gate, W_up, W_down)": f(ffn=2),
+        "left out W_O, the attention output projection": f(wo=False),
+        "counted the embedding lookup as a product: it reads rows of the table, no FLOPs":
+            f(embed=True),
+        "returned a float; the FLOP count is an exact int (avoid `/` and float factors)":
+            float(want),
+    }
+
+
+def _decode_count(cfg: ModelConfig, b: int, c_len: int, s: int, *, kv_factor: int = 2,
+                  new: int = 1, kv_heads=None, weight_s=None, cache_s=None, embed: bool = False,
+                  lm_head: bool = True, norms: bool = True, weight_copies: int = 1,
+                  cache_batch=None, layers_w=None, layers_kv=None, ffn: int = 3) -> int:
+    """Decode-step bytes with the named mistake (no keyword: the correct count)."""
+    h, d = cfg.hidden_size, cfg.head_dim
+    nl = cfg.n_layers
+    per_layer = (h * (cfg.n_heads + 2 * cfg.n_kv_heads) * d + cfg.n_heads * d * h
+                 + ffn * h * cfg.ffn_hidden_size + (2 * h if norms else 0))
+    weights = (nl if layers_w is None else layers_w) * per_layer + (h if norms else 0) + \
+        (h * cfg.vocab_size if lm_head else 0) + (cfg.vocab_size * h if embed else 0)
+    heads = cfg.n_kv_heads if kv_heads is None else kv_heads
+    cache = kv_factor * (nl if layers_kv is None else layers_kv) * \
+        (b if cache_batch is None else cache_batch) * (c_len + new) * heads * d
+    return (weight_copies * weights * (s if weight_s is None else weight_s)
+            + cache * (s if cache_s is None else cache_s))
+
+
+def _decode_mixups(cfg: ModelConfig, b: int, c_len: int, s: int, want: int) -> dict:
+    f = functools.partial(_decode_count, cfg, b, c_len, s)
+    return {
+        "forgot the factor 2 of the cache: it holds K and V": f(kv_factor=1),
+        "left out the cache write: the step reads the C cached positions and writes the new "
+        "token's K and V, C + 1 positions in all": f(new=0),
+        "counted the new position twice (written, then read again): count each cache entry the "
+        "step touches once, C + 1 positions": f(new=2),
+        "counted N_h heads in the cache (K/V repeated for every query head): it holds the N_kv "
+        "KV heads only": f(kv_heads=cfg.n_heads),
+        "counted elements, not bytes: multiply by bytes_per_elem": f(weight_s=1, cache_s=1),
+        "multiplied only the cache by bytes_per_elem: the weights are stored in the same "
+        "dtype": f(weight_s=1),
+        "multiplied only the weights by bytes_per_elem: the cache is stored in the same "
+        "dtype": f(cache_s=1),
+        "counted bits, not bytes (multiplied by 8)": want * 8,
+        "counted the whole embedding table: a decode step looks up only B of its rows (left "
+        "out); the LM head is read in full": f(embed=True),
+        "left out the LM head [H, |V|], read in full at every step": f(lm_head=False),
+        "left out the norm scales (2 per layer and the final one, H numbers each)":
+            f(norms=False),
+        "read the weights once per sequence: one read serves the whole batch": f(weight_copies=b),
+        "left out the batch B in the cache: every sequence has its own K and V": f(cache_batch=1),
+        "counted one layer's cache: every layer keeps its own K and V": f(layers_kv=1),
+        "counted one layer's weights: every layer's matrices are read": f(layers_w=1),
+        "counted two FFN matrices: SwiGLU has three (W_gate, W_up, W_down)": f(ffn=2),
+        "hard-coded 2 bytes per element (bf16); use bytes_per_elem":
+            f(weight_s=2, cache_s=2) if s != 2 else None,
+        "returned GiB; return the exact number of bytes as an int": want / 2**30,
+        "returned GB; return the exact number of bytes as an int": want / 1e9,
+        "returned a float; the byte count is an exact int (avoid `/` and float factors)":
+            float(want),
+    }
+
+
+@_one_thread
+def check_prefill_flops(f, *, seed: int | None = None, thorough: bool = False) -> None:
+    with Check("prefill_flops", f, seed=seed) as c:
+        c.forbid_functions([gen.prefill_flops, timing.prefill_flops], _COUNT_HINT)
+        cases = [_distinct(c, lambda: (_roofline_cfg(c), c.randint(2, 7), c.randint(7, 40)),
+                           gen.prefill_flops, _prefill_mixups)
+                 for _ in range(3 if thorough else 2)]
+        cfg = _roofline_cfg(c)
+        cases += [(cfg, c.randint(2, 5), 1), (ModelConfig(**{**vars(cfg), "n_kv_heads": 1}),
+                                              3, c.randint(5, 20))]
+        cases += [(LLAMA2_7B, 1, 512), (LLAMA2_7B, 4, 2048)]
+        for cfg, b, p in cases:
+            want = gen.prefill_flops(cfg, b, p)
+            name = "LLAMA2_7B" if cfg == LLAMA2_7B else _cfg_text(cfg)
+            c.expect_equal(c.call(cfg, b, p), want,
+                           what=f"prefill_flops({name}, batch={b}, seq_len={p})",
+                           wrong=_prefill_mixups(cfg, b, p, want))
+        c.headline("2 FLOPs per multiply-add: every layer's weights for all B·P tokens, "
+                   "attention over the causal triangle, the LM head on the last positions")
+        c.headline("GQA (N_kv < N_h), MQA, head_dim ≠ H/N_h, a one-token prompt")
+        c.headline("LLaMA-2-7B: B=1, P=512 and B=4, P=2048")
+
+
+@_one_thread
+def check_decode_step_bytes(f, *, seed: int | None = None, thorough: bool = False) -> None:
+    with Check("decode_step_bytes", f, seed=seed) as c:
+        c.forbid_functions([gen.decode_step_bytes, timing.decode_bytes], _COUNT_HINT)
+        cases = []
+        # 1 and 4 bytes first (int8, fp32): a hard-coded 2 then stands out.
+        for s in [1, 4] + [c.choice([1, 2, 4]) for _ in range(2 if thorough else 0)]:
+            cases.append(_distinct(
+                c, lambda s=s: (_roofline_cfg(c), c.randint(2, 9), c.randint(10, 500), s),
+                gen.decode_step_bytes, _decode_mixups))
+        cfg = _roofline_cfg(c)
+        cases += [(cfg, 3, 0, 4), (ModelConfig(**{**vars(cfg), "n_kv_heads": 1}), 2, 37, 1)]
+        cases += [(LLAMA2_7B, 1, 512, 2), (LLAMA2_7B, 64, 512, 2), (LLAMA2_7B, 1, 4095, 2)]
+        for cfg, b, c_len, s in cases:
+            want = gen.decode_step_bytes(cfg, b, c_len, s)
+            name = "LLAMA2_7B" if cfg == LLAMA2_7B else _cfg_text(cfg)
+            c.expect_equal(c.call(cfg, b, c_len, s), want,
+                           what=f"decode_step_bytes({name}, batch={b}, context_len={c_len}, "
+                                f"bytes_per_elem={s})",
+                           wrong=_decode_mixups(cfg, b, c_len, s, want))
+        c.headline("every weight once per step (LM head and norms, not the embedding table)")
+        c.headline("the cache: C positions read and the new one written, K and V, N_kv heads, "
+                   "every layer and sequence")
+        c.headline("LLaMA-2-7B: B=1 and B=64 at C=512, B=1 at C=4095")
+
+
+def _intensity_mixups(flops, nbytes) -> dict:
+    return {
+        "divided bytes by FLOPs: the intensity is FLOPs per byte": nbytes / flops,
+        "used // (floor division), which drops the fraction: use /": float(flops // nbytes),
+        "returned an int: the intensity is a ratio, return a float (flops / num_bytes)":
+            flops // nbytes,
+        "counted each FLOP twice: the FLOP count already has 2 per multiply-add":
+            2 * flops / nbytes,
+        "divided by bits (8 per byte)": flops / (8 * nbytes),
+    }
+
+
+@_one_thread
+def check_arithmetic_intensity(f, *, seed: int | None = None, thorough: bool = False) -> None:
+    with Check("arithmetic_intensity", f, seed=seed) as c:
+        c.forbid_functions([gen.arithmetic_intensity], _COUNT_HINT)
+        cases = [(c.randint(10**6, 10**9), c.randint(10**6, 10**9)) for _ in range(3)]
+        cases += [(c.randint(3, 50) * 7 + 3, 7), (5, 2000)]
+        cfg = LLAMA2_7B
+        # LLaMA-2-7B in bf16: a 512-token prefill, and a decode step after 511 cached positions
+        # (the prefill writes K and V for 512 positions: the same bytes as that decode step).
+        cases += [(gen.prefill_flops(cfg, 1, 512), gen.decode_step_bytes(cfg, 1, 511, 2)),
+                  (timing.decode_flops(cfg, 1, 511), gen.decode_step_bytes(cfg, 1, 511, 2))]
+        for flops, nbytes in cases:
+            got = c.call(flops, nbytes)
+            want = flops / nbytes
+            what = f"arithmetic_intensity(flops={flops}, num_bytes={nbytes})"
+            wrong = _intensity_mixups(flops, nbytes)
+            if not isinstance(got, numbers.Real) or isinstance(got, bool) or \
+                    not math.isclose(float(got), want, rel_tol=1e-9):
+                hint = c.diagnose(got, wrong, 0.0, 0.0)
+                c.fail(f"{what} is {got!r}, expected {want!r}.", hint)
+            if not isinstance(got, float):
+                c.fail(f"{what} is {got!r} of type {type(got).__name__}; expected a float.",
+                       "return a Python float: flops / num_bytes")
+            c.note(what)
+        c.headline("FLOPs per byte, a float (fractions kept)")
+
+
+def _distinct(c: Check, draw, answer, mixups) -> tuple:
+    """A case from `draw()` whose known mistakes give different numbers, so that a wrong answer
+    is named for what it is (redrawn until so; rarely needed). A mistake that gives the right
+    answer here (for example bytes as elements at 1 byte each) is caught by another case."""
+    for _ in range(50):
+        case = draw()
+        want = repr(answer(*case))
+        values = [repr(v) for v in mixups(*case, answer(*case)).values() if v is not None]
+        values = [v for v in values if v != want]
+        if len(set(values)) == len(values):
+            return case
+    return case
+
+
+def _cfg_text(cfg: ModelConfig) -> str:
+    return (f"cfg(V={cfg.vocab_size}, H={cfg.hidden_size}, N_h={cfg.n_heads}, "
+            f"N_kv={cfg.n_kv_heads}, D_h={cfg.head_dim}, H_ff={cfg.ffn_hidden_size}, "
+            f"L={cfg.n_layers})")
+
+
+__all__ = ["check_KVCache", "check_arithmetic_intensity", "check_decode_step_bytes",
+           "check_forward_with_cache", "check_generate", "check_prefill_flops", "tensor_nbytes"]

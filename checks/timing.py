@@ -1,10 +1,13 @@
 """Prefill vs decode, timed: FLOPs and bytes from the config, measured against the device's peaks.
 
-    python -m checks.timing [--json FILE] [--device cpu|cuda] [--size tiny|small|7b] [--figure PNG]
+    python -m checks.timing [--json FILE] [--device cpu|cuda] [--size tiny|small|7b]
+                            [--model random|smollm] [--budget SECONDS] [--figure PNG]
 
 prints a table and (with --json) writes every number. On a CUDA GPU the default is LLaMA-2-7B's
 shapes in bf16 (all 32 layers, random weights); on a CPU a scaled-down configuration in fp32,
-labelled as such, that finishes in seconds. Chapter 13's notebook calls the same functions.
+labelled as such, that finishes in seconds. `--model smollm` times the course's real model,
+SmolLM2-135M-Instruct (`checks.smollm`), instead: fp32 on a CPU, bf16 on a GPU (`--size tiny`:
+the smallest run, one prefill and one decode point). Chapter 13's notebook calls the same functions.
 
 What is measured, and how:
 - The device's peaks, by the device itself: FLOP/s of one large square matmul, and bytes/s of one
@@ -14,11 +17,15 @@ What is measured, and how:
 - Decode: one forward call with one new token per sequence at position C, reading a cache that
   already holds C positions (filled with random numbers: the cost does not depend on them):
   latency per step, tokens/s (B per step) and achieved bytes/s (weights + KV read per step).
-- Timing: warm-up calls first, then several repeats, each bracketed by a device synchronisation
+- Timing: warm-up calls first, then repeats, each bracketed by a device synchronisation
   (`torch.cuda.synchronize()` on CUDA: kernels run asynchronously, so a clock read without it
   would time the kernel launches only); the median of the repeats is reported for prefill and
-  decode.
+  decode. The repeats are a fixed number (the plan's, or `--repeats`), or, with `--budget`, as
+  many as fit in that many seconds per point (`checks.context.time_budget`, at least 3): a busy
+  machine then costs precision, not time. Every row records its number of repeats.
 The model is the course's reference (`checks.reference.generation`) under `torch.inference_mode`.
+The FLOP and byte counts are those of chapter 13's exercises (`prefill_flops`, `decode_step_bytes`;
+the reference writes them per operation, this module per token, and the tests compare the two).
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import context
 from .config import LLAMA2_7B, ModelConfig
 from .reference import generation as gen
 
@@ -115,25 +123,50 @@ def time_it(fn, device: torch.device, *, warmup: int, repeats: int) -> list[floa
     return times
 
 
+@dataclass(frozen=True)
+class Measured:
+    """Seconds per call: the median and the fastest of `repeats` timed calls; `times` lists them
+    all when the number of repeats was fixed (None when a time budget decided it)."""
+
+    median: float
+    fastest: float
+    repeats: int
+    times: list[float] | None
+
+
+def measure(fn, device: torch.device, *, warmup: int, repeats: int,
+            budget: float | None = None) -> Measured:
+    """Time fn(): `repeats` timed calls after `warmup` untimed ones, or, with a `budget` in
+    seconds, as many as fit in it (`checks.context.time_budget`: warm-up first, at least 3)."""
+    if budget is None:
+        times = time_it(fn, device, warmup=warmup, repeats=repeats)
+        return Measured(statistics.median(times), min(times), len(times), times)
+    timed = context.time_budget(fn, budget=budget, warmup=max(warmup, 1),
+                                sync=lambda: synchronize(device))
+    return Measured(timed.median, timed.fastest, timed.repeats, None)
+
+
 def measure_peak_flops(device: torch.device, dtype: torch.dtype, n: int, *, warmup: int = 2,
-                       repeats: int = 5) -> float:
+                       repeats: int = 5, budget: float | None = None) -> float:
     """FLOP/s of an n x n by n x n matmul (2 n^3 FLOPs), from the fastest repeat (a peak is a
     best case; the workloads below report medians)."""
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
     out = torch.empty(n, n, device=device, dtype=dtype)
-    times = time_it(lambda: torch.matmul(a, b, out=out), device, warmup=warmup, repeats=repeats)
-    return 2 * n**3 / min(times)
+    timed = measure(lambda: torch.matmul(a, b, out=out), device, warmup=warmup, repeats=repeats,
+                    budget=budget)
+    return 2 * n**3 / timed.fastest
 
 
 def measure_peak_bandwidth(device: torch.device, nbytes: int, *, warmup: int = 2,
-                           repeats: int = 5) -> float:
+                           repeats: int = 5, budget: float | None = None) -> float:
     """Bytes/s of a device-to-device copy: each byte read once and written once (2 * nbytes),
     from the fastest repeat."""
     src = torch.ones(nbytes, dtype=torch.uint8, device=device)
     dst = torch.zeros_like(src)
-    times = time_it(lambda: dst.copy_(src), device, warmup=warmup, repeats=repeats)
-    return 2 * nbytes / min(times)
+    timed = measure(lambda: dst.copy_(src), device, warmup=warmup, repeats=repeats,
+                    budget=budget)
+    return 2 * nbytes / timed.fastest
 
 
 def random_params(cfg: ModelConfig, dtype: torch.dtype, device: torch.device,
@@ -156,15 +189,18 @@ def random_params(cfg: ModelConfig, dtype: torch.dtype, device: torch.device,
             "lm_head": w(h, cfg.vocab_size)}
 
 
-def _row(batch, length, seconds, times, flops, nbytes, tokens) -> dict:
-    return {"batch": batch, "length": length, "seconds": seconds, "times": times,
+def _row(batch, length, timed: Measured, flops, nbytes, tokens) -> dict:
+    seconds = timed.median
+    return {"batch": batch, "length": length, "seconds": seconds, "repeats": timed.repeats,
+            "fastest": timed.fastest, **({"times": timed.times} if timed.times else {}),
             "tokens_per_s": tokens / seconds, "flops": flops, "bytes": nbytes,
             "intensity": flops / nbytes, "flop_per_s": flops / seconds,
             "bytes_per_s": nbytes / seconds}
 
 
 def time_prefill(params: dict, cfg: ModelConfig, batch: int, prompt_len: int, *,
-                 dtype: torch.dtype, device: torch.device, warmup: int, repeats: int) -> dict:
+                 dtype: torch.dtype, device: torch.device, warmup: int, repeats: int,
+                 budget: float | None = None) -> dict:
     """One prefill call of B prompts of P tokens, timed."""
     ids = torch.randint(0, cfg.vocab_size, (batch, prompt_len), device=device)
     cache = gen.KVCache(cfg, batch, prompt_len, dtype=dtype, device=device)
@@ -172,15 +208,16 @@ def time_prefill(params: dict, cfg: ModelConfig, batch: int, prompt_len: int, *,
     def call():
         gen.forward_with_cache(ids, params, cfg, cache, 0, last_only=True)
 
-    times = time_it(call, device, warmup=warmup, repeats=repeats)
+    timed = measure(call, device, warmup=warmup, repeats=repeats, budget=budget)
     s = torch.finfo(dtype).bits // 8
-    return _row(batch, prompt_len, statistics.median(times), times,
+    return _row(batch, prompt_len, timed,
                 prefill_flops(cfg, batch, prompt_len), prefill_bytes(cfg, batch, prompt_len, s),
                 batch * prompt_len)
 
 
 def time_decode(params: dict, cfg: ModelConfig, batch: int, context_len: int, *,
-                dtype: torch.dtype, device: torch.device, warmup: int, repeats: int) -> dict:
+                dtype: torch.dtype, device: torch.device, warmup: int, repeats: int,
+                budget: float | None = None) -> dict:
     """One decode step (one new token per sequence at position C after C cached), timed. Every
     repeat is the same step: it writes the same slot C and reads the same C + 1 positions."""
     cache = gen.KVCache(cfg, batch, context_len + 1, dtype=dtype, device=device)
@@ -190,9 +227,9 @@ def time_decode(params: dict, cfg: ModelConfig, batch: int, context_len: int, *,
     def call():
         gen.forward_with_cache(token, params, cfg, cache, context_len)
 
-    times = time_it(call, device, warmup=warmup, repeats=repeats)
+    timed = measure(call, device, warmup=warmup, repeats=repeats, budget=budget)
     s = torch.finfo(dtype).bits // 8
-    row = _row(batch, context_len, statistics.median(times), times,
+    row = _row(batch, context_len, timed,
                decode_flops(cfg, batch, context_len),
                decode_bytes(cfg, batch, context_len, s), batch)
     row["ms_per_step"] = 1000 * row["seconds"]
@@ -248,25 +285,72 @@ def _device_name(device: torch.device) -> str:
     return f"{platform.processor() or platform.machine()} CPU, {n} thread{'s' if n > 1 else ''}"
 
 
+# The real model: SmolLM2-135M-Instruct's weights (checks.smollm), CPU fp32 or GPU bf16.
+SMOLLM_POINTS = {
+    "cpu": dict(prefill=((1, 16), (1, 64), (1, 256), (4, 64)),
+                decode=((1, 64), (1, 256), (4, 256), (16, 256)), matmul_n=1024,
+                copy_bytes=128 * MiB),
+    "cuda": dict(prefill=((1, 128), (1, 512), (1, 2048), (8, 2048)),
+                 decode=((1, 512), (8, 512), (64, 512), (256, 512), (1, 2048)), matmul_n=8192,
+                 copy_bytes=2048 * MiB),
+    "tiny": dict(prefill=((1, 8),), decode=((1, 8),), matmul_n=256, copy_bytes=8 * MiB),
+}
+
+
+def smollm_plan(device: torch.device, size: str | None = None) -> tuple[Plan, dict]:
+    """The plan and the weights for the real model on `device` (size "tiny": the smallest run).
+    Raises checks.smollm.ModelUnavailable when its package is missing."""
+    from . import smollm
+
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    params, cfg = smollm.load(dtype=dtype, device=device)
+    points = SMOLLM_POINTS["tiny" if size == "tiny" else device.type]
+    label = (f"SmolLM2-135M-Instruct, its real weights (H={cfg.hidden_size}, L={cfg.n_layers}, "
+             f"N_h={cfg.n_heads}, N_kv={cfg.n_kv_heads}, |V|={cfg.vocab_size}, tied LM head), "
+             f"{str(dtype).removeprefix('torch.')}")
+    return Plan(label, cfg, dtype, warmup=1, repeats=3, **points), params
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    n = torch.get_num_threads()
+    return f"{platform.processor() or platform.machine()} CPU, {n} thread{'s' if n > 1 else ''}"
+
+
 def run(device: str | torch.device | None = None, size: str | None = None, *,
-        repeats: int | None = None, progress=None) -> dict:
+        repeats: int | None = None, budget: float | None = None, model: str = "random",
+        progress=None) -> dict:
     """Measure the peaks, then prefill and decode for the plan `size` on `device` (defaults:
-    CUDA if available, with the 7b plan; else the CPU with the small plan). Returns plain data."""
+    CUDA if available, with the 7b plan; else the CPU with the small plan). Returns plain data.
+
+    `budget`: seconds per measured point (as many repeats as fit, at least 3) instead of a fixed
+    number of repeats. `model="smollm"`: the real model's weights and shapes (`size` "tiny" or
+    None); raises checks.smollm.ModelUnavailable when its package is missing."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    plan = SIZES[size or ("7b" if device.type == "cuda" else "small")]
+    if model == "smollm":
+        plan, params = smollm_plan(device, size)
+        size = f"smollm{'-tiny' if size == 'tiny' else ''}"
+    elif model == "random":
+        size = size or ("7b" if device.type == "cuda" else "small")
+        plan, params = SIZES[size], None
+    else:
+        raise ValueError(f"model {model!r}: expected 'random' or 'smollm'")
     reps = plan.repeats if repeats is None else repeats
-    warm = min(plan.warmup, reps)
+    warm = min(plan.warmup, reps) if budget is None else max(plan.warmup, 1)
     say = progress or (lambda text: None)
-    timing = dict(dtype=plan.dtype, device=device, warmup=warm, repeats=reps)
+    timing = dict(dtype=plan.dtype, device=device, warmup=warm, repeats=reps, budget=budget)
     started = time.perf_counter()
     with torch.inference_mode():
         say("measuring the peaks")
         peak_flops = measure_peak_flops(device, plan.dtype, plan.matmul_n, warmup=warm,
-                                        repeats=reps)
-        peak_bw = measure_peak_bandwidth(device, plan.copy_bytes, warmup=warm, repeats=reps)
-        params = random_params(plan.cfg, plan.dtype, device)
+                                        repeats=reps, budget=budget)
+        peak_bw = measure_peak_bandwidth(device, plan.copy_bytes, warmup=warm, repeats=reps,
+                                         budget=budget)
+        if params is None:
+            params = random_params(plan.cfg, plan.dtype, device)
         prefill = []
         for batch, prompt_len in plan.prefill:
             say(f"prefill B={batch} P={prompt_len}")
@@ -278,7 +362,7 @@ def run(device: str | torch.device | None = None, size: str | None = None, *,
         del params
     cfg = plan.cfg
     return {
-        "size": size or ("7b" if device.type == "cuda" else "small"),
+        "size": size, "model": model,
         "label": plan.label,
         "device": device.type, "device_name": _device_name(device),
         "torch": torch.__version__, "dtype": str(plan.dtype).removeprefix("torch."),
@@ -287,7 +371,8 @@ def run(device: str | torch.device | None = None, size: str | None = None, *,
         "peaks": {"flop_per_s": peak_flops, "bytes_per_s": peak_bw,
                   "ridge_flop_per_byte": peak_flops / peak_bw, "matmul_n": plan.matmul_n,
                   "copy_bytes": plan.copy_bytes},
-        "timing": {"warmup": warm, "repeats": reps, "statistic": "median"},
+        "timing": {"warmup": warm, "repeats": None if budget is not None else reps,
+                   "budget_s": budget, "statistic": "median"},
         "prefill": prefill, "decode": decode,
         "seconds_total": time.perf_counter() - started,
     }
@@ -304,46 +389,95 @@ def _si(value: float, unit: str) -> str:
     return f"{value:.3g} {unit}"
 
 
+def _how_timed(result: dict) -> str:
+    t = result["timing"]
+    if t.get("budget_s") is not None:
+        return (f"median of as many repeats as fit in {t['budget_s']:g} s per point (column n) "
+                f"after {t['warmup']} warm-up")
+    return f"median of {t['repeats']} repeats after {t['warmup']} warm-up"
+
+
 def format_table(result: dict) -> str:
     peaks = result["peaks"]
     lines = [
         f"{result['label']}",
         f"device: {result['device_name']} (torch {result['torch']}), {result['dtype']}; "
-        f"median of {result['timing']['repeats']} repeats after {result['timing']['warmup']} "
-        "warm-up (peaks: the fastest repeat)",
+        f"{_how_timed(result)} (peaks: the fastest repeat)",
         f"peaks measured here: matmul {_si(peaks['flop_per_s'], 'FLOP/s')} "
         f"(n={peaks['matmul_n']}), copy {_si(peaks['bytes_per_s'], 'B/s')} "
         f"({peaks['copy_bytes'] // MiB} MiB); ridge point {peaks['ridge_flop_per_byte']:.1f} "
         "FLOP/byte",
         "",
-        f"{'prefill':<8}{'B':>5}{'P':>6}{'ms':>10}{'tokens/s':>12}{'FLOP/s':>13}"
+        f"{'prefill':<8}{'B':>5}{'P':>6}{'ms':>10}{'n':>5}{'tokens/s':>12}{'FLOP/s':>13}"
         f"{'% peak':>8}{'FLOP/byte':>11}",
     ]
     for r in result["prefill"]:
         lines.append(f"{'':<8}{r['batch']:>5}{r['length']:>6}{1000 * r['seconds']:>10.3f}"
+                     f"{r.get('repeats', len(r.get('times', []))):>5}"
                      f"{r['tokens_per_s']:>12.4g}{_si(r['flop_per_s'], ''):>13}"
                      f"{100 * r['flop_per_s'] / peaks['flop_per_s']:>7.1f}%"
                      f"{r['intensity']:>11.1f}")
-    lines += ["", f"{'decode':<8}{'B':>5}{'C':>6}{'ms/step':>10}{'tokens/s':>12}{'bytes/s':>13}"
-              f"{'% peak':>8}{'FLOP/byte':>11}"]
+    lines += ["", f"{'decode':<8}{'B':>5}{'C':>6}{'ms/step':>10}{'n':>5}{'tokens/s':>12}"
+              f"{'bytes/s':>13}{'% peak':>8}{'FLOP/byte':>11}"]
     for r in result["decode"]:
         lines.append(f"{'':<8}{r['batch']:>5}{r['length']:>6}{r['ms_per_step']:>10.3f}"
+                     f"{r.get('repeats', len(r.get('times', []))):>5}"
                      f"{r['tokens_per_s']:>12.4g}{_si(r['bytes_per_s'], 'B/s'):>13}"
                      f"{100 * r['bytes_per_s'] / peaks['bytes_per_s']:>7.1f}%"
                      f"{r['intensity']:>11.1f}")
-    lines += ["", "P: prompt tokens; C: positions already cached; % peak: of the matmul FLOP/s "
-              "(prefill) and of the copy bandwidth (decode); FLOP/byte: arithmetic intensity "
-              "from the config (bytes: weights + KV cache traffic)."]
+    lines += ["", "P: prompt tokens; C: positions already cached; n: timed repeats; % peak: of "
+              "the matmul FLOP/s (prefill) and of the copy bandwidth (decode); FLOP/byte: "
+              "arithmetic intensity from the config (bytes: weights + KV cache traffic)."]
     return "\n".join(lines)
 
 
+def _place_labels(ax, points: list[tuple[float, float, str, str]], avoid=()) -> None:
+    """Label each point (x, y, text, color) next to it without overlapping another label, a
+    marker, the legend or the extra artists in `avoid`: each label takes the first of a few
+    positions around its point that collides with nothing placed so far (else the least
+    crowded one)."""
+    fig = ax.figure
+    renderer = fig.canvas.get_renderer()
+    taken = [a.get_window_extent(renderer).expanded(1.05, 1.1) for a in avoid if a is not None]
+    for x, y, _, _ in points:                       # the markers themselves
+        cx, cy = ax.transData.transform((x, y))
+        taken.append(_box(cx - 5, cy - 5, cx + 5, cy + 5))
+    inside = ax.get_window_extent(renderer)
+    offsets = [(6, 4), (6, -11), (-6, 4), (-6, -11), (6, 12), (-6, 12), (6, -19), (-6, -19),
+               (16, -4), (-16, -4)]
+    for x, y, text, color in points:
+        best, best_hits = None, None
+        for dx, dy in offsets:
+            label = ax.annotate(text, (x, y), textcoords="offset points", xytext=(dx, dy),
+                                fontsize=7, color=color, ha="left" if dx > 0 else "right")
+            box = label.get_window_extent(renderer)
+            hits = sum(box.overlaps(other) for other in taken) + \
+                (0 if inside.contains(box.x0, box.y0) and inside.contains(box.x1, box.y1) else 2)
+            if best_hits is None or hits < best_hits:
+                if best is not None:
+                    best.remove()
+                best, best_hits = label, hits
+            else:
+                label.remove()
+            if hits == 0:
+                break
+        taken.append(best.get_window_extent(renderer).expanded(1.05, 1.15))
+
+
+def _box(x0, y0, x1, y1):
+    from matplotlib.transforms import Bbox
+
+    return Bbox([[x0, y0], [x1, y1]])
+
+
 def plot_roofline(result: dict, ax=None):
-    """The roofline min(peak FLOP/s, intensity x peak bytes/s) with the measured points."""
+    """The roofline min(peak FLOP/s, intensity x peak bytes/s) with the measured points, each
+    labelled where no other label, marker or the legend (outside the plot, below it) sits."""
     import matplotlib.pyplot as plt
     import numpy as np
 
     if ax is None:
-        _, ax = plt.subplots(figsize=(7, 4.5))
+        _, ax = plt.subplots(figsize=(8, 5.2))
     peaks = result["peaks"]
     pf, bw, ridge = peaks["flop_per_s"], peaks["bytes_per_s"], peaks["ridge_flop_per_byte"]
     points = result["prefill"] + result["decode"]
@@ -353,19 +487,25 @@ def plot_roofline(result: dict, ax=None):
     ax.loglog(x, np.minimum(pf, x * bw), color="black", linewidth=1.5,
               label=f"roof: {_si(bw, 'B/s')} x intensity, capped at {_si(pf, 'FLOP/s')}")
     ax.axvline(ridge, color="gray", linestyle=":", linewidth=1)
-    ax.annotate(f"ridge {ridge:.0f}", (ridge, pf), textcoords="offset points", xytext=(4, -12),
-                fontsize=8, color="gray")
+    low = min([r["flop_per_s"] for r in points] + [lo * bw]) / 3
+    ax.set_ylim(low, pf * 3)
+    ax.set_xlim(lo, hi)
+    ridge_text = ax.annotate(f"ridge {ridge:.0f} FLOP/byte", (ridge, pf),
+                             textcoords="offset points", xytext=(4, 6), fontsize=8, color="gray")
+    labels = []
     for rows, marker, color, name, key in ((result["prefill"], "o", "tab:blue", "prefill", "P"),
                                            (result["decode"], "s", "tab:orange", "decode", "C")):
         ax.scatter([r["intensity"] for r in rows], [r["flop_per_s"] for r in rows],
                    marker=marker, color=color, label=name, zorder=3)
-        for r in rows:
-            ax.annotate(f"B={r['batch']} {key}={r['length']}", (r["intensity"], r["flop_per_s"]),
-                        textcoords="offset points", xytext=(4, 4), fontsize=7, color=color)
+        labels += [(r["intensity"], r["flop_per_s"], f"B={r['batch']} {key}={r['length']}", color)
+                   for r in rows]
     ax.set_xlabel("arithmetic intensity (FLOP per byte of weights and KV cache)")
     ax.set_ylabel("achieved FLOP/s")
     ax.set_title(f"{result['label']}\n{result['device_name']}", fontsize=9)
-    ax.legend(fontsize=8, loc="lower right")
+    legend = ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3,
+                       frameon=False)
+    ax.figure.tight_layout()
+    _place_labels(ax, labels, avoid=(legend, ridge_text))
     return ax
 
 
@@ -377,8 +517,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=["cpu", "cuda"],
                         help="default: cuda when available, else cpu")
     parser.add_argument("--size", choices=list(SIZES),
-                        help="default: 7b on cuda, small on cpu")
+                        help="random weights: default 7b on cuda, small on cpu; with --model "
+                             "smollm only tiny (the smallest run) is accepted")
+    parser.add_argument("--model", choices=["random", "smollm"], default="random",
+                        help="random weights in the shape of --size (default), or the real "
+                             "SmolLM2-135M-Instruct (needs its package: see checks.smollm)")
     parser.add_argument("--repeats", type=int, help="timed repeats per point (default: the plan's)")
+    parser.add_argument("--budget", type=float, metavar="SECONDS",
+                        help="time each point for this many seconds instead of a fixed number "
+                             "of repeats (at least 3 repeats)")
     parser.add_argument("--json", metavar="FILE", help="write every number to FILE")
     parser.add_argument("--figure", metavar="PNG", help="save the roofline figure to PNG")
     args = parser.parse_args(argv)
@@ -386,8 +533,20 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--device cuda: no CUDA device is available here")
     if args.repeats is not None and args.repeats < 1:
         parser.error("--repeats must be at least 1")
-    result = run(args.device, args.size, repeats=args.repeats,
-                 progress=lambda text: print(f"... {text}", file=sys.stderr, flush=True))
+    if args.budget is not None and args.budget <= 0:
+        parser.error("--budget must be a positive number of seconds")
+    if args.budget is not None and args.repeats is not None:
+        parser.error("--budget and --repeats exclude each other")
+    if args.model == "smollm" and args.size not in (None, "tiny"):
+        parser.error("--model smollm has its own shapes: --size tiny (the smallest run) or none")
+    try:
+        result = run(args.device, args.size, repeats=args.repeats, budget=args.budget,
+                     model=args.model,
+                     progress=lambda text: print(f"... {text}", file=sys.stderr, flush=True))
+    except Exception as exc:            # the model's package missing, or its file damaged
+        if type(exc).__name__ in ("ModelUnavailable", "ModelFileError"):
+            parser.exit(2, f"python -m checks.timing: {exc}\n")
+        raise
     print(format_table(result))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
@@ -400,7 +559,6 @@ def main(argv: list[str] | None = None) -> int:
         import matplotlib.pyplot as plt
 
         ax = plot_roofline(result)
-        ax.figure.tight_layout()
         ax.figure.savefig(args.figure, dpi=120)
         plt.close(ax.figure)
         print(f"wrote {args.figure}")

@@ -2,7 +2,10 @@
 
 The reference (`checks.reference.generation`) is also held to its invariants here: cached logits
 equal the uncached forward pass (and chapter 12's `model_forward`), chunk by chunk, and greedy
-generation gives the same tokens with and without the cache.
+generation gives the same tokens with and without the cache. The roofline's counts
+(`prefill_flops`, `decode_step_bytes`) equal `checks.timing`'s, whose own tests hold them to
+PyTorch's FLOP counter; their wrong implementations are written the way a learner would write the
+count, each with one term wrong.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from checks import ModelConfig, nb13
 from checks import reference as ref
 from checks.engine import ForbiddenCall, NotStarted
 from checks.reference import generation as gen
-from checks.reference.model import init_model_params, model_forward, sample_next_token
+from checks.reference.model import (init_model_params, model_forward, model_param_count,
+                                    sample_next_token)
 
 from .catalogue import SEEDS, Wrong, assert_passes, assert_rejects, not_started
 
@@ -26,6 +30,9 @@ CORRECT = {
     nb13.check_KVCache: ref.KVCache,
     nb13.check_forward_with_cache: ref.forward_with_cache,
     nb13.check_generate: ref.generate,
+    nb13.check_prefill_flops: ref.prefill_flops,
+    nb13.check_decode_step_bytes: ref.decode_step_bytes,
+    nb13.check_arithmetic_intensity: ref.arithmetic_intensity,
 }
 
 
@@ -399,6 +406,8 @@ def _forward(token_ids, params, cfg, cache, start_pos, *, offset=True, mask="bot
         m = {"bottom_right": ref.causal_mask(t, keys),
              "top_left": torch.ones(t, keys, dtype=torch.bool).tril(),
              "top_left_chunks": None if t == 1 else torch.ones(t, keys, dtype=torch.bool).tril(),
+             "square_new": ref.causal_mask(t),
+             "square_all": ref.causal_mask(keys),
              "none": None}[mask]
         out = ref.grouped_query_attention(q, k_all, v_all, m)
         x = x + ref.merge_heads(out) @ layer["wo"]
@@ -427,6 +436,9 @@ FORWARD_WRONG = [
     Wrong("top-left mask", _fwd(mask="top_left"), "top-left aligned"),
     Wrong("top-left mask for chunks only", _fwd(mask="top_left_chunks"), "top-left aligned"),
     Wrong("no mask", _fwd(mask="none"), "no causal mask"),
+    Wrong("square causal_mask(T)", _fwd(mask="square_new"), "built the mask with causal_mask(t)"),
+    Wrong("square causal_mask(start_pos + T)", _fwd(mask="square_all"),
+          "causal_mask(start_pos + t): one row per key"),
     Wrong("ignores the cache", _fwd(use_returned=False), "ignored the cache"),
     Wrong("stores K before RoPE", _fwd(store="raw"), "stores k before rope"),
     Wrong("stores K before RoPE, re-rotates", _fwd(store="rerotate"), "rotated again"),
@@ -465,6 +477,12 @@ def _generate(params, cfg, prompt_ids, max_new_tokens, *, use_cache=True, temper
                 row, temperature=0.0 if mistake == "greedy always" else temperature,
                 generator=None if mistake == "global rng" else generator)
             tokens = torch.cat([tokens, nxt[:, None]], 1)
+        if n and mistake == "wasted forward" and use_cache:    # feeds the last token back
+            forward(tokens[:, -1:], params, cfg, cache, tokens.shape[1] - 1)
+        if n and mistake in ("wasted forward", "wasted forward uncached") and not use_cache:
+            model_forward(tokens, params, cfg)
+        if not n and mistake == "prefill anyway" and use_cache:
+            forward(prompt_ids, params, cfg, cache, 0)
     return tokens[:, p:] if mistake == "new only" else tokens
 
 
@@ -484,7 +502,7 @@ def _late_last_token(params, cfg, prompt_ids, max_new_tokens, *, use_cache=True,
     tokens = prompt_ids.clone()
     cache = ref.KVCache(cfg, b, p + max_new_tokens)
     with torch.no_grad():
-        if max_new_tokens and p > 1:
+        if max_new_tokens and p > 1 and use_cache:
             ref.forward_with_cache(prompt_ids[:, :-1], params, cfg, cache, 0)
         for step in range(max_new_tokens):
             pos = tokens.shape[1] - 1
@@ -515,6 +533,11 @@ GENERATE_WRONG = [
     Wrong("logits of position 0", _gen("first position"), "first position"),
     Wrong("returns new tokens only", _gen("new only"), "only the new tokens"),
     Wrong("one token too many", _gen("one too many"), "max_new_tokens + 1"),
+    Wrong("feeds the last token back (wasted forward)", _gen("wasted forward"),
+          "fed the last new token back"),
+    Wrong("wasted forward without the cache", _gen("wasted forward uncached"),
+          "fed the last new token back"),
+    Wrong("prefill for max_new_tokens=0", _gen("prefill anyway"), "no forward pass is needed"),
     Wrong("prompt one token at a time", _gen("prefill by token"), "one token at a time"),
     Wrong("always greedy", _gen("greedy always"), "pass `temperature`"),
     Wrong("global RNG", _gen("global rng"), "pass `generator`"),
@@ -524,10 +547,173 @@ GENERATE_WRONG = [
     Wrong("calls the reference", _calls_reference_generate, "course's own answer"),
 ]
 
+# ------------------------------------------------------------------------------------------------
+# The roofline's arithmetic: the count a learner writes, with one mistake each
+
+def _learner_prefill(mistake=None):
+    """Prefill FLOPs written per token, the way the chapter's text counts, with `mistake`."""
+    def prefill_flops(cfg, batch, seq_len):
+        h, d, n_h, h_ff = cfg.hidden_size, cfg.head_dim, cfg.n_heads, cfg.ffn_hidden_size
+        n_kv = n_h if mistake == "repeated KV heads" else cfg.n_kv_heads
+        heads_width = h if mistake == "H for N_h D_h" else n_h * d
+        per_token = (h * heads_width + 2 * h * n_kv * d          # W_Q, W_K, W_V
+                     + (0 if mistake == "no W_O" else heads_width * h)
+                     + (2 if mistake == "two FFN matrices" else 3) * h * h_ff)
+        tokens = seq_len if mistake == "no batch" else batch * seq_len
+        b = 1 if mistake == "no batch" else batch
+        pairs = seq_len * seq_len if mistake == "square" else seq_len * (seq_len + 1) // 2
+        products = {"no attention": 0, "scores only": 1}.get(mistake, 2)
+        attn_heads = cfg.n_kv_heads if mistake == "attention on KV heads" else n_h
+        attention = products * b * attn_heads * pairs * d
+        layers = 1 if mistake == "one layer" else cfg.n_layers
+        lm_rows = {"LM head everywhere": tokens, "no LM head": 0}.get(mistake, b)
+        total = layers * (tokens * per_token + attention) + lm_rows * h * cfg.vocab_size
+        if mistake == "embedding as a product":
+            total += tokens * cfg.vocab_size * h
+        if mistake == "float":
+            return 2.0 * total
+        return total if mistake == "no factor 2" else 2 * total
+    return prefill_flops
+
+
+def _learner_decode(mistake=None):
+    """Decode-step bytes: chapter 12's parameter count without the embedding table, plus
+    chapter 06's cache size for C + 1 positions; with `mistake`."""
+    def decode_step_bytes(cfg, batch, context_len, bytes_per_elem):
+        s = 2 if mistake == "hard-coded 2 bytes" else bytes_per_elem
+        weights = model_param_count(cfg) - cfg.vocab_size * cfg.hidden_size
+        if mistake == "whole embedding table":
+            weights += cfg.vocab_size * cfg.hidden_size
+        if mistake == "no LM head":
+            weights -= cfg.hidden_size * cfg.vocab_size
+        if mistake == "no norms":
+            weights -= (2 * cfg.n_layers + 1) * cfg.hidden_size
+        if mistake == "weights per sequence":
+            weights *= batch
+        positions = context_len if mistake == "no cache write" else context_len + 1
+        heads = cfg.n_heads if mistake == "repeated KV heads" else cfg.n_kv_heads
+        b = 1 if mistake == "cache without batch" else batch
+        cache = ref.kv_cache_bytes(cfg.n_layers, b, positions, heads, cfg.head_dim, 1)
+        if mistake == "K only":
+            cache //= 2
+        if mistake == "elements":
+            return weights + cache
+        total = (weights + cache) * s
+        if mistake == "GiB":
+            return total / 2**30
+        return total * 8 if mistake == "bits" else total
+    return decode_step_bytes
+
+
+def _learner_intensity(mistake=None):
+    def arithmetic_intensity(flops, num_bytes):
+        if mistake == "inverted":
+            return num_bytes / flops
+        if mistake == "floor division":
+            return flops // num_bytes
+        if mistake == "doubled":
+            return 2 * flops / num_bytes
+        return flops / num_bytes
+    return arithmetic_intensity
+
+
+def test_other_correct_counts_pass():
+    for seed in SEEDS:
+        assert_passes(nb13.check_prefill_flops, _learner_prefill(), seed)
+        assert_passes(nb13.check_decode_step_bytes, _learner_decode(), seed)
+        assert_passes(nb13.check_arithmetic_intensity, _learner_intensity(), seed)
+
+
+PREFILL_WRONG = [
+    Wrong("no factor 2", _learner_prefill("no factor 2"), "multiply-add as 1 flop"),
+    Wrong("no attention", _learner_prefill("no attention"), "left out attention's own"),
+    Wrong("full square, not the causal triangle", _learner_prefill("square"),
+          "full p x p score matrix"),
+    Wrong("scores only", _learner_prefill("scores only"), "counted only q k"),
+    Wrong("attention on the KV heads", _learner_prefill("attention on KV heads"),
+          "for the n_kv kv heads"),
+    Wrong("repeated KV heads", _learner_prefill("repeated KV heads"),
+          "k and v projections for n_h heads"),
+    Wrong("H for N_h·D_h", _learner_prefill("H for N_h D_h"), "used h where n_h·d_h"),
+    Wrong("LM head on every position", _learner_prefill("LM head everywhere"),
+          "lm head on every prompt position"),
+    Wrong("no LM head", _learner_prefill("no LM head"), "left out the lm head"),
+    Wrong("no batch", _learner_prefill("no batch"), "left out the batch"),
+    Wrong("one layer", _learner_prefill("one layer"), "counted one layer"),
+    Wrong("two FFN matrices", _learner_prefill("two FFN matrices"), "two ffn matrices"),
+    Wrong("no W_O", _learner_prefill("no W_O"), "left out w_o"),
+    Wrong("embedding as a product", _learner_prefill("embedding as a product"),
+          "embedding lookup as a product"),
+    Wrong("returns a float", _learner_prefill("float"), "returned a float"),
+]
+
+DECODE_WRONG = [
+    Wrong("K only in the cache", _learner_decode("K only"), "it holds k and v"),
+    Wrong("forgot the cache write", _learner_decode("no cache write"),
+          "left out the cache write"),
+    Wrong("repeated KV heads", _learner_decode("repeated KV heads"), "counted n_h heads"),
+    Wrong("elements, not bytes", _learner_decode("elements"), "counted elements, not bytes"),
+    Wrong("bits", _learner_decode("bits"), "counted bits"),
+    Wrong("whole embedding table", _learner_decode("whole embedding table"),
+          "whole embedding table"),
+    Wrong("no LM head", _learner_decode("no LM head"), "left out the lm head"),
+    Wrong("no norm scales", _learner_decode("no norms"), "norm scales"),
+    Wrong("weights once per sequence", _learner_decode("weights per sequence"),
+          "once per sequence"),
+    Wrong("cache without the batch", _learner_decode("cache without batch"),
+          "left out the batch b in the cache"),
+    Wrong("hard-coded 2 bytes", _learner_decode("hard-coded 2 bytes"), "hard-coded 2 bytes"),
+    Wrong("returns GiB", _learner_decode("GiB"), "returned gib"),
+]
+
+INTENSITY_WRONG = [
+    Wrong("bytes per FLOP", _learner_intensity("inverted"), "divided bytes by flops"),
+    Wrong("floor division", _learner_intensity("floor division"), "return a float"),
+    Wrong("FLOPs doubled", _learner_intensity("doubled"), "counted each flop twice"),
+]
+
+
+def _calls_timing(cfg, batch, seq_len):
+    from checks import timing
+    return timing.prefill_flops(cfg, batch, seq_len)
+
+
+def test_calling_the_course_formulas_is_a_forbidden_call():
+    with pytest.raises(ForbiddenCall):
+        nb13.check_prefill_flops(_calls_timing, seed=0)
+    with pytest.raises(ForbiddenCall):
+        nb13.check_decode_step_bytes(lambda *a: ref.decode_step_bytes(*a), seed=0)
+
+
+def test_the_reference_counts_agree_with_the_timing_module():
+    """Two formulations of the same counts (per operation here, per token in checks.timing,
+    whose tests hold it to PyTorch's FLOP counter)."""
+    from checks import LLAMA2_7B, timing
+
+    cfgs = CFGS + [LLAMA2_7B, ModelConfig(vocab_size=49152, hidden_size=576, n_heads=9,
+                                          n_kv_heads=3, ffn_hidden_size=1536, n_layers=30)]
+    for cfg in cfgs:
+        for batch, length in ((1, 1), (3, 17), (8, 512)):
+            assert ref.prefill_flops(cfg, batch, length) == timing.prefill_flops(cfg, batch,
+                                                                                length)
+            for s in (1, 2, 4):
+                assert ref.decode_step_bytes(cfg, batch, length, s) == \
+                    timing.decode_bytes(cfg, batch, length, s)
+    # The chapter's worked numbers: LLaMA-2-7B, bf16.
+    flops = ref.prefill_flops(LLAMA2_7B, 1, 512)
+    assert flops == 6_700_545_343_488
+    assert ref.decode_step_bytes(LLAMA2_7B, 1, 512, 2) == 13_483_646_976
+    assert 0.9 < ref.arithmetic_intensity(timing.decode_flops(LLAMA2_7B, 1, 511),
+                                          ref.decode_step_bytes(LLAMA2_7B, 1, 511, 2)) < 1.0
+
+
 WRONG = {
     nb13.check_KVCache: KV_WRONG,
     nb13.check_forward_with_cache: FORWARD_WRONG,
     nb13.check_generate: GENERATE_WRONG,
+    nb13.check_prefill_flops: PREFILL_WRONG,
+    nb13.check_decode_step_bytes: DECODE_WRONG,
+    nb13.check_arithmetic_intensity: INTENSITY_WRONG,
 }
 
 CASES = [(checker, wrong) for checker, wrongs in WRONG.items() for wrong in wrongs]
@@ -570,20 +756,31 @@ def test_counting_table_sees_every_kind_of_lookup():
 
 def test_recorders_stay_in_the_grading_process():
     """When grading runs the learner's code in a worker, what the checks hand over is pickled,
-    except callables of the checks package and bound methods, which stay in the grader and are
-    called back: the cache handle's `update` and the counting table's log must be such."""
+    except what must stay in the grader (bound methods, the checks' callables), which is lent
+    and called back: the cache handle's `update` and the counting table's log must be such."""
     import io
 
-    from checks.sandbox import _ArgPickler
+    from checks import sandbox
 
+    class Library:                      # the worker's copy of `checks` has every module
+        def has(self, module, qualname):
+            return True
+
+    lent = []
+
+    class Session:
+        def lend(self, obj):
+            lent.append(obj)
+            return len(lent)
+
+    worker = types.SimpleNamespace(library=Library(), session=Session())
+    worker._stays_here = lambda obj: sandbox.Worker._stays_here(worker, obj)
     cfg = CFGS[0]
     cache = nb13._RecordingCache(None, cfg, 2, 5)
     handle = nb13._CacheHandle(cache)
     recorder = nb13._Recorder()
     table = nb13._CountingTable.wrap(torch.randn(4, 3), recorder)
-    callbacks: dict = {}
     with torch._C.DisableTorchFunction():
-        _ArgPickler(io.BytesIO(), callbacks).dump(((handle, {"embed": table}), {}))
-    kept = list(callbacks.values())
-    assert any(cb == cache.update for cb in kept)
-    assert any(cb is recorder for cb in kept)
+        sandbox._ArgPickler(io.BytesIO(), worker, False).dump(((handle, {"embed": table}), {}))
+    assert any(obj == cache.update for obj in lent)
+    assert any(obj is recorder for obj in lent)

@@ -219,4 +219,54 @@ def kv_cache_nbytes(cfg, batch: int, seq_len: int, bytes_per_elem: int) -> int:
     return 2 * cfg.n_layers * batch * seq_len * cfg.n_kv_heads * cfg.head_dim * bytes_per_elem
 
 
-__all__ = ["KVCache", "forward_with_cache", "full_forward", "generate", "kv_cache_nbytes"]
+# --------------------------------------------------------------------------------------------
+# The roofline's arithmetic (chapter 13's last three exercises). A multiply-add is 2 FLOPs.
+# Written per layer and per operation here; `checks.timing` has the same counts written per
+# token (its tests hold them to PyTorch's FlopCounterMode), and the tests compare the two.
+
+
+def _layer_matmul_flops(cfg, tokens: int) -> int:
+    """One layer's weight products for `tokens` tokens: Q, K and V projections, W_O, and
+    SwiGLU's gate, up and down matrices, each [in, out] costing 2 * in * out per token."""
+    h, d = cfg.hidden_size, cfg.head_dim
+    q = 2 * tokens * h * cfg.n_heads * d
+    k = v = 2 * tokens * h * cfg.n_kv_heads * d
+    o = 2 * tokens * cfg.n_heads * d * h
+    gate = up = down = 2 * tokens * h * cfg.ffn_hidden_size
+    return q + k + v + o + gate + up + down
+
+
+def prefill_flops(cfg, batch: int, seq_len: int) -> int:
+    """FLOPs of one prefill call over `batch` prompts of `seq_len` tokens: every layer's weight
+    products for every token; attention's scores (Q K^T) and weighted sum of V over the causal
+    triangle (query i meets keys 0..i), for each of the N_h query heads; the LM head on the last
+    position only (generation needs no other logits). Norms, RoPE, softmax, SiLU, residual adds
+    and the embedding lookup are left out (no weight products; a few FLOPs per feature)."""
+    s = seq_len
+    pairs = s * (s + 1) // 2                         # (query, key) pairs under the causal mask
+    scores = mixing = 2 * batch * cfg.n_heads * pairs * cfg.head_dim
+    layer = _layer_matmul_flops(cfg, batch * s) + scores + mixing
+    lm_head = 2 * batch * cfg.hidden_size * cfg.vocab_size
+    return cfg.n_layers * layer + lm_head
+
+
+def decode_step_bytes(cfg, batch: int, context_len: int, bytes_per_elem: int) -> int:
+    """Bytes one decode step moves, `context_len` positions already cached: every weight read
+    once for the whole batch (each layer's matrices and norm scales, the final norm, the LM head;
+    of the embedding table only B rows, left out), plus the KV cache: the `context_len` cached
+    positions' K and V read and the new token's written, N_kv heads, every layer and sequence."""
+    h, d = cfg.hidden_size, cfg.head_dim
+    per_layer = (h * (cfg.n_heads + 2 * cfg.n_kv_heads) * d + cfg.n_heads * d * h
+                 + 3 * h * cfg.ffn_hidden_size + 2 * h)
+    weights = cfg.n_layers * per_layer + h + h * cfg.vocab_size
+    cache = kv_cache_nbytes(cfg, batch, context_len + 1, 1)
+    return (weights + cache) * bytes_per_elem
+
+
+def arithmetic_intensity(flops: int | float, num_bytes: int | float) -> float:
+    """FLOPs per byte moved."""
+    return float(flops) / float(num_bytes)
+
+
+__all__ = ["KVCache", "arithmetic_intensity", "decode_step_bytes", "forward_with_cache",
+           "full_forward", "generate", "kv_cache_nbytes", "prefill_flops"]
