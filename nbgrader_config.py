@@ -56,5 +56,16 @@ c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
 c.Execute.timeout = 120
 c.Execute.interrupt_on_timeout = True
 # A deleted test cell is put back (after the answer cell before it) and graded as usual. Edited
-# locked cells are always restored from the gradebook, hidden tests included.
+# locked cells are always restored from the gradebook, hidden tests included. (autograde then logs
+# "Attribute 'checksum' for cell check_... has changed!" for each test cell with hidden tests: the
+# gradebook's checksum is of the instructor's cell, the learner's copy never had the hidden part.)
 c.OverwriteCells.add_missing_cells = True
+
+# --- feedback ----------------------------------------------------------------------------------
+# The feedback students receive leaves the hidden tests out of the test cells (their one-line
+# diagnosis still shows when one fails).
+c.GenerateFeedback.preprocessors = [
+    "nbgrader.preprocessors.GetGrades",
+    "nbgrader.preprocessors.ClearHiddenTests",
+    "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
+]

@@ -78,6 +78,7 @@ class ForbiddenCall(CheckFailure):
 # Seeds and random inputs
 
 _quiet = contextvars.ContextVar("checks_quiet", default=False)
+_open_checks = contextvars.ContextVar("checks_open", default=0)  # how many Checks are running
 
 
 def fresh_seed() -> int:
@@ -169,6 +170,71 @@ class _Forbid(TorchFunctionMode):
 
 
 # --------------------------------------------------------------------------------------------
+# Inputs changed in place
+
+
+def snapshot_inputs(args: tuple, kwargs: dict, fn: Any = None) -> list[tuple[str, Any, Any]]:
+    """(label, input, copy) for the tensors, lists and dicts among a call's arguments (nested
+    ones too), labelled by parameter name where `fn`'s signature tells it."""
+    import inspect
+
+    names: list[str] = []
+    with contextlib.suppress(Exception):
+        names = [p.name for p in inspect.signature(fn).parameters.values()
+                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    found: list[tuple[str, Any, Any]] = []
+
+    def walk(label: str, value: Any, depth: int) -> None:
+        if isinstance(value, torch.Tensor):
+            if value.layout == torch.strided and value.device.type != "meta":
+                with torch._C.DisableTorchFunctionSubclass():
+                    found.append((label, value, value.detach().clone()))
+        elif isinstance(value, (list, tuple, dict)) and depth < 4:
+            if isinstance(value, list):
+                found.append((label, value, list(value)))
+            elif isinstance(value, dict):
+                found.append((label, value, dict(value)))
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for key, item in list(items)[:10_000]:
+                walk(f"{label}[{key!r}]", item, depth + 1)
+
+    for i, value in enumerate(args):
+        walk(f"`{names[i]}`" if i < len(names) else f"argument {i + 1}", value, 0)
+    for key, value in kwargs.items():
+        walk(f"`{key}`", value, 0)
+    return found
+
+
+def changed_inputs(snapshot: list[tuple[str, Any, Any]], allowed: Iterable[str] = ()) -> list[str]:
+    """Labels of the inputs in `snapshot` that are no longer what they were."""
+    allowed = {a.strip("`") for a in allowed}
+    changed = []
+    for label, value, copy in snapshot:
+        if label.strip("`").split("[")[0] in allowed:
+            continue
+        if isinstance(value, torch.Tensor):
+            with torch._C.DisableTorchFunctionSubclass():
+                same = value.shape == copy.shape and value.dtype == copy.dtype and (
+                    value.numel() == 0 or torch.equal(value.detach().reshape(-1).view(torch.uint8),
+                                                      copy.reshape(-1).view(torch.uint8)))
+        elif isinstance(value, list):
+            same = len(value) == len(copy) and all(a is b for a, b in zip(value, copy))
+        else:
+            same = value.keys() == copy.keys() and all(value[k] is copy[k] for k in copy)
+        if not same:
+            changed.append(label)
+    return changed
+
+
+def in_place_failure(exercise: str, changed: list[str], seed: int | None = None) -> "CheckFailure":
+    what = ", ".join(changed[:3]) + (" ..." if len(changed) > 3 else "")
+    return CheckFailure(exercise, f"changed its input {what} in place.",
+                        hint="the check computes what it expects from the inputs as they were: "
+                             "build new tensors (or lists) instead of writing into the caller's "
+                             "(`x -= ...`, `x.mul_(...)`, `masked_fill_`, `append`)", seed=seed)
+
+
+# --------------------------------------------------------------------------------------------
 # Tolerances
 
 _TOLERANCES = {  # dtype: (atol, rtol)
@@ -197,6 +263,19 @@ def values_close(got: torch.Tensor, want: torch.Tensor, atol: float, rtol: float
     return bool(ok.all())
 
 
+def _goes_on_after(exc: NotStarted) -> bool:
+    """Whether an unstarted exercise's self-check shows a line instead of raising.
+
+    Only in a learner's Jupyter kernel, for the outermost check the learner ran themselves: a
+    grader (`context.grading()`: nbgrader, `python -m checks status|grade`) needs the exception
+    to score the exercise zero, and `use_if_passing` (quiet) needs it to pick the reference.
+    """
+    from . import context
+
+    return (_open_checks.get() == 0 and not _quiet.get() and display.in_notebook()
+            and not context.grading())
+
+
 # --------------------------------------------------------------------------------------------
 # The check itself
 
@@ -222,11 +301,20 @@ class Check:
 
     # ---- context manager ----
     def __enter__(self) -> "Check":
+        self._depth_token = _open_checks.set(_open_checks.get() + 1)
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
+        _open_checks.reset(self._depth_token)
         if exc_type is None and not _quiet.get():
             display.show_pass(self.exercise, self.calls, self.headlines or self.properties)
+        if exc_type is not None and issubclass(exc_type, NotImplementedError):
+            exc = NotStarted(self.exercise)  # the learner's stub, reached outside `call`
+            if not _goes_on_after(exc):
+                raise exc from None
+        if isinstance(exc, NotStarted) and _goes_on_after(exc):
+            display.show_not_started(exc._text())
+            return True  # the learner's "Run All" goes on to the next cell
         return False
 
     # ---- random inputs ----
@@ -255,9 +343,12 @@ class Check:
         guard = _Forbid(self, self.forbid) if self.forbid else contextlib.nullcontext()
         # When grading, `fn` may run in a worker process: the worker applies the same guard.
         token = sandbox.calling.set((self.exercise, self.forbid))
+        # Copies taken before the call: what the check expects is computed from the inputs as
+        # they were, and a function that writes into them fails (unless the check allows it).
+        before = snapshot_inputs(args, kwargs, self.fn)
         try:
             with guard:
-                return self.fn(*args, **kwargs)
+                result = self.fn(*args, **kwargs)
         except CheckFailure:
             raise
         except NotImplementedError:
@@ -272,6 +363,14 @@ class Check:
             raise LearnerError(self.exercise, message, seed=self.seed) from None
         finally:
             sandbox.calling.reset(token)
+        changed = changed_inputs(before, allowed=getattr(self, "may_change", ()))
+        if changed:
+            raise in_place_failure(self.exercise, changed, seed=self.seed)
+        return result
+
+    def allow_changes(self, *names: str) -> None:
+        """Let `call` change these inputs in place (parameter names or "argument N")."""
+        self.may_change = tuple(names)
 
     def forbid_functions(self, functions: Iterable[Callable], hint: str) -> None:
         """Make `call` fail when the learner's function runs any of `functions` (the course's

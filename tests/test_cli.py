@@ -1,5 +1,6 @@
 """`python -m checks status` and `python -m checks grade`: bad input, a class folder with a hanging
-and a broken submission, progress of a fresh release."""
+and a broken submission (the same results one at a time and two at a time), the incident stop,
+progress of a fresh release."""
 
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ BAD_INPUT = {  # case: (arguments, with {d} for the test's folder; expected word
     "empty file": ("grade {d}/empty.ipynb", "empty file"),
     "unknown chapter": ("grade {d}/99_unknown.ipynb", "unknown chapter '99_unknown'"),
     "zero timeout": ("grade {d}/01_notation.ipynb --timeout 0", "--timeout"),
+    "zero jobs": ("grade {d}/01_notation.ipynb --jobs 0", "--jobs"),
     "json over input": ("grade {d}/01_notation.ipynb --json {d}/01_notation.ipynb",
                         "would overwrite"),
     "folder without notebooks": ("grade {d}/empty_folder", "no notebooks"),
@@ -72,50 +74,121 @@ def test_bad_input_gets_one_line_and_status_2(tmp_path, capsys, args, problem):
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
 
 
-def test_grade_a_class_folder_past_a_hanging_and_a_broken_submission(tmp_path):
-    """`python -m checks grade` as a process: the hanging notebook scores zero within its time
-    limit, the broken one costs one line, the solution still gets full marks, inputs unchanged."""
-    class_dir = tmp_path / "class"
-    sub.write(sub.prepend(sub.release(), "head_dim", "while True: pass"),
-              class_dir / "alice" / "01_notation.ipynb")
-    (class_dir / "bob").mkdir()
-    (class_dir / "bob" / "01_notation.ipynb").write_text('{"cells": [')
-    (class_dir / "alice" / ".ipynb_checkpoints").mkdir()
-    (class_dir / "alice" / ".ipynb_checkpoints" / "01_notation-checkpoint.ipynb").write_text("")
-    sub.write(sub.solution(), class_dir / "carol" / "01_notation.ipynb")
-    before = {p: p.read_bytes() for p in class_dir.rglob("*") if p.is_file()}
-    report = tmp_path / "grades.json"
-
+def grade_class(class_dir, report, *extra, env=None):
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "checks", "grade", str(class_dir), "--timeout", str(TIMEOUT),
-         "--json", str(report)],
-        capture_output=True, text=True, timeout=180, cwd=tmp_path,
-        env=dict(os.environ, OMP_NUM_THREADS="1"))
-    elapsed = time.monotonic() - started
+         "--json", str(report), *extra],
+        capture_output=True, text=True, timeout=300, cwd=class_dir.parent,
+        env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})))
+    return done, time.monotonic() - started
+
+
+def results_of(report) -> list:
+    """The JSON's notebooks without the fields that vary from run to run."""
+    notebooks = json.loads(report.read_text())["notebooks"]
+    for nb in notebooks:
+        del nb["seconds"], nb["grader_memory_mib"], nb["worker_uid"]
+    return notebooks
+
+
+def test_grade_a_class_folder_past_a_hanging_and_a_broken_submission(tmp_path):
+    """`python -m checks grade` as a process: the hanging notebook scores zero within its time
+    limit, the broken one costs one line, the solution still gets full marks, inputs unchanged;
+    two at a time gives the same results as one at a time."""
+    class_dir = tmp_path / "grading" / "submitted"
+    sub.write(sub.prepend(sub.release(), "head_dim", "while True: pass"),
+              class_dir / "alice" / "01_notation" / "01_notation.ipynb")
+    (class_dir / "bob" / "01_notation").mkdir(parents=True)
+    (class_dir / "bob" / "01_notation" / "01_notation.ipynb").write_text('{"cells": [')
+    checkpoints = class_dir / "alice" / "01_notation" / ".ipynb_checkpoints"
+    checkpoints.mkdir()
+    (checkpoints / "01_notation-checkpoint.ipynb").write_text("")
+    sub.write(sub.solution(), class_dir / "carol" / "01_notation" / "01_notation.ipynb")
+    before = {p: p.read_bytes() for p in class_dir.rglob("*") if p.is_file()}
+    report = tmp_path / "grades" / "grades.json"  # its folder is made
+
+    done, elapsed = grade_class(class_dir, report, "--jobs", "2")
 
     assert done.returncode == 2, done.stderr
-    assert "bob" in one_line(done.stderr) and "not valid JSON" in done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("python -m checks:")]
+    assert len(errors) == 1 and "bob" in errors[0] and "not valid JSON" in errors[0]
+    progress = [line for line in done.stderr.splitlines() if line.startswith("[")]
+    assert len(progress) == 2 and all("/3] " in line for line in progress)
     assert elapsed < 120
     assert "0/6 points" in done.stdout and "6/6 points" in done.stdout
+    assert done.stdout.index("alice") < done.stdout.index("carol")  # in the order given
     assert f"longer than the {TIMEOUT} s limit" in done.stdout
     assert "total: 6/12 points in 2 notebooks" in done.stdout
 
     data = json.loads(report.read_text())
     alice, carol = data["notebooks"]
-    assert alice["path"].endswith("alice/01_notation.ipynb") and alice["points"] == 0
+    assert alice["student"] == "alice" and carol["student"] == "carol"
+    assert alice["path"].endswith("alice/01_notation/01_notation.ipynb") and alice["points"] == 0
     assert "limit" in alice["error"] and alice["seconds"] < TIMEOUT + 60
     assert {e["status"] for e in alice["exercises"]} == {"error"}
     assert carol["points"] == carol["max_points"] == 6 and carol["error"] is None
-    assert [e["path"].endswith("bob/01_notation.ipynb") for e in data["errors"]] == [True]
+    assert [e["path"].endswith("bob/01_notation/01_notation.ipynb") for e in data["errors"]] == \
+        [True]
     assert (data["points"], data["max_points"]) == (6, 12)
     assert {p: p.read_bytes() for p in class_dir.rglob("*") if p.is_file()} == before
 
+    one_at_a_time = tmp_path / "grades" / "one.json"
+    done, _ = grade_class(class_dir, one_at_a_time, "--jobs", "1")
+    assert done.returncode == 2
+    assert results_of(one_at_a_time) == results_of(report)
 
-def test_status_of_a_fresh_release_is_zero_with_every_exercise_listed(tmp_path, capsys):
-    release_copy(tmp_path / "01_notation" / "01_notation.ipynb")
-    assert main(["status", str(tmp_path)]) == 0
-    out = capsys.readouterr().out
-    row = next(line for line in out.splitlines() if line.startswith("01_notation"))
-    assert "0/4" in row
-    assert all(name in row for name in sub.EXERCISES_01)
+
+def test_a_changed_file_stops_grading_with_an_incident_report(tmp_path):
+    """The walls keep submissions from changing files; should anything change one anyway, the
+    run stops after the notebook being graded, naming it (here the test itself changes a file
+    while a slow notebook runs)."""
+    class_dir = tmp_path / "class"
+    slow = sub.write(sub.prepend(sub.solution(), "head_dim", "import time\ntime.sleep(8)"),
+                     class_dir / "a_slow" / "01_notation.ipynb")
+    other = sub.write(sub.solution(), class_dir / "b_other" / "01_notation.ipynb")
+    report = tmp_path / "grades.json"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "checks", "grade", str(class_dir), "--jobs", "1", "--json",
+         str(report)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+        env=dict(os.environ, OMP_NUM_THREADS="1"))
+    try:
+        deadline = time.monotonic() + 120
+        while not _worker_running(process.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        other.write_text(other.read_text() + " ")  # what an escaped worker would do
+        out, err = process.communicate(timeout=300)
+    finally:
+        process.kill()
+    assert process.returncode == 3, err
+    assert "INCIDENT" in err and str(slow) in err and "b_other" in err
+    data = json.loads(report.read_text())
+    assert data["incident"]["notebooks"][0] == str(slow)
+    assert data["notebooks"] == []  # nothing graded since the change is trusted
+
+
+def _worker_running(grader: int) -> bool:
+    """A worker of the grader process `grader` runs (a descendant running as a worker's user,
+    or running `worker_main` when workers are not walled in)."""
+    from checks import sandbox
+
+    parent, workers = {}, []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    parent[int(name)] = int(f.read().rsplit(b")", 1)[1].split()[1])
+                uid = os.stat(f"/proc/{name}").st_uid
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    command = f.read()
+            except (OSError, IndexError, ValueError):
+                continue
+            if sandbox.WORKER_UID_BASE <= uid < sandbox.WORKER_UID_BASE + 4000 or \
+                    b"worker_main" in command:
+                workers.append(int(name))
+    for pid in workers:
+        for _ in range(8):
+            pid = parent.get(pid, 0)
+            if pid == grader:
+                return True
+    return False

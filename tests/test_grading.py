@@ -1,17 +1,22 @@
-"""The grading engine: chapter lookup, rebuilding the notebook, nbgrader's scoring rule, and real
-runs of chapter 01 submissions (each run starts a kernel, so each fixture grades once)."""
+"""The grading engine: chapter lookup, rebuilding the notebook, nbgrader's scoring rule, the
+worker's messages and its copy of `checks`, the memory limit, and real runs of chapter 01
+submissions (each run starts a worker, so each test grades once)."""
 
 from __future__ import annotations
 
 import json
 import os
+import struct
+import tempfile
+import time
 from pathlib import Path
 
 import nbformat
 import pytest
+import torch
 from nbformat.v4 import new_code_cell, new_notebook, new_output
 
-from checks import grading
+from checks import _wire, grading, sandbox
 from checks.grading import GradingError
 
 from . import submissions as sub
@@ -107,6 +112,20 @@ def test_test_cells_come_from_the_source_and_deleted_ones_return():
         assert sub.cell(built, f"check_{name}").source == sub.cell(source, f"check_{name}").source
     assert "### BEGIN HIDDEN TESTS" in sub.cell(built, "check_head_dim").source
     assert sub.cell(built, "head_dim").source == sub.cell(submission, "head_dim").source
+
+
+def test_cells_a_submission_marks_as_tests_are_plain_code():
+    source = sub.solution()
+    submission = sub.solution()
+    extra = new_code_cell("import os", metadata={"nbgrader": {
+        "grade": True, "grade_id": "check_bonus", "points": 50, "locked": True,
+        "solution": False}})
+    submission.cells.append(extra)
+    built = grading.build_graded_notebook(submission, source)
+    tests = [grading.grade_id(c) for c in built.cells if grading.is_graded_test(c)]
+    assert tests == [f"check_{name}" for name in sub.EXERCISES_01]
+    bonus = next(c for c in built.cells if c.source == "import os")
+    assert not grading.is_graded_test(bonus) and "grade" not in bonus.metadata["nbgrader"]
 
 
 def test_a_test_whose_answer_cell_is_gone_goes_before_the_next_exercise():
@@ -208,3 +227,154 @@ def test_a_dying_worker_ends_the_notebook_and_keeps_earlier_points(folder):
     assert result.points == 4
     assert by_name(result)["tensor_shape"].status == "error"
     assert by_name(result)["tensor_shape"].message.startswith("not run")
+
+
+# --------------------------------------------------------------------------------------------
+# What the worker sends: decoded without running its code, within bounds (no worker)
+
+
+def frame(tree, table=(), blob=b"") -> bytes:
+    header = json.dumps({"v": tree, "s": list(table)}).encode()
+    return struct.pack(">I", len(header)) + header + blob
+
+
+def test_plain_values_round_trip_and_shared_storage_stays_shared():
+    buffer = torch.arange(12.0).reshape(3, 4)
+    value = {"a": [1, 2.5, None, True, "x", b"\x00"], "b": (buffer, buffer[1:], buffer.T),
+             "c": torch.float16, "d": torch.Size([2, 3]), ("k", 1): 3 + 4j}
+    got = _wire.decode(_wire.encode(value))
+    assert got["a"] == value["a"] and got["c"] is torch.float16 and got["d"] == (2, 3)
+    assert got[("k", 1)] == 3 + 4j
+    whole, rows, transposed = got["b"]
+    assert torch.equal(whole, buffer) and torch.equal(rows, buffer[1:])
+    assert torch.equal(transposed, buffer.T)
+    assert whole.untyped_storage().data_ptr() == rows.untyped_storage().data_ptr()
+
+
+def test_objects_that_are_not_plain_data_become_handles_or_markers():
+    class Liar:
+        def __eq__(self, other):
+            return True
+
+    handles = []
+    got = _wire.decode(_wire.encode([Liar()], lambda obj: handles.append(obj) or 7))
+    assert isinstance(got[0], _wire.RemoteRef) and got[0].handle == 7 and handles
+    marker = _wire.decode(_wire.encode([Liar()]))[0]
+    assert isinstance(marker, _wire.Unsendable) and marker != marker
+
+
+@pytest.mark.parametrize("tree, table, blob, words", [
+    ({"d": [[k * (2**61 - 1), 0] for k in range(1, 30_001)]}, [], b"", "dict key"),
+    ({"d": [[[1], 0]]}, [], b"", "dict key"),
+    ({"x": [1, "float32", 0, [2**28], [0], False]}, [[1, 4]], b"\0" * 4, "expanded"),
+    ({"x": [1, "float32", 0, [4, 4], [1, 1], False]}, [[1, 64]], b"\0" * 64, "overlapping"),
+    ({"x": [1, "float32", 0, [1000], [1], False]}, [[1, 4]], b"\0" * 4, "outside"),
+    ({"x": [1, "float32", 2**30, [1], [1], False]}, [[1, 4]], b"\0" * 4, "outside"),
+    ({"x": [1, "object", 0, [1], [1], False]}, [[1, 4]], b"\0" * 4, "malformed"),
+    ({"q": 1}, [], b"", "unknown"),
+    (json.loads("[" * (_wire.MAX_DEPTH + 2) + "]" * (_wire.MAX_DEPTH + 2)), [], b"",
+     "nested"),
+    (list(range(_wire.MAX_NODES + 1)), [], b"", "values"),
+])
+def test_hostile_messages_are_refused_quickly(tree, table, blob, words):
+    started = time.monotonic()
+    with pytest.raises(_wire.ProtocolError, match=words):
+        _wire.decode(frame(tree, table, blob))
+    assert time.monotonic() - started < 2
+
+
+def test_malformed_bytes_are_refused():
+    import pickle
+
+    for data in (b"", pickle.dumps({"kind": "cell"}), struct.pack(">I", 2**31) + b"{}",
+                 frame(1)[:-1] + b"x", b"\x00\x00\x00\x02[" + b"1"):
+        with pytest.raises(_wire.ProtocolError):
+            _wire.decode(data)
+    deep = b"[" * 100_000 + b"]" * 100_000
+    with pytest.raises(_wire.ProtocolError):
+        _wire.decode(struct.pack(">I", len(deep) + 13) + b'{"v": ' + deep + b', "s": []}')
+
+
+def test_tensor_data_per_test_is_capped():
+    storages = _wire.Storages(budget=100)
+    big = _wire.encode(torch.zeros(16))  # 64 bytes
+    _wire.decode(big, storages)
+    with pytest.raises(_wire.ProtocolError, match="more tensor data"):
+        _wire.decode(_wire.encode(torch.ones(16)), storages)
+
+
+# --------------------------------------------------------------------------------------------
+# The worker's copy of `checks` (no worker)
+
+
+def test_the_worker_library_holds_no_answers_of_the_graded_chapter():
+    library = sandbox.WorkerLibrary("04_self_attention", grading.SOURCE_DIR)
+    files = library.files
+    assert "nb04.py" in files and not any(f"nb{n:02d}.py" in files for n in range(5, 14))
+    nb04 = files["nb04.py"].decode()
+    assert "_verdict_check('check_attention')" in nb04 and "ref." not in nb04
+    attention = files["reference/attention.py"].decode()
+    for name in ("attention", "masked_softmax", "multi_head_attention", "repeat_kv",
+                 "torch_mha_reference"):
+        assert f"def {name}(*args, **kwargs):\n    raise RuntimeError" in attention, name
+    assert "scaled_dot_product_attention" not in attention and ".softmax(" not in attention
+    masks = sandbox.PACKAGE / "reference" / "masks.py"
+    assert files["reference/masks.py"] == masks.read_bytes()  # chapter 03's: kept whole
+    for name in ("grading.py", "cli.py", "benchmark.py", "release.py"):
+        assert name not in files
+    assert library.has("checks.reference.masks", "causal_mask")
+    assert not library.has("checks.reference.attention", "attention")
+    assert not library.has("checks.nb04", "check_attention_internals")
+
+
+def test_helpers_the_notebook_imports_travel_without_the_checks():
+    library = sandbox.WorkerLibrary("13_generation_kv_cache", grading.SOURCE_DIR)
+    nb13 = library.files["nb13.py"].decode()
+    assert "def tensor_nbytes" in nb13 and "class _CountingTable" in nb13
+    assert "_SimCache" not in nb13 and "def _check_steps" not in nb13
+    generation = library.files["reference/generation.py"].decode()
+    assert "scaled_dot_product_attention" not in generation
+
+
+# --------------------------------------------------------------------------------------------
+# Memory: counted as memory used, never as address space reserved (one worker each)
+
+# 64 GiB of address space, never touched (as CUDA builds of torch reserve it)
+RESERVE = ("import mmap\n"
+           "reserved = mmap.mmap(-1, 64 << 30, prot=mmap.PROT_READ,\n"
+           "                     flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | 0x4000)")
+
+
+def test_the_reservation_is_what_an_address_space_limit_refuses():
+    """So the test below tells the two mechanisms apart: under `RLIMIT_AS` (the grader's old
+    `--memory`) this reservation fails, as importing PyPI's CUDA build of torch did."""
+    import subprocess
+    import sys
+
+    code = ("import resource\nresource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))\n"
+            + RESERVE)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode != 0 and "Cannot allocate memory" in done.stderr
+
+
+@pytest.mark.parametrize("memory_by, isolation", [("cgroup", "auto"), ("rss", "auto"),
+                                                   ("rss", "none")])
+def test_memory_limit_counts_memory_used_not_address_space(memory_by, isolation):
+    if memory_by == "cgroup":
+        cgroup = sandbox.MemoryCgroup.create(2**30)
+        if cgroup is None:
+            pytest.skip("no memory cgroup can be made here")
+        cgroup.kill_all()
+    limits = sandbox.Limits(memory=900 * 2**20, memory_by=memory_by, cell_timeout=60,
+                            isolation=isolation)
+    library = sandbox.WorkerLibrary("01_notation", grading.SOURCE_DIR)
+    with tempfile.TemporaryDirectory() as tmp:
+        worker = sandbox.Worker(tmp, limits, library)
+        try:
+            assert worker.run_cell(0, RESERVE)["ok"]
+            # 2 GiB touched: over the limit, the worker is killed and the report says why
+            with pytest.raises(sandbox.WorkerGone, match="memory limit"):
+                worker.run_cell(1, "import torch\nhog = torch.ones(2**31, dtype=torch.uint8)")
+        finally:
+            worker.close()
+        assert worker.left_behind == []
