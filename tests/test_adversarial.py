@@ -24,8 +24,8 @@ from checks import sandbox
 
 from . import adversarial
 
-TIMEOUT = 10  # seconds per cell: the infinite loop costs this much
-LIMIT = 45  # no notebook may take longer than TIMEOUT + this (start-up and load included)
+TIMEOUT = 20  # seconds per cell: the infinite loop costs this much (room for a loaded machine)
+LIMIT = 90  # no notebook may take longer than TIMEOUT + this (start-up and load included)
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,8 @@
 Not a benchmark: nothing here asserts a speed. It asserts that every section ran and wrote its
 numbers, and the correctness facts the benchmark reports: the same greedy tokens from the
 reference and Hugging Face (when `transformers` is installed), with and without the cache, and
-from every variant of the decode path; the notebook executed and the submission graded in full.
+from every variant of the decode path; the notebook executed and the submission graded in full,
+quiet and with a CPU hog alongside; the class graded in full, the same with one job and with two.
 """
 
 from __future__ import annotations
@@ -22,13 +23,14 @@ from checks import benchmark
 def test_quick_benchmark_runs_every_section(tmp_path):
     out = tmp_path / "benchmark.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # The time limit only stops a hang: a few times what it takes with two CPU hogs alongside.
     done = subprocess.run([sys.executable, "-m", "checks.benchmark", "--quick", "--json",
-                           str(out)], capture_output=True, text=True, env=env, timeout=300)
+                           str(out)], capture_output=True, text=True, env=env, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     for heading in ("memory read bandwidth", "(a) greedy generation", "(b) decode's achieved",
                     "(c) the reference with its KV cache", "(d) chapter 13",
                     "(e) solution notebooks", "(e) python -m checks grade",
-                    "(f) the decode path"):
+                    "(e) under load", "(e) a class of", "(f) the decode path"):
         assert heading in done.stdout, heading
     result = json.loads(out.read_text())
     plan = benchmark.QUICK
@@ -70,6 +72,26 @@ def test_quick_benchmark_runs_every_section(tmp_path):
     assert grading["returncode"] == 0 and grading["notebooks"] == 1
     assert grading["points"] == grading["max_points"] > 0
 
+    load = result["load"]
+    assert load["hogs"] == plan.load_hogs >= 1
+    (row,) = load["notebooks"]
+    assert row["quiet"] == nb                           # (e)'s numbers are the quiet runs
+    assert row["loaded"]["error"] is None and row["loaded"]["stderr_outputs"] == 0
+    assert row["hog_cpu_seconds"] > 0 and row["ratio"] > 0
+    assert load["grading"]["quiet"] == grading and grading["hog_cpu_seconds"] == 0
+    loaded = load["grading"]["loaded"]
+    assert loaded["returncode"] == 0 and loaded["points"] == grading["points"]
+    assert loaded["hogs"] == plan.load_hogs and loaded["hog_cpu_seconds"] > 0
+
+    school = result["class"]
+    assert school["students"] == school["notebooks"] == plan.class_size >= 2
+    assert set(school["runs"]) == {"1", "2"}
+    for run in school["runs"].values():
+        assert run["returncode"] == 0, run["stderr_tail"]
+        assert run["points"] == run["max_points"] == plan.class_size * grading["points"]
+        assert run["graded"] == plan.class_size
+    assert school["complete"] and school["same_results"] and school["speedup"] > 0
+
 
 def test_quick_plan_fits_its_cache_and_the_variants_end_at_the_reference():
     for plan in (benchmark.QUICK, benchmark.FULL):
@@ -86,8 +108,9 @@ def test_quick_plan_fits_its_cache_and_the_variants_end_at_the_reference():
     (["--skip", "nonsense"], "unknown section"),
     (["--lengths", "0,5"], "not a list of positive lengths"),
     (["--repeats", "0"], "--repeats must be at least 1"),
+    (["--students", "0"], "--students must be at least 1"),
 ])
 def test_bad_arguments_are_refused(argv, message):
     done = subprocess.run([sys.executable, "-m", "checks.benchmark", *argv],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=300)  # stops a hang only
     assert done.returncode == 2 and message in done.stderr

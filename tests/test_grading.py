@@ -277,10 +277,10 @@ def test_objects_that_are_not_plain_data_become_handles_or_markers():
     (list(range(_wire.MAX_NODES + 1)), [], b"", "values"),
 ])
 def test_hostile_messages_are_refused_quickly(tree, table, blob, words):
-    started = time.monotonic()
+    started = time.process_time()  # CPU time: what the decoder spends, whatever the load
     with pytest.raises(_wire.ProtocolError, match=words):
         _wire.decode(frame(tree, table, blob))
-    assert time.monotonic() - started < 2
+    assert time.process_time() - started < 2
 
 
 def test_malformed_bytes_are_refused():
