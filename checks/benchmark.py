@@ -2,7 +2,7 @@
 and the course's own speed, measured side by side in one process on this machine.
 
     python -m checks.benchmark [--json FILE] [--quick] [--lengths 128,512,1024] [--repeats N]
-                               [--threads N] [--skip SECTIONS] [--notebooks 01,13]
+                               [--threads N] [--skip SECTIONS] [--notebooks 01,13] [--students N]
 
 prints a table of ratios and (with --json) writes every number. `--quick` runs every section at a
 tiny size in seconds (the test suite uses it to prove the command works; its numbers mean
@@ -37,6 +37,17 @@ Sections (`--skip` takes their names, comma-separated):
   kernel start-up reported apart from running the cells).
 - `grading`: the wall time of `python -m checks grade` on one complete submission (a copy of the
   thirteen solution notebooks).
+- `load`: the same two measurements quiet and with CPU hogs alongside (two busy processes,
+  `scripts/with_cpu_hogs.py`, running only during the loaded run), each notebook's pair back to
+  back so that both see the same machine; their ratio is the figure that matters (two hogs on two
+  cores leave a third of the CPU to the work). When this section runs, its quiet runs are the
+  numbers of `notebooks` and `grading` (measured once).
+- `class`: a class of `--students` complete submissions (default 20; copies of the solutions in
+  nbgrader's `submitted/<student>/<chapter>/` layout) graded with `--jobs 1` and with `--jobs 2`:
+  both wall times, the speed-up, and whether both runs gave every notebook the same results.
+- `smollm`: the real model, SmolLM2-135M-Instruct (`checks.smollm`; skipped with a note when it
+  is not installed): `generate`'s measurement on it, from its chat prompt, at 128 and 512 new
+  tokens (fp32, batch 1), with decode's share of the measured read bandwidth.
 
 Timing: warm-up first, then repeats; generation runs alternate between the two implementations
 (and the order alternates between rounds) so that both see the same machine, and the fastest
@@ -71,7 +82,8 @@ from .reference.rope import rope_frequencies
 
 REPO = Path(__file__).resolve().parent.parent
 SOLUTIONS = REPO / "solutions"
-SECTIONS = ("bandwidth", "generate", "no_cache", "decode_path", "timing", "notebooks", "grading")
+SECTIONS = ("bandwidth", "generate", "no_cache", "decode_path", "timing", "notebooks", "grading",
+            "load", "class", "smollm")
 MiB, GiB = 2**20, 2**30
 
 
@@ -92,6 +104,9 @@ class Plan:
     timing_size: str                    # checks.timing plan
     timing_repeats: int | None
     notebooks: tuple[str, ...] | None = None   # chapters (NN prefixes); None: all of them
+    load_hogs: int = 2                  # CPU hogs alongside the loaded runs of `load`
+    class_size: int = 20                # complete submissions graded by `class`
+    smollm_lengths: tuple[int, ...] = (128, 512)   # new tokens of the real model's generations
 
 
 FULL = Plan(
@@ -111,7 +126,8 @@ QUICK = Plan(
     prompt_len=8, lengths=(8, 24), repeats=1, bandwidth_bytes=16 * MiB,
     no_cache_full_max=8, no_cache_samples=3, decode_contexts=(16,), decode_rounds=1,
     decode_steps=3,
-    check_tokens=6, timing_size="tiny", timing_repeats=1, notebooks=("01",))
+    check_tokens=6, timing_size="tiny", timing_repeats=1, notebooks=("01",), load_hogs=1,
+    class_size=2, smollm_lengths=(4,))
 
 
 # --------------------------------------------------------------------------------------------
@@ -235,12 +251,15 @@ def decode_bytes_total(cfg: ModelConfig, prompt_len: int, n: int, bytes_per_elem
     return sum(timing.decode_bytes(cfg, 1, prompt_len + s, bytes_per_elem) for s in range(n - 1))
 
 
-def run_generate(params, cfg, plan: Plan, model, say, after_each=None) -> list[dict]:
+def run_generate(params, cfg, plan: Plan, model, say, after_each=None,
+                 prompt: torch.Tensor | None = None) -> list[dict]:
     """Both implementations at every length (alternating, the order swapped every round); the
     reference's prefill timed on its own to take it out of the decode time. `after_each()` runs
-    after each length (the bandwidth is sampled there, under the same conditions)."""
-    prompt = torch.randint(0, cfg.vocab_size, (1, plan.prompt_len),
-                           generator=torch.Generator().manual_seed(1))
+    after each length (the bandwidth is sampled there, under the same conditions). The prompt
+    is random tokens of `plan.prompt_len` unless given."""
+    if prompt is None:
+        prompt = torch.randint(0, cfg.vocab_size, (1, plan.prompt_len),
+                               generator=torch.Generator().manual_seed(1))
     ours = lambda n: gen.generate(params, cfg, prompt, n)              # noqa: E731
     theirs = (lambda n: hf_generate(model, prompt, n)) if model is not None else None
     ours(4)                                                              # warm-up
@@ -261,9 +280,9 @@ def run_generate(params, cfg, plan: Plan, model, say, after_each=None) -> list[d
                 start = time.perf_counter()
                 tokens[name] = fn(n)
                 times[name].append(time.perf_counter() - start)
-        row = {"new_tokens": n, "prompt_len": plan.prompt_len, "ours_seconds": times["ours"],
+        row = {"new_tokens": n, "prompt_len": prompt.shape[1], "ours_seconds": times["ours"],
                "ours_tokens_per_s": n / min(times["ours"]), "ours_prefill_seconds": prefill}
-        nbytes = decode_bytes_total(cfg, plan.prompt_len, n)
+        nbytes = decode_bytes_total(cfg, prompt.shape[1], n)
         row["decode_bytes_per_step"] = nbytes / max(n - 1, 1)
         decode = max(min(times["ours"]) - prefill, 1e-9)
         row["ours_decode_bytes_per_s"] = nbytes / decode
@@ -282,6 +301,39 @@ def run_generate(params, cfg, plan: Plan, model, say, after_each=None) -> list[d
         if after_each:
             after_each()
     return rows
+
+
+# --------------------------------------------------------------------------------------------
+# The real model: SmolLM2-135M-Instruct
+
+SMOLLM_QUESTION = "What is the capital of France?"
+
+
+def run_smollm(plan: Plan, say, after_each=None) -> dict:
+    """The `generate` section's measurement on SmolLM2-135M-Instruct (`checks.smollm`, fp32,
+    memory-mapped from its cache) from its chat prompt: the reference against Hugging Face's
+    `generate` on the same weights (converted by `checks.reference.hf`, eager attention, no
+    end-of-sequence token, so both generate every token asked for)."""
+    from . import smollm
+
+    if not smollm.available():
+        return {"missing": str(smollm.ModelUnavailable())}
+    say("SmolLM2-135M-Instruct: loading")
+    params, cfg = smollm.load()
+    prompt = torch.tensor([smollm.tokenizer().chat_prompt(SMOLLM_QUESTION)])
+    out = {"config": asdict(cfg), "prompt": smollm.chat_text(SMOLLM_QUESTION),
+           "weight_bytes": timing.weight_bytes(cfg, 4)}
+    model = None
+    if _hf_available():
+        say("SmolLM2-135M-Instruct: building Hugging Face's model from the same weights")
+        model = hf_model(params, cfg)
+    else:
+        out["hf_missing"] = "transformers is not installed (pip install -e .[oracle])"
+    smollm_plan = replace(plan, lengths=plan.smollm_lengths)
+    out["generate"] = run_generate(params, cfg, smollm_plan, model,
+                                   lambda text: say(f"SmolLM2-135M-Instruct {text}"),
+                                   after_each=after_each, prompt=prompt)
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -598,27 +650,118 @@ def run_notebooks(chapters, say) -> list[dict]:
     return rows
 
 
-def run_grading(chapters, say) -> dict:
+def copy_submission(paths: list[Path], folder: Path) -> None:
+    """One complete submission: each solution notebook in its chapter's folder under `folder`."""
+    for path in paths:
+        (folder / path.parent.name).mkdir(parents=True)
+        shutil.copy2(path, folder / path.parent.name / path.name)
+
+
+def grade_timed(folder: Path, out: Path, *options: str) -> dict:
+    """`python -m checks grade [options] folder`, timed from the outside (interpreter start-up
+    included); its JSON report is read back."""
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "checks", "grade", *options, "--json", str(out),
+                           str(folder)], capture_output=True, text=True, cwd=REPO)
+    seconds = time.perf_counter() - start
+    grades = json.loads(out.read_text()) if out.exists() else {}
+    return {"seconds": seconds, "returncode": done.returncode,
+            "points": grades.get("points"), "max_points": grades.get("max_points"),
+            "graded": len(grades.get("notebooks", [])), "grades": grades.get("notebooks", []),
+            "stderr_tail": done.stderr[-2000:] if done.returncode else ""}
+
+
+def run_grading(chapters, say, *, hogs: int = 0) -> dict:
     """`python -m checks grade` on a copy of the solution notebooks (one complete submission),
-    timed from the outside: interpreter start-up included."""
+    with `hogs` CPU hogs alongside."""
     paths = solution_notebooks(chapters)
-    say(f"grading {len(paths)} notebooks with python -m checks grade")
+    say(f"grading {len(paths)} notebooks with python -m checks grade"
+        + (f", {hogs} CPU hogs alongside" if hogs else ""))
     with tempfile.TemporaryDirectory(prefix="checks-benchmark-") as tmp:
         submission = Path(tmp) / "submission"
-        for path in paths:
-            (submission / path.parent.name).mkdir(parents=True)
-            shutil.copy2(path, submission / path.parent.name / path.name)
-        out = Path(tmp) / "grades.json"
-        start = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "checks", "grade", "--json", str(out),
-                               str(submission)], capture_output=True, text=True, cwd=REPO)
-        seconds = time.perf_counter() - start
-        grades = json.loads(out.read_text()) if out.exists() else {}
-    return {"notebooks": len(paths), "seconds": seconds, "returncode": done.returncode,
-            "points": grades.get("points"), "max_points": grades.get("max_points"),
-            "per_notebook_seconds": {Path(n["path"]).parent.name: n["seconds"]
-                                     for n in grades.get("notebooks", [])},
-            "stderr_tail": done.stderr[-2000:] if done.returncode else ""}
+        copy_submission(paths, submission)
+        with cpu_hogs(hogs, LOADED_LIMIT) as load:
+            graded = grade_timed(submission, Path(tmp) / "grades.json")
+    grades = graded.pop("grades")
+    return {"notebooks": len(paths), **graded, "hogs": hogs,
+            "hog_cpu_seconds": load["cpu_seconds"],
+            "per_notebook_seconds": {Path(n["path"]).parent.name: n["seconds"] for n in grades}}
+
+
+# --------------------------------------------------------------------------------------------
+# The same under load, and a class graded one notebook at a time against two at a time
+
+LOADED_LIMIT = 3600.0   # seconds: the hogs stop by themselves after this, whatever happens
+
+
+def cpu_hogs(n: int, seconds: float):
+    """scripts/with_cpu_hogs.py's hogs as a context manager (the script is the one place that
+    knows how to start and always stop them)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("with_cpu_hogs",
+                                                  REPO / "scripts" / "with_cpu_hogs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.cpu_hogs(n, seconds)
+
+
+def run_under_load(chapters, say, hogs: int) -> dict:
+    """Each notebook quiet and with `hogs` CPU hogs alongside, back to back (the order swapped
+    from one notebook to the next, so that a drift of the machine's load favours neither), then
+    one complete submission's grading both ways."""
+    rows = []
+    for i, path in enumerate(solution_notebooks(chapters)):
+        say(f"notebook {path.parent.name}, quiet and with {hogs} CPU hogs")
+        row: dict = {"notebook": str(path.relative_to(REPO))}
+        for loaded in ((False, True) if i % 2 == 0 else (True, False)):
+            with cpu_hogs(hogs if loaded else 0, LOADED_LIMIT) as load:
+                row["loaded" if loaded else "quiet"] = time_notebook(path)
+            if loaded:
+                row["hog_cpu_seconds"] = load["cpu_seconds"]
+        row["ratio"] = row["loaded"]["total_seconds"] / row["quiet"]["total_seconds"]
+        rows.append(row)
+    quiet = run_grading(chapters, say)
+    loaded = run_grading(chapters, say, hogs=hogs)
+    return {"hogs": hogs, "notebooks": rows,
+            "grading": {"quiet": quiet, "loaded": loaded,
+                        "ratio": loaded["seconds"] / quiet["seconds"]}}
+
+
+def _outcome(grades: list[dict]) -> dict:
+    """What a grading run decided for each notebook (its timings left out), by
+    student/chapter/file."""
+    return {"/".join(Path(n["path"]).parts[-3:]):
+            (n.get("points"), n.get("error"),
+             [(e.get("name"), e.get("status"), e.get("points")) for e in n.get("exercises", [])])
+            for n in grades}
+
+
+def run_class(chapters, say, students: int) -> dict:
+    """`students` complete submissions in nbgrader's submitted/<student>/<chapter>/ layout,
+    graded with `--jobs 1` and then with `--jobs 2`."""
+    paths = solution_notebooks(chapters)
+    result: dict = {"students": students, "notebooks": students * len(paths), "runs": {}}
+    with tempfile.TemporaryDirectory(prefix="checks-benchmark-class-") as tmp:
+        submitted = Path(tmp) / "submitted"
+        for s in range(1, students + 1):
+            copy_submission(paths, submitted / f"student{s:02d}")
+        outcomes = {}
+        for jobs in (1, 2):
+            say(f"grading a class of {students} submissions ({result['notebooks']} notebooks) "
+                f"with --jobs {jobs}")
+            run = grade_timed(submitted, Path(tmp) / f"grades-{jobs}.json", "--jobs", str(jobs))
+            outcomes[jobs] = _outcome(run.pop("grades"))
+            result["runs"][str(jobs)] = run
+    one, two = result["runs"]["1"], result["runs"]["2"]
+    # Notebooks graded per second: the same as the ratio of wall times when both runs graded
+    # the whole class (a run that stopped early, say on an incident, still gives a rate).
+    result["complete"] = one["graded"] == two["graded"] == result["notebooks"]
+    result["speedup"] = (two["graded"] / two["seconds"]) / max(one["graded"] / one["seconds"],
+                                                               1e-12)
+    both = outcomes[1].keys() & outcomes[2].keys()   # every notebook, unless a run stopped
+    result["same_results"] = bool(both) and all(outcomes[1][k] == outcomes[2][k] for k in both)
+    return result
 
 
 # --------------------------------------------------------------------------------------------
@@ -670,13 +813,15 @@ def run(plan: Plan = FULL, *, skip: tuple[str, ...] = (), progress=None) -> dict
         result["decode_path"] = run_decode_path(
             params, cfg, plan, say,
             after_each=sample_bandwidth if "bandwidth" not in skip else None)
+    if "smollm" not in skip:   # compared with the best bandwidth sample of the other sections
+        result["smollm"] = run_smollm(plan, say)
     if samples:
         # The machine's read bandwidth: the best sample of the run (at the start, after each
         # generation length and after each decode-path context), so that decode is compared with
         # the best the memory gave while this ran.
         best = max(samples, key=lambda s: s["bytes_per_s"])
         result["bandwidth"] = {**best, "samples_bytes_per_s": [s["bytes_per_s"] for s in samples]}
-        for row in result.get("generate", []):
+        for row in result.get("generate", []) + result.get("smollm", {}).get("generate", []):
             for who in ("ours", "hf"):
                 if f"{who}_decode_bytes_per_s" in row:
                     row[f"{who}_bandwidth_fraction"] = (row[f"{who}_decode_bytes_per_s"]
@@ -687,10 +832,19 @@ def run(plan: Plan = FULL, *, skip: tuple[str, ...] = (), progress=None) -> dict
     if "timing" not in skip:
         say(f"chapter 13 timing ({plan.timing_size} plan)")
         result["timing"] = timing.run("cpu", plan.timing_size, repeats=plan.timing_repeats)
-    if "notebooks" not in skip:
-        result["notebooks"] = run_notebooks(plan.notebooks, say)
-    if "grading" not in skip:
-        result["grading"] = run_grading(plan.notebooks, say)
+    if "load" in skip:
+        if "notebooks" not in skip:
+            result["notebooks"] = run_notebooks(plan.notebooks, say)
+        if "grading" not in skip:
+            result["grading"] = run_grading(plan.notebooks, say)
+    else:  # its quiet runs are sections notebooks and grading
+        result["load"] = run_under_load(plan.notebooks, say, plan.load_hogs)
+        if "notebooks" not in skip:
+            result["notebooks"] = [row["quiet"] for row in result["load"]["notebooks"]]
+        if "grading" not in skip:
+            result["grading"] = result["load"]["grading"]["quiet"]
+    if "class" not in skip:
+        result["class"] = run_class(plan.notebooks, say, plan.class_size)
     result["machine"]["load_average_end"] = os.getloadavg()
     result["seconds_total"] = time.perf_counter() - started
     return result
@@ -760,6 +914,7 @@ def format_table(result: dict) -> str:
             lines.append(f"{c['context']:>12}{c['decode_bytes'] / 1e6:>9.1f}"
                          f"{_gb(c['reference_bytes_per_s']):>11}"
                          f"{100 * c['reference_bandwidth_fraction']:>13.0f}%")
+    lines += _smollm_table(result.get("smollm"), result["plan"]["repeats"])
     rows = result.get("no_cache")
     if rows:
         lines += ["", "(c) the reference with its KV cache vs recomputing the whole sequence per "
@@ -798,6 +953,10 @@ def format_table(result: dict) -> str:
         if g["per_notebook_seconds"]:
             lines.append("    per notebook: " + ", ".join(
                 f"{name[:2]} {s:.1f}" for name, s in g["per_notebook_seconds"].items()))
+    if result.get("load"):
+        lines += ["", *format_load(result["load"])]
+    if result.get("class"):
+        lines += ["", *format_class(result["class"])]
     dp = result.get("decode_path")
     if dp:
         contexts = dp["contexts"]
@@ -831,6 +990,97 @@ def format_table(result: dict) -> str:
                      f"({pf['every_position'] / pf['last_only']:.2f}x)")
     lines += ["", f"total benchmark time: {result['seconds_total']:.0f} s"]
     return "\n".join(lines)
+
+
+def _points(run: dict) -> str:
+    """A grading run's points and exit status, and the first line it wrote to stderr if it
+    failed."""
+    said = ""
+    if run["returncode"]:
+        lines = [line for line in run["stderr_tail"].splitlines()
+                 if line.strip() and not line.startswith("[")]       # not a progress line
+        said = f": {lines[-1][:160]}" if lines else ""
+    if run["points"] is None:
+        return f"no result (exit status {run['returncode']}{said})"
+    return f"{run['points']:g}/{run['max_points']:g} points, exit status {run['returncode']}{said}"
+
+
+def format_load(load: dict) -> list[str]:
+    """Section `load`: quiet against loaded, per notebook and for one submission's grading."""
+    n = load["hogs"]
+    lines = [f"(e) under load: each solution notebook (fresh kernel, start-up included) and one "
+             f"submission's grading, quiet and with {n} CPU hog{'s' * (n != 1)} alongside "
+             "(seconds; back to back)",
+             f"{'notebook':<28}{'quiet':>8}{'loaded':>8}{'ratio':>7}{'hogs CPU s':>12}  status"]
+    for r in load["notebooks"]:
+        errors = [r[k]["error"] for k in ("quiet", "loaded") if r[k]["error"]]
+        stderr = sum(r[k]["stderr_outputs"] for k in ("quiet", "loaded"))
+        status = "ok" if not errors else f"ERROR {errors[0]}"
+        if stderr:
+            status += f", {stderr} stderr outputs"
+        lines.append(f"{Path(r['notebook']).parent.name:<28}{r['quiet']['total_seconds']:>8.1f}"
+                     f"{r['loaded']['total_seconds']:>8.1f}{r['ratio']:>6.2f}x"
+                     f"{r['hog_cpu_seconds']:>12.0f}  {status}")
+    slowest = max(load["notebooks"], key=lambda r: r["loaded"]["total_seconds"])
+    lines.append(f"{'slowest loaded':<28}{'':>8}{slowest['loaded']['total_seconds']:>8.1f}"
+                 f"  ({Path(slowest['notebook']).parent.name}; target: under 30 s)")
+    g = load["grading"]
+    lines += [f"    python -m checks grade, one complete submission: quiet "
+              f"{g['quiet']['seconds']:.1f} s ({_points(g['quiet'])}), loaded "
+              f"{g['loaded']['seconds']:.1f} s ({_points(g['loaded'])}; the hogs used "
+              f"{g['loaded']['hog_cpu_seconds']:.0f} CPU s)",
+              f"    loaded/quiet: {g['ratio']:.2f}x (target: at most 2.5)"
+              + ("" if g["quiet"]["graded"] == g["loaded"]["graded"] == g["quiet"]["notebooks"]
+                 else "; not comparable: a run stopped early")]
+    return lines
+
+
+def format_class(c: dict) -> list[str]:
+    """Section `class`: the class graded with --jobs 1 and --jobs 2."""
+    lines = [f"(e) a class of {c['students']} complete submissions ({c['notebooks']} notebooks, "
+             "nbgrader's submitted/<student>/<chapter>/ layout) graded by python -m checks grade",
+             f"{'':>4}{'--jobs':<8}{'graded':>8}{'seconds':>9}{'per notebook':>14}  result"]
+    for jobs, run in c["runs"].items():
+        lines.append(f"{'':>4}{jobs:<8}{run['graded']:>8}{run['seconds']:>9.1f}"
+                     f"{run['seconds'] / max(run['graded'], 1):>14.2f}  {_points(run)}")
+    how = "" if c["complete"] else " (notebooks per second: a run stopped early)"
+    lines.append(f"    --jobs 2 against --jobs 1: {c['speedup']:.2f}x faster{how} (target: at "
+                 f"least 1.6x); same result for every notebook: "
+                 f"{'yes' if c['same_results'] else 'NO'}")
+    return lines
+
+
+def _smollm_table(s: dict | None, repeats: int) -> list[str]:
+    """Section (g): the real model's generation table (empty when the section was skipped)."""
+    if not s:
+        return []
+    head = "(g) the real model, SmolLM2-135M-Instruct"
+    if "missing" in s:
+        return ["", f"{head}: skipped, {s['missing']}"]
+    rows = s["generate"]
+    lines = ["", f"{head} (fp32, {s['weight_bytes'] / 1e6:.0f} MB of weights read per decode "
+                 f"step): greedy generation at batch 1 from its {rows[0]['prompt_len']}-token "
+                 f"chat prompt, best of {repeats} alternating runs; the reference (KV cache) vs "
+                 "Hugging Face generate (eager, DynamicCache) on the same weights; target: "
+                 "ours/HF >= 1.5x"]
+    if s.get("hf_missing"):
+        lines.append(f"    Hugging Face skipped: {s['hf_missing']}")
+    lines.append(f"{'new tokens':>12}{'ours tok/s':>12}{'HF tok/s':>10}{'ours/HF':>9}"
+                 f"{'same tokens':>13}{'ours decode':>13}{'HF decode':>11}")
+    for r in rows:
+        def bw(who):
+            key = f"{who}_bandwidth_fraction"
+            return f"{100 * r[key]:.0f}% BW" if key in r else (
+                f"{_gb(r[f'{who}_decode_bytes_per_s'])} GB/s" if f"{who}_decode_bytes_per_s"
+                in r else "-")
+        hf = (f"{r['hf_tokens_per_s']:>10.1f}{r['ratio']:>8.2f}x"
+              f"{('yes' if r['identical_tokens'] else 'NO @' + str(r['first_difference'])):>13}"
+              if "hf_tokens_per_s" in r else f"{'-':>10}{'-':>9}{'-':>13}")
+        lines.append(f"{r['new_tokens']:>12}{r['ours_tokens_per_s']:>12.1f}{hf}{bw('ours'):>13}"
+                     f"{bw('hf'):>11}")
+    lines.append("    decode: weights + KV cache read per decode step x decode steps/s (prefill "
+                 "timed apart), as a share of the read bandwidth above (GB/s without it)")
+    return lines
 
 
 def _lengths(text: str) -> tuple[int, ...]:
@@ -870,6 +1120,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--notebooks", type=lambda s: tuple(x.strip() for x in s.split(",")),
                         metavar="NN,NN", help="chapters for the notebook and grading sections "
                                               "(default: all thirteen)")
+    parser.add_argument("--students", type=int, metavar="N",
+                        help="complete submissions in the class of section `class` (default 20)")
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
     if args.lengths:
@@ -882,6 +1134,10 @@ def main(argv: list[str] | None = None) -> int:
         plan = replace(plan, repeats=args.repeats)
     if args.notebooks is not None:
         plan = replace(plan, notebooks=args.notebooks)
+    if args.students is not None:
+        if args.students < 1:
+            parser.error("--students must be at least 1")
+        plan = replace(plan, class_size=args.students)
     if args.threads is not None:
         if args.threads < 1:
             parser.error("--threads must be at least 1")
