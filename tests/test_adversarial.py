@@ -112,7 +112,9 @@ def test_victims_keep_their_marks(graded):
 
 def test_grader_memory_and_time_stay_within_limits(graded):
     _, _, data, *_ = graded
-    assert data["grader_memory_mib"] < 1024, data["grader_memory_mib"]
+    heaviest = sorted(data["notebooks"], key=lambda nb: -nb.get("grader_memory_mib", 0))[:3]
+    assert data["grader_memory_mib"] < 1024, [(nb["path"], nb.get("grader_memory_mib"))
+                                              for nb in heaviest]
     slow = {nb["path"]: nb["seconds"] for nb in data["notebooks"]
             if nb["seconds"] > TIMEOUT + LIMIT}
     assert not slow

@@ -92,6 +92,11 @@ def test_quick_benchmark_runs_every_section(tmp_path):
         assert run["graded"] == plan.class_size
     assert school["complete"] and school["same_results"] and school["speedup"] > 0
 
+    assert "(g) the real model" in done.stdout
+    if "missing" not in result["smollm"]:                # the real model, when it is installed
+        rows = result["smollm"]["generate"]
+        assert rows and all(r["identical_tokens"] and r["ratio"] > 0 for r in rows)
+
 
 def test_quick_plan_fits_its_cache_and_the_variants_end_at_the_reference():
     for plan in (benchmark.QUICK, benchmark.FULL):
