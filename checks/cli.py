@@ -25,7 +25,7 @@ from pathlib import Path
 
 from . import grading
 from .context import GRADING_ENV, THREADS_ENV
-from .grading import GradingError, GradingIncident, NotebookResult
+from .grading import GradingError, GradingIncident, NotebookResult, peak_memory_mib
 from .sandbox import Limits, cores
 
 PROG = "python -m checks"
@@ -236,11 +236,6 @@ def _grade_in_parallel(paths, options, jobs, finished, results, problems):
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
-    # Each grading process grades many notebooks; glibc's malloc raises its mmap threshold after
-    # large frees, so tensors freed after one notebook stay in the heap and the process's resident
-    # memory ratchets up from notebook to notebook. A fixed threshold hands large blocks back to
-    # the system when they are freed (read by the spawned processes at start).
-    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(1 << 20))
     pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
                                initializer=_child_setup, initargs=(options["threads"],))
     incident = None
@@ -390,15 +385,13 @@ def _grade_table(result: NotebookResult) -> str:
 
 def _write_json(target: Path, results: list[NotebookResult], problems: list[GradingError],
                 incident: GradingIncident | None = None):
-    import resource
-
     data = {
         "points": sum(r.points for r in results),
         "max_points": sum(r.max_points for r in results),
         "notebooks": [r.to_dict() for r in results],
         "errors": [{"path": p.path, "error": p.problem} for p in problems],
-        "grader_memory_mib": round(max([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-                                        / 1024] + [r.grader_memory_mib for r in results]), 1),
+        "grader_memory_mib": round(max([peak_memory_mib()]
+                                        + [r.grader_memory_mib for r in results]), 1),
     }
     if incident is not None:
         data["incident"] = {"what": incident.what, "files": incident.changed,

@@ -692,7 +692,18 @@ def name_warnings(path: str | os.PathLike, chapter: str,
     return found
 
 
-def _peak_memory_mib() -> float:
+def peak_memory_mib() -> float:
+    """This process's peak resident memory. Linux's VmHWM belongs to the process image, so it
+    starts afresh at exec; `ru_maxrss` does not (getrusage(2): usage is preserved across execve),
+    and a grader started from a big process (a test runner holding models) would report that
+    process's peak instead of its own."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -748,7 +759,7 @@ def grade_notebook(path: str | os.PathLike, *, cell_timeout: float = DEFAULT_CEL
                           student=student_of(path),
                           warnings=name_warnings(path, chapter, source_dir),
                           isolation=run.isolation, worker_uid=run.worker_uid,
-                          grader_memory_mib=_peak_memory_mib())
+                          grader_memory_mib=peak_memory_mib())
 
 
 def _short_path(path: Path) -> str:
