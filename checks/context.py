@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -91,10 +92,23 @@ def time_budget(fn: Callable[[], Any], *, budget: float | None = None, warmup: i
 
 
 def configure_threads() -> None:
-    """Use the number of threads a grader gave this process (`LLAMA_COURSE_THREADS`), if any."""
+    """Set torch's threads for this process: `LLAMA_COURSE_THREADS` when a grader (or the
+    learner) gave a number; otherwise one thread inside a notebook kernel unless
+    `OMP_NUM_THREADS` says otherwise; anything else keeps torch's default.
+
+    Why one thread in a kernel: the course's tensors (the real SmolLM2 included) are small, so
+    a second thread saves little on a quiet machine (chapter 12: 15.8 s with two threads, 15.9 s
+    with one, on 2 cores), while on a busy one every parallel region waits for a thread the
+    system has descheduled (chapter 12 with two CPU hogs alongside: 94 s with two threads, 16 s
+    with one)."""
     value = os.environ.get(THREADS_ENV, "").strip()
     if value.isdigit() and int(value) > 0:
-        import torch
+        wanted = int(value)
+    elif "ipykernel" in sys.modules and not os.environ.get("OMP_NUM_THREADS"):
+        wanted = 1
+    else:
+        return
+    import torch
 
-        if torch.get_num_threads() != int(value):
-            torch.set_num_threads(int(value))
+    if torch.get_num_threads() != wanted:
+        torch.set_num_threads(wanted)
