@@ -733,7 +733,9 @@ def _outcome(grades: list[dict]) -> dict:
     student/chapter/file."""
     return {"/".join(Path(n["path"]).parts[-3:]):
             (n.get("points"), n.get("error"),
-             [(e.get("name"), e.get("status"), e.get("points")) for e in n.get("exercises", [])])
+             [(e.get("name"), e.get("status"), e.get("points"),
+               (e.get("message") or "").strip().split("\n")[0][:300])
+              for e in n.get("exercises", [])])
             for n in grades}
 
 
@@ -761,7 +763,25 @@ def run_class(chapters, say, students: int) -> dict:
                                                                1e-12)
     both = outcomes[1].keys() & outcomes[2].keys()   # every notebook, unless a run stopped
     result["same_results"] = bool(both) and all(outcomes[1][k] == outcomes[2][k] for k in both)
+    result["differences"] = _differences(outcomes, sorted(both))
     return result
+
+
+def _differences(outcomes: dict, notebooks: list[str]) -> list[dict]:
+    """For each notebook graded differently by the two runs: what each run said of the
+    exercises that differ (status, points, the first line of the message)."""
+    found = []
+    for key in notebooks:
+        one, two = outcomes[1][key], outcomes[2][key]
+        if one == two:
+            continue
+        runs = {}
+        for jobs, outcome in ((1, one), (2, two)):
+            other = two if jobs == 1 else one
+            runs[str(jobs)] = {"error": outcome[1], "exercises": [
+                e for e in outcome[2] if e not in other[2]]}
+        found.append({"notebook": key, "runs": runs})
+    return found
 
 
 # --------------------------------------------------------------------------------------------
@@ -1047,6 +1067,12 @@ def format_class(c: dict) -> list[str]:
     lines.append(f"    --jobs 2 against --jobs 1: {c['speedup']:.2f}x faster{how} (target: at "
                  f"least 1.6x); same result for every notebook: "
                  f"{'yes' if c['same_results'] else 'NO'}")
+    for d in c.get("differences", []):
+        for jobs, run in d["runs"].items():
+            said = "; ".join(f"{name} {status} ({points:g} points){': ' + message if message else ''}"
+                             for name, status, points, message in run["exercises"])
+            lines.append(f"    {d['notebook']}, --jobs {jobs}: "
+                         f"{run['error'] or said or 'the same exercises'}")
     return lines
 
 
