@@ -422,10 +422,15 @@ def _large_score_atol(q, k, v) -> float:
     """Scores of a few hundred carry a rounding error of about |score| * eps, and a correct
     softmax passes it on to the output scaled by |v|: a different (correct) order of the float32
     sums lands ~1e-4 away. Overflow gives inf or NaN, and the other mistakes are off by O(1)."""
+    biggest = _scores64(q, k).abs().amax().item()
+    return tolerance(q.dtype)[0] + 4 * torch.finfo(q.dtype).eps * biggest * v.abs().amax().item()
+
+
+def _scores64(q, k) -> torch.Tensor:
+    """The scaled scores Q Kᵀ / sqrt(D) of every query head in float64, [B, N_h, S_q, S_k]."""
     g = q.shape[1] // k.shape[1]
     scores = q.double() @ k.double().repeat_interleave(g, 1).transpose(-2, -1)
-    biggest = (scores.abs().amax() / math.sqrt(q.shape[-1])).item()
-    return tolerance(q.dtype)[0] + 4 * torch.finfo(q.dtype).eps * biggest * v.abs().amax().item()
+    return scores / math.sqrt(q.shape[-1])
 
 
 def _expect_stable(c: Check, got, want, q, k, mask, atol: float) -> None:
@@ -433,9 +438,7 @@ def _expect_stable(c: Check, got, want, q, k, mask, atol: float) -> None:
     underflows to all zeros) mean a softmax that does not subtract the row maximum."""
     if not (isinstance(got, torch.Tensor) and got.shape == want.shape and got.dtype == want.dtype):
         return
-    g = q.shape[1] // k.shape[1]
-    scores = q.double() @ k.double().repeat_interleave(g, 1).transpose(-2, -1)
-    scores = scores / math.sqrt(q.shape[-1])
+    scores = _scores64(q, k)
     allowed = (torch.ones_like(scores, dtype=torch.bool) if mask is None
                else mask.bool().expand(scores.shape))
     live = scores.masked_fill(~allowed, float("-inf"))
