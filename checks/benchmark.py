@@ -222,6 +222,15 @@ def hf_model(params: dict, cfg: ModelConfig):
     return model
 
 
+def _hf_model_if_available(params: dict, cfg: ModelConfig, out: dict, say):
+    """Hugging Face's model on `params`, or None with `out["hf_missing"]` saying why."""
+    if not _hf_available():
+        out["hf_missing"] = "transformers is not installed (pip install -e .[oracle])"
+        return None
+    say("building Hugging Face's model from the same weights")
+    return hf_model(params, cfg)
+
+
 def hf_generate(model, prompt: torch.Tensor, n: int) -> torch.Tensor:
     """Hugging Face's greedy generation as its users call it (its own no_grad, default cache)."""
     return model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=n,
@@ -323,12 +332,8 @@ def run_smollm(plan: Plan, say, after_each=None) -> dict:
     prompt = torch.tensor([smollm.tokenizer().chat_prompt(SMOLLM_QUESTION)])
     out = {"config": asdict(cfg), "prompt": smollm.chat_text(SMOLLM_QUESTION),
            "weight_bytes": timing.weight_bytes(cfg, 4)}
-    model = None
-    if _hf_available():
-        say("SmolLM2-135M-Instruct: building Hugging Face's model from the same weights")
-        model = hf_model(params, cfg)
-    else:
-        out["hf_missing"] = "transformers is not installed (pip install -e .[oracle])"
+    model = _hf_model_if_available(params, cfg, out,
+                                   lambda text: say(f"SmolLM2-135M-Instruct: {text}"))
     smollm_plan = replace(plan, lengths=plan.smollm_lengths)
     out["generate"] = run_generate(params, cfg, smollm_plan, model,
                                    lambda text: say(f"SmolLM2-135M-Instruct {text}"),
@@ -816,12 +821,7 @@ def run(plan: Plan = FULL, *, skip: tuple[str, ...] = (), progress=None) -> dict
         sample_bandwidth(repeats=5)
     cached: dict[int, float] = {}
     if "generate" not in skip:
-        model = None
-        if _hf_available():
-            say("building Hugging Face's model from the same weights")
-            model = hf_model(params, cfg)
-        else:
-            result["hf_missing"] = "transformers is not installed (pip install -e .[oracle])"
+        model = _hf_model_if_available(params, cfg, result, say)
         result["generate"] = run_generate(
             params, cfg, plan, model, say,
             after_each=sample_bandwidth if "bandwidth" not in skip else None)
@@ -1069,8 +1069,8 @@ def format_class(c: dict) -> list[str]:
                  f"{'yes' if c['same_results'] else 'NO'}")
     for d in c.get("differences", []):
         for jobs, run in d["runs"].items():
-            said = "; ".join(f"{name} {status} ({points:g} points){': ' + message if message else ''}"
-                             for name, status, points, message in run["exercises"])
+            said = "; ".join(f"{name} {status} ({points:g} points)" + (f": {why}" if why else "")
+                             for name, status, points, why in run["exercises"])
             lines.append(f"    {d['notebook']}, --jobs {jobs}: "
                          f"{run['error'] or said or 'the same exercises'}")
     return lines

@@ -158,21 +158,26 @@ def _flat_tensors(value: Any, out: list | None = None, depth: int = 0) -> list:
     return out
 
 
-def _replace_tensors(value: Any, new: list, depth: int = 0) -> Any:
+def _map_leaves(value: Any, leaf, max_depth: int, depth: int = 0) -> Any:
+    """`value` rebuilt with `leaf(x)` for everything that is not a plain list, tuple or dict
+    (exact types: subclasses are leaves), front to back; below `max_depth`, left as it is."""
+    if depth > max_depth:
+        return value
+    if type(value) is list:
+        return [_map_leaves(v, leaf, max_depth, depth + 1) for v in value]
+    if type(value) is tuple:
+        return tuple(_map_leaves(v, leaf, max_depth, depth + 1) for v in value)
+    if type(value) is dict:
+        return {k: _map_leaves(v, leaf, max_depth, depth + 1) for k, v in value.items()}
+    return leaf(value)
+
+
+def _replace_tensors(value: Any, new: list) -> Any:
     """`value` with its tensors (in `_flat_tensors` order) taken from `new`, front first."""
     import torch
 
-    if depth > _wire.MAX_DEPTH:
-        return value
-    if isinstance(value, torch.Tensor):
-        return new.pop(0)
-    if type(value) is list:
-        return [_replace_tensors(v, new, depth + 1) for v in value]
-    if type(value) is tuple:
-        return tuple(_replace_tensors(v, new, depth + 1) for v in value)
-    if type(value) is dict:
-        return {k: _replace_tensors(v, new, depth + 1) for k, v in value.items()}
-    return value
+    return _map_leaves(value, lambda x: new.pop(0) if isinstance(x, torch.Tensor) else x,
+                       _wire.MAX_DEPTH)
 
 
 def _grad_leaf(t):
@@ -1329,19 +1334,14 @@ def _text(value: Any, limit: int) -> str:
     return value[:limit] if isinstance(value, str) else ""
 
 
-def _grader_value(value: Any, worker: Worker, depth: int = 0) -> Any:
+def _grader_value(value: Any, worker: Worker) -> Any:
     """A decoded value with the worker's object references turned into `RemoteObject`s."""
-    if depth > _wire.MAX_DEPTH + 2:
-        return value
-    if isinstance(value, RemoteRef):
-        return RemoteObject(worker, value.handle, value.type_name, worker.session.deadline)
-    if type(value) is list:
-        return [_grader_value(v, worker, depth + 1) for v in value]
-    if type(value) is tuple:
-        return tuple(_grader_value(v, worker, depth + 1) for v in value)
-    if type(value) is dict:
-        return {k: _grader_value(v, worker, depth + 1) for k, v in value.items()}
-    return value
+    def leaf(x):
+        if isinstance(x, RemoteRef):
+            return RemoteObject(worker, x.handle, x.type_name, worker.session.deadline)
+        return x
+
+    return _map_leaves(value, leaf, _wire.MAX_DEPTH + 2)
 
 
 class RemoteFunction:

@@ -31,6 +31,7 @@ from . import submissions as sub
 
 REPO = sub.REPO
 SOLUTIONS = REPO / "solutions"
+CHAPTER_01 = ("head_dim", "kv_group_size", "validate_config", "tensor_shape")  # its exercises
 SECRET = "LLAMA_COURSE_SECRET_TOKEN"  # set in the grader's environment by the test
 
 PROTECTED = {
@@ -323,12 +324,10 @@ def write_catalogue(folder: Path, source_dir: Path, marker: Path) -> dict[str, C
         "    if '<cell' not in caller:  # only when the grader calls\n"
         "        return checks.reference.tensor_shape(name, cfg, batch, seq_len)\n"
         "    return ()")),
-        Case("01_notation", without("head_dim", "kv_group_size", "validate_config", "tensor_shape"),
+        Case("01_notation", without(*CHAPTER_01),
              "the reference's functions of the graded chapter are stubs in the "
              "worker: profiler off, a thread, a cloned code object, caller inspection all fail",
-             "answers-unreachable", statuses={"head_dim": "failed", "kv_group_size": "failed",
-                                              "validate_config": "failed",
-                                              "tensor_shape": "failed"}))
+             "answers-unreachable", statuses=dict.fromkeys(CHAPTER_01, "failed")))
     add("c3_answers_from_disk", answer(answer(answer(answer(sol(), "head_dim", (
         "import glob\n"
         "def head_dim(cfg):\n"
@@ -369,12 +368,10 @@ def write_catalogue(folder: Path, source_dir: Path, marker: Path) -> dict[str, C
         "obj.__module__ != '__main__':\n"
         "            try:\n                return obj(name, cfg, batch, seq_len)\n"
         "            except Exception:\n                pass\n    return ()")),
-        Case("01_notation", without("head_dim", "kv_group_size", "validate_config", "tensor_shape"),
+        Case("01_notation", without(*CHAPTER_01),
              "the repository, the sources and the installed package are "
              "empty in the worker's view; its memory holds stubs only",
-             "answers-unreachable", statuses={"head_dim": "failed", "kv_group_size": "failed",
-                                              "validate_config": "failed",
-                                              "tensor_shape": "failed"}))
+             "answers-unreachable", statuses=dict.fromkeys(CHAPTER_01, "failed")))
     add("c3_forbidden_function", answer(sol("04_self_attention"), "attention", (
         "def attention(q, k, v, mask=None):\n"
         "    weights = masked_softmax(attention_scores(q, k), mask)\n"
