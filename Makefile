@@ -58,8 +58,8 @@ $(MODEL): $(STAMP)
 # Regenerate the learner notebooks (notebooks/) from solutions/ with nbgrader, in a temporary
 # course directory; chapters whose source is gone are removed from notebooks/.
 release: $(STAMP)
-	$(PY) -m checks.release
+	$(PY) -m checks.tools.release
 
 # Exit 1, naming the chapters, when the committed notebooks/ is out of date.
 release-check: $(STAMP)
-	$(PY) -m checks.release --check
+	$(PY) -m checks.tools.release --check

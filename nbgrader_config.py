@@ -14,7 +14,7 @@ source and release steps use the student id `.`):
 current directory), with the course environment's `bin/` on PATH: nbgrader runs the `alembic`
 command to set up its database.
 
-Release the learner notebooks with `make release` (python -m checks.release), not with
+Release the learner notebooks with `make release` (python -m checks.tools.release), not with
 `nbgrader generate_assignment --force` here: --force deletes notebooks/NN_slug first. Before
 autograding a chapter, record it in the gradebook without touching notebooks/ (the notebook it
 writes to grading/release/ is byte-identical to the committed release):

@@ -1,7 +1,7 @@
-"""`python -m checks`: see `checks.cli`."""
+"""`python -m checks`: see `checks.grader.cli`."""
 
 import sys
 
-from .cli import main
+from .grader.cli import main
 
 sys.exit(main())

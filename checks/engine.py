@@ -23,7 +23,17 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from . import display, sandbox
+from . import display
+
+# (exercise, forbidden names and hints) of the Check calling the learner now. The grader's side of
+# a worker (checks.grader.sandbox) reads it to apply the same guards to a call it forwards.
+calling: contextvars.ContextVar = contextvars.ContextVar("checks_engine_calling", default=None)
+
+
+def is_remote(f) -> bool:
+    """Whether `f` runs elsewhere (a learner's function in the grader's worker), not in this
+    process: such proxies say so with a true `_checks_remote` attribute."""
+    return bool(getattr(f, "_checks_remote", False))
 
 # --------------------------------------------------------------------------------------------
 # Failures
@@ -342,7 +352,7 @@ class Check:
         self.calls += 1
         guard = _Forbid(self, self.forbid) if self.forbid else contextlib.nullcontext()
         # When grading, `fn` may run in a worker process: the worker applies the same guard.
-        token = sandbox.calling.set((self.exercise, self.forbid))
+        token = calling.set((self.exercise, self.forbid))
         # Copies taken before the call: what the check expects is computed from the inputs as
         # they were, and a function that writes into them fails (unless the check allows it).
         before = snapshot_inputs(args, kwargs, self.fn)
@@ -362,7 +372,7 @@ class Check:
                 message += f"\n  at {where}"
             raise LearnerError(self.exercise, message, seed=self.seed) from None
         finally:
-            sandbox.calling.reset(token)
+            calling.reset(token)
         changed = changed_inputs(before, allowed=getattr(self, "may_change", ()))
         if changed:
             raise in_place_failure(self.exercise, changed, seed=self.seed)

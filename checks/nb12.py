@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from . import reference as ref
 from .config import LLAMA2_7B, ModelConfig
-from .engine import Check, CheckFailure, LearnerError, values_close
+from .engine import Check, CheckFailure, LearnerError, is_remote, values_close
 from .nb11 import random_layer, random_positions  # the same random blocks as chapter 11
 from .reference import block as ref_block
 from .reference import model as ref_model
@@ -62,8 +62,7 @@ def _no_reference(c: Check, *names: str) -> None:
 
 def _local(f) -> bool:
     """Whether the learner's function runs in this process (not through the grader's worker)."""
-    from .sandbox import RemoteFunction
-    return not isinstance(f, RemoteFunction)
+    return not is_remote(f)
 
 
 def _quiet_expect(c: Check, got, want, **kw) -> None:

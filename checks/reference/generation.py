@@ -20,7 +20,7 @@ the last position alone, and `generate` runs under `torch.inference_mode`. Decod
 batch 1 reads every weight once and does little arithmetic on it: its speed is the memory
 bandwidth, plus PyTorch's fixed cost per operation (a few microseconds each, some forty per
 layer), which is why the layer is written with few operations. What each change buys is
-measured by `python -m checks.benchmark` (its "decode path" section).
+measured by `python -m checks.tools.benchmark` (its "decode path" section).
 
 Conventions (course-spec section 2): the cache stores K after RoPE and V, for the N_kv KV heads
 only (not repeated), per layer [B, N_kv, S_max, D_h]; causal masks are bottom-right aligned.

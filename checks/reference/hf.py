@@ -1,7 +1,7 @@
 """The course's parameter layout <-> Hugging Face's `LlamaForCausalLM`, both ways.
 
 Used by the oracle tests (Hugging Face's model is the independent implementation the reference is
-compared with) and by the benchmark (`python -m checks.benchmark`, the same weights in both).
+compared with) and by the benchmark (`python -m checks.tools.benchmark`, the same weights in both).
 `transformers` is an optional dependency (`pip install -e .[oracle]`): it is imported only when a
 function here is called. Nothing is ever downloaded.
 

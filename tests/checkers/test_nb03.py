@@ -1,0 +1,263 @@
+"""Chapter 03 checkers: the reference passes at every seed; each known mistake is diagnosed."""
+
+import functools
+
+import pytest
+import torch
+from torch.nn.attention.bias import causal_lower_right, causal_upper_left
+
+from checks import nb03
+from checks import reference as ref
+from checks.engine import NotStarted
+
+from ..support.catalogue import SEEDS, Wrong, assert_passes, assert_rejects, not_started
+
+CORRECT = {
+    nb03.check_causal_mask: ref.causal_mask,
+    nb03.check_bidirectional_mask: ref.bidirectional_mask,
+    nb03.check_padding_mask: ref.padding_mask,
+    nb03.check_combine_masks: ref.combine_masks,
+    nb03.check_to_additive_mask: ref.to_additive_mask,
+}
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("checker", CORRECT, ids=lambda c: c.__name__)
+def test_reference_passes(checker, seed):
+    assert_passes(checker, CORRECT[checker], seed)
+
+
+@pytest.mark.parametrize("checker", CORRECT, ids=lambda c: c.__name__)
+def test_reference_passes_thorough(checker, capsys):
+    checker(CORRECT[checker], seed=7, thorough=True)
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("checker", CORRECT, ids=lambda c: c.__name__)
+def test_unstarted_reads_as_not_started(checker):
+    with pytest.raises(NotStarted):
+        checker(not_started, seed=0)
+
+
+# An independent oracle for the reference: PyTorch's own lower-right (bottom-right) causal bias.
+@pytest.mark.parametrize("q_len,k_len", [(1, 1), (4, 4), (1, 7), (3, 8), (7, 9), (9, 9)])
+def test_reference_causal_mask_is_pytorchs_lower_right(q_len, k_len):
+    want = causal_lower_right(q_len, k_len)._materialize()
+    assert torch.equal(ref.causal_mask(q_len, k_len), want)
+    # and the top-left variant really is what `torch.tril(ones(q, k))` gives
+    top_left = causal_upper_left(q_len, k_len)._materialize()
+    assert torch.equal(torch.ones(q_len, k_len, dtype=torch.bool).tril(), top_left)
+
+
+def test_reference_additive_mask_matches_boolean_mask_in_sdpa():
+    q, k, v = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 6, 8), torch.randn(2, 3, 6, 5)
+    mask = ref.combine_masks(ref.causal_mask(4, 6), ref.padding_mask(
+        torch.tensor([[True] * 6, [True] * 5 + [False]])))
+    F = torch.nn.functional
+    by_bool = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    by_add = F.scaled_dot_product_attention(q, k, v, attn_mask=ref.to_additive_mask(mask))
+    torch.testing.assert_close(by_bool, by_add)
+
+
+# ---- causal_mask ----------------------------------------------------------------------------
+
+def _k(q, k):
+    return q if k is None else k
+
+
+def _causal_top_left(q, k=None):
+    return torch.tril(torch.ones(q, _k(q, k), dtype=torch.bool))
+
+
+def _causal_sliced_square(q, k=None):
+    k = _k(q, k)
+    return torch.tril(torch.ones(k, k, dtype=torch.bool))[:q]  # the first rows, not the last
+
+
+def _causal_inverted(q, k=None):
+    return torch.triu(torch.ones(q, _k(q, k), dtype=torch.bool), diagonal=1)
+
+
+def _causal_no_diagonal(q, k=None):
+    k = _k(q, k)
+    return torch.ones(q, k, dtype=torch.bool).tril(k - q - 1)
+
+
+def _causal_one_ahead(q, k=None):
+    k = _k(q, k)
+    return torch.arange(k)[None, :] <= torch.arange(k - q, k)[:, None] + 1
+
+
+def _causal_float(q, k=None):
+    k = _k(q, k)
+    return torch.ones(q, k).tril(k - q)
+
+
+def _causal_long(q, k=None):
+    return ref.causal_mask(q, k).long()
+
+
+def _causal_ignores_k_len(q, k=None):
+    return torch.tril(torch.ones(q, q, dtype=torch.bool))
+
+
+def _causal_transposed(q, k=None):
+    return ref.causal_mask(q, k).T
+
+
+# ---- bidirectional_mask ---------------------------------------------------------------------
+
+def _bi_causal(q, k=None):
+    return ref.causal_mask(q, k)
+
+
+def _bi_float(q, k=None):
+    return torch.ones(q, _k(q, k))
+
+
+def _bi_ignores_k_len(q, k=None):
+    return torch.ones(q, q, dtype=torch.bool)
+
+
+def _bi_zeros(q, k=None):
+    return torch.zeros(q, _k(q, k), dtype=torch.bool)
+
+
+def _bi_transposed(q, k=None):
+    return torch.ones(_k(q, k), q, dtype=torch.bool)
+
+
+# ---- combine_masks --------------------------------------------------------------------------
+
+def _combine_or(*masks):
+    return functools.reduce(torch.logical_or, masks)
+
+
+def _combine_in_place(*masks):
+    out = masks[0]
+    for m in masks[1:]:
+        out &= m
+    return out
+
+
+def _combine_float_product(*masks):
+    return functools.reduce(lambda a, b: a * b, [m.float() for m in masks])
+
+
+def _combine_stack(*masks):
+    return torch.stack(masks).all(0)
+
+
+def _combine_in_place_clone(*masks):
+    out = masks[0].clone()
+    for m in masks[1:]:
+        out &= m  # the result cannot grow to the broadcast shape
+    return out
+
+
+# ---- to_additive_mask -----------------------------------------------------------------------
+
+def _additive_finite(value):
+    def to_additive_mask(mask, dtype=torch.float32):
+        return torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, value)
+    return to_additive_mask
+
+
+def _additive_finfo_min(mask, dtype=torch.float32):
+    return torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, torch.finfo(dtype).min)
+
+
+def _additive_bert_style(mask, dtype=torch.float32):
+    return (1.0 - mask.float()) * -10000.0
+
+
+def _additive_inverted(mask, dtype=torch.float32):
+    return torch.zeros(mask.shape, dtype=dtype).masked_fill(mask, float("-inf"))
+
+
+def _additive_ignores_dtype(mask, dtype=torch.float32):
+    return torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))
+
+
+def _additive_times_inf(mask, dtype=torch.float32):
+    return (1 - mask.to(dtype)) * float("-inf")
+
+
+WRONG = {
+    nb03.check_causal_mask: [
+        Wrong("top-left tril(ones(q, k))", _causal_top_left, "top-left aligned"),
+        Wrong("first rows of a square tril", _causal_sliced_square, "top-left aligned"),
+        Wrong("inverted triu(diagonal=1)", _causal_inverted, "inverted"),
+        Wrong("diagonal excluded", _causal_no_diagonal, "diagonal must be true"),
+        Wrong("one future key", _causal_one_ahead, "next, future key"),
+        Wrong("float mask", _causal_float, "a mask is boolean"),
+        Wrong("int mask", _causal_long, "a mask is boolean"),
+        Wrong("ignores k_len", _causal_ignores_k_len, "ignored k_len"),
+        Wrong("transposed", _causal_transposed, "transposed"),
+    ],
+    nb03.check_bidirectional_mask: [
+        Wrong("causal", _bi_causal, "returned a causal mask"),
+        Wrong("float ones", _bi_float, "a mask is boolean"),
+        Wrong("ignores k_len", _bi_ignores_k_len, "ignored k_len"),
+        Wrong("all False", _bi_zeros, "inverted"),
+        Wrong("transposed", _bi_transposed, "transposed"),
+    ],
+    nb03.check_padding_mask: [
+        Wrong("[B, S]", lambda am: am, "returned [b, s]"),
+        Wrong("[B, 1, S, 1] masks queries", lambda am: am[:, None, :, None],
+              "masked queries instead of keys"),
+        Wrong("inverted", lambda am: ~am[:, None, None, :], "inverted"),
+        Wrong("queries and keys [B, 1, S, S]",
+              lambda am: am[:, None, :, None] & am[:, None, None, :],
+              "masked padded queries as well as keys"),
+        Wrong("float", lambda am: am.float()[:, None, None, :], "a mask is boolean"),
+        Wrong("[B, 1, S]", lambda am: am.unsqueeze(1), "added only one axis"),
+        Wrong("[B, S, 1, 1]", lambda am: am[..., None, None], "wrong axis"),
+    ],
+    nb03.check_combine_masks: [
+        Wrong("OR", _combine_or, "combined with or"),
+        Wrong("first mask only", lambda *masks: masks[0], "kept only the first mask"),
+        Wrong("last mask only", lambda *masks: masks[-1], "kept only the last mask"),
+        Wrong("two masks only", lambda a, b: a & b, "any number of masks"),
+        Wrong("float product", _combine_float_product, "a mask is boolean"),
+        Wrong("in place &=", _combine_in_place, "in place"),
+        Wrong("&= into a copy", _combine_in_place_clone, "must broadcast"),
+        Wrong("stack without broadcasting", _combine_stack, "must broadcast"),
+    ],
+    nb03.check_to_additive_mask: [
+        Wrong("-1e9", _additive_finite(-1e9), "large finite number"),
+        Wrong("finfo.min", _additive_finfo_min, "large finite number"),
+        Wrong("BERT-style (1 - mask) * -10000", _additive_bert_style, "large finite number"),
+        Wrong("inverted signs", _additive_inverted, "inverted signs"),
+        Wrong("dtype ignored", _additive_ignores_dtype, "ignored the `dtype` argument"),
+        Wrong("(1 - mask) * -inf", _additive_times_inf, "0 * -inf is nan"),
+        Wrong("0/1 numbers", lambda mask, dtype=torch.float32: mask.to(dtype), "0/1 numbers"),
+        Wrong("boolean returned", lambda mask, dtype=torch.float32: mask.clone(),
+              "returned a boolean mask"),
+        Wrong("+inf", _additive_finite(float("inf")), "+inf instead of -inf"),
+    ],
+}
+
+CASES = [(checker, wrong) for checker, wrongs in WRONG.items() for wrong in wrongs]
+
+
+@pytest.mark.parametrize("seed", SEEDS[:3])
+@pytest.mark.parametrize("checker,wrong", CASES,
+                         ids=[f"{c.__name__}-{w.name}" for c, w in CASES])
+def test_wrong_implementation_is_diagnosed(checker, wrong, seed):
+    assert_rejects(checker, wrong, seed)
+
+
+def test_every_exercise_has_a_catalogue_of_three():
+    assert set(WRONG) == set(CORRECT)
+    assert all(len(wrongs) >= 3 for wrongs in WRONG.values())
+
+
+def test_top_left_decode_step_is_explained():
+    """The decode case alone (square masks agree) must still name the alignment."""
+    def square_only_right(q, k=None):
+        return ref.causal_mask(q, k) if k is None or k == q else _causal_top_left(q, k)
+    failure = assert_rejects(nb03.check_causal_mask,
+                             Wrong("top-left only when q != k", square_only_right, "top-left"),
+                             seed=0)
+    assert "k_len - q_len + i" in str(failure)

@@ -1,0 +1,463 @@
+"""Chapter 04 checkers: correct implementations pass at every seed; each known mistake is
+diagnosed; the library shortcuts the chapter forbids are rejected."""
+
+import contextlib
+import functools
+import io
+import math
+from unittest import mock
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from checks import nb04
+from checks import reference as ref
+from checks.engine import CheckFailure, ForbiddenCall, NotStarted
+
+from ..support.catalogue import SEEDS, Wrong, assert_passes, assert_rejects, not_started
+
+NEG_INF = float("-inf")
+
+# --------------------------------------------------------------------------------------------
+# Correct implementations written the way a learner would (no library softmax, no SDPA).
+
+
+def good_masked_softmax(scores, mask=None):
+    if mask is not None:
+        scores = scores.masked_fill(~mask, NEG_INF)
+    row_max = scores.amax(dim=-1, keepdim=True)
+    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    e = torch.exp(scores - row_max)
+    total = e.sum(dim=-1, keepdim=True)
+    return torch.where(total > 0, e / total.clamp_min(torch.finfo(e.dtype).tiny),
+                       torch.zeros_like(e))
+
+
+def good_masked_softmax_nan_to_num(scores, mask=None):
+    """Another correct style: let fully masked rows become NaN, then zero them."""
+    if mask is not None:
+        scores = scores.masked_fill(~mask, NEG_INF)
+    e = (scores - scores.max(dim=-1, keepdim=True).values).exp()
+    return (e / e.sum(-1, keepdim=True)).nan_to_num(0.0)
+
+
+def good_attention(q, k, v, mask=None):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    weights = good_masked_softmax(scores, mask)
+    return weights @ v, weights
+
+
+def good_attention_einsum(q, k, v, mask=None):
+    scores = torch.einsum("...qd,...kd->...qk", q, k) * q.shape[-1] ** -0.5
+    weights = good_masked_softmax_nan_to_num(scores, mask)
+    return torch.einsum("...qk,...kv->...qv", weights, v), weights
+
+
+CHECKERS = {
+    "project_qkv": nb04.check_project_qkv,
+    "attention_scores": nb04.check_attention_scores,
+    "masked_softmax": nb04.check_masked_softmax,
+    "attention": nb04.check_attention,
+}
+
+CORRECT = [
+    ("project_qkv", lambda x, wq, wk, wv: (x @ wq, x @ wk, x @ wv)),
+    ("project_qkv", lambda x, wq, wk, wv: tuple(torch.matmul(x, w) for w in (wq, wk, wv))),
+    ("attention_scores", lambda q, k: q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])),
+    ("attention_scores", lambda q, k: (q / q.shape[-1] ** 0.5) @ k.mT),
+    ("masked_softmax", good_masked_softmax),
+    ("masked_softmax", good_masked_softmax_nan_to_num),
+    ("attention", good_attention),
+    ("attention", good_attention_einsum),
+]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("name,fn", CORRECT, ids=[f"{n}-{i}" for i, (n, _) in enumerate(CORRECT)])
+def test_correct_implementation_passes(name, fn, seed):
+    assert_passes(CHECKERS[name], fn, seed)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("name", CHECKERS)
+def test_reference_passes(name, seed):
+    """The reference uses the library kernels the exercises forbid; lift the ban for it."""
+    with mock.patch.object(nb04, "FORBID_SOFTMAX", {}), \
+            mock.patch.object(nb04, "FORBID_ATTENTION", {}):
+        assert_passes(CHECKERS[name], getattr(ref, name), seed)
+
+
+@pytest.mark.parametrize("name", ["masked_softmax", "attention"])
+def test_thorough_passes(name):
+    fn = dict(CORRECT)[name]
+    assert_passes(lambda f, seed: CHECKERS[name](f, seed=seed, thorough=True), fn, 7)
+
+
+@pytest.mark.parametrize("name", CHECKERS)
+def test_unstarted_reads_as_not_started(name):
+    with pytest.raises(NotStarted):
+        CHECKERS[name](not_started, seed=0)
+
+
+# --------------------------------------------------------------------------------------------
+# Forbidden shortcuts
+
+
+def _via(softmax_call):
+    def masked_softmax(scores, mask=None):
+        if mask is not None:
+            scores = scores.masked_fill(~mask, NEG_INF)
+        return softmax_call(scores).nan_to_num(0.0)
+    return masked_softmax
+
+
+FORBIDDEN_SOFTMAX = {
+    "torch.softmax": _via(lambda s: torch.softmax(s, dim=-1)),
+    "F.softmax": _via(lambda s: F.softmax(s, dim=-1)),
+    "Tensor.softmax": _via(lambda s: s.softmax(-1)),
+    "nn.Softmax": _via(lambda s: torch.nn.Softmax(dim=-1)(s)),
+    "torch.special.softmax": _via(lambda s: torch.special.softmax(s, -1)),
+    "aten.softmax": _via(lambda s: torch.ops.aten.softmax.int(s, -1)),
+    "aten._softmax": _via(lambda s: torch.ops.aten._softmax(s, -1, False)),
+    "_safe_softmax": _via(lambda s: torch._safe_softmax(s, -1)),
+    "log_softmax().exp()": _via(lambda s: F.log_softmax(s, -1).exp()),
+    "softmin(-x)": _via(lambda s: F.softmin(-s, -1)),
+    "logsumexp": _via(lambda s: (s - s.logsumexp(-1, keepdim=True)).exp()),
+    "Categorical.probs": _via(lambda s: torch.distributions.Categorical(logits=s).probs),
+    "sdpa with identity values": _via(lambda s: F.scaled_dot_product_attention(
+        s, torch.eye(s.shape[-1], dtype=s.dtype).expand(*s.shape[:-2], -1, -1),
+        torch.eye(s.shape[-1], dtype=s.dtype).expand(*s.shape[:-2], -1, -1),
+        scale=1.0)),
+}
+
+FORBIDDEN_ATTENTION = {
+    "F.scaled_dot_product_attention": ref.attention,
+    "aten.scaled_dot_product_attention": lambda q, k, v, mask=None: (
+        torch.ops.aten.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+        ref.masked_softmax(ref.attention_scores(q, k), mask)),
+    "sdpa math kernel": lambda q, k, v, mask=None: (
+        torch._scaled_dot_product_attention_math(q, k, v, attn_mask=mask)[0],
+        ref.masked_softmax(ref.attention_scores(q, k), mask)),
+}
+
+
+@pytest.mark.parametrize("name", FORBIDDEN_SOFTMAX)
+def test_library_softmax_is_rejected(name):
+    with pytest.raises(ForbiddenCall):
+        nb04.check_masked_softmax(FORBIDDEN_SOFTMAX[name], seed=0)
+
+
+@pytest.mark.parametrize("name", FORBIDDEN_ATTENTION)
+def test_sdpa_is_rejected(name):
+    with pytest.raises(ForbiddenCall):
+        nb04.check_attention(FORBIDDEN_ATTENTION[name], seed=0)
+
+
+def test_forbidden_call_is_diagnosed_with_a_hint():
+    with pytest.raises(ForbiddenCall) as info:
+        nb04.check_masked_softmax(FORBIDDEN_SOFTMAX["torch.softmax"], seed=0)
+    assert "subtract each row's max" in str(info.value)
+    assert "softmax" in str(info.value)
+
+
+# --------------------------------------------------------------------------------------------
+# Wrong implementations and the diagnosis each must receive
+
+
+def _scores_div(scale_of):
+    return lambda q, k: q @ k.transpose(-2, -1) / scale_of(q)
+
+
+def _softmax_mask_fill(fill, *, inverted=False):
+    """The usual learner version with a choice of fill value (and mask polarity)."""
+    def masked_softmax(scores, mask=None):
+        if mask is not None:
+            scores = scores.masked_fill(mask if inverted else ~mask, fill)
+        e = (scores - scores.amax(-1, keepdim=True)).exp()
+        return e / e.sum(-1, keepdim=True)
+    return masked_softmax
+
+
+def _softmax_own_causal(offset_of):
+    """Ignores `mask` and builds its own causal mask with `tril(diagonal=offset_of(S_q, S_k))`."""
+    def masked_softmax(scores, mask=None):
+        if mask is not None:
+            sq, sk = scores.shape[-2:]
+            mask = torch.ones(sq, sk, dtype=torch.bool).tril(offset_of(sq, sk))
+        return good_masked_softmax(scores, mask)
+    return masked_softmax
+
+
+def _softmax_after(scores, mask=None):
+    e = (scores - scores.amax(-1, keepdim=True)).exp()
+    w = e / e.sum(-1, keepdim=True)
+    return w if mask is None else w * mask
+
+
+def _softmax_unstable(scores, mask=None):
+    if mask is not None:
+        scores = scores.masked_fill(~mask, NEG_INF)
+    e = scores.exp()
+    total = e.sum(-1, keepdim=True)
+    return torch.where(total > 0, e / total, torch.zeros_like(e))
+
+
+def _softmax_global_max(scores, mask=None):
+    if mask is not None:
+        scores = scores.masked_fill(~mask, NEG_INF)
+    e = (scores - scores.max()).exp()
+    total = e.sum(-1, keepdim=True)
+    return torch.where(total > 0, e / total, torch.zeros_like(e))
+
+
+def _softmax_max_before_mask(scores, mask=None):
+    row_max = scores.amax(-1, keepdim=True)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, NEG_INF)
+    e = (scores - row_max).exp()
+    total = e.sum(-1, keepdim=True)
+    return torch.where(total > 0, e / total, torch.zeros_like(e))
+
+
+def _softmax_axis(dim):
+    def masked_softmax(scores, mask=None):
+        if mask is not None:
+            scores = scores.masked_fill(~mask, NEG_INF)
+        e = (scores - scores.amax(dim, keepdim=True)).exp()
+        return (e / e.sum(dim, keepdim=True)).nan_to_num(0.0)
+    return masked_softmax
+
+
+def _softmax_zeroes_only_boolean_rows(scores, mask=None):
+    """Zeros the rows the boolean mask empties, but not rows that arrive as all -inf."""
+    if mask is not None:
+        scores = scores.masked_fill(~mask, NEG_INF)
+    e = (scores - scores.amax(-1, keepdim=True)).exp()
+    w = e / e.sum(-1, keepdim=True)
+    return w if mask is None else w.masked_fill(~mask.any(-1, keepdim=True), 0.0)
+
+
+def _softmax_in_place(scores, mask=None):
+    if mask is not None:
+        scores.masked_fill_(~mask, NEG_INF)
+    return good_masked_softmax(scores)
+
+
+def _attention_with(scores_fn=None, softmax=good_masked_softmax, combine=None, pair=None):
+    scores_fn = scores_fn or (lambda q, k: q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]))
+    combine = combine or (lambda w, k, v: w @ v)
+
+    def attention(q, k, v, mask=None):
+        weights = softmax(scores_fn(q, k), mask)
+        out = combine(weights, k, v)
+        return pair(out, weights) if pair else (out, weights)
+    return attention
+
+
+WRONG = {
+    "project_qkv": [
+        Wrong("weights transposed (F.linear)",
+              lambda x, wq, wk, wv: (F.linear(x, wq), F.linear(x, wk), F.linear(x, wv)),
+              "x @ W"),
+        Wrong("order (q, v, k)", lambda x, wq, wk, wv: (x @ wq, x @ wv, x @ wk),
+              "k computed with w_v"),
+        Wrong("w_q everywhere", lambda x, wq, wk, wv: (x @ wq, x @ wq, x @ wq),
+              "k computed with w_q"),
+        Wrong("stacked tensor", lambda x, wq, wk, wv: torch.stack([x @ wq, x @ wk, x @ wv]),
+              "return the tuple"),
+        Wrong("in-place scaling of x", lambda x, wq, wk, wv: (x.mul_(1.0) @ wq,
+                                                              x.add_(1.0) @ wk, x @ wv),
+              "in place"),
+    ],
+    "attention_scores": [
+        Wrong("no scale", lambda q, k: q @ k.transpose(-2, -1), "forgot the scale"),
+        Wrong("divided by D", _scores_div(lambda q: q.shape[-1]), "divided by D instead"),
+        Wrong("scaled by sqrt(H)", _scores_div(
+            lambda q: math.sqrt(q.shape[-1] * (q.shape[-3] if q.dim() == 4 else 1))),
+            "sqrt(H)"),
+        Wrong("scaled by sqrt(S)", _scores_div(lambda q: math.sqrt(q.shape[-2])),
+              "sequence length"),
+        Wrong("multiplied by sqrt(D)", lambda q, k: q @ k.transpose(-2, -1) * q.shape[-1] ** 0.5,
+              "multiplied by sqrt(D)"),
+        Wrong("K Q^T", lambda q, k: k @ q.transpose(-2, -1) / math.sqrt(q.shape[-1]),
+              "Q and K swapped"),
+        Wrong("Q^T K", lambda q, k: q.transpose(-2, -1) @ k / math.sqrt(q.shape[-1]),
+              "scores = q @ k.transpose(-2, -1) is [..., S_q, S_k]"),
+    ],
+    "masked_softmax": [
+        Wrong("query axis", _softmax_axis(-2), "query axis"),
+        Wrong("whole tensor", lambda s, mask=None: (s - s.max()).exp() / (s - s.max()).exp().sum(),
+              "whole tensor"),
+        Wrong("not normalised", lambda s, mask=None: (
+            s if mask is None else s.masked_fill(~mask, NEG_INF)).exp(), "row sum"),
+        Wrong("inverted mask", _softmax_mask_fill(NEG_INF, inverted=True), "mask inverted"),
+        Wrong("mask after softmax", _softmax_after, "after the softmax"),
+        Wrong("ignores the mask", lambda s, mask=None: good_masked_softmax(s), "ignored the mask"),
+        Wrong("own causal mask without the diagonal", _softmax_own_causal(lambda q, k: k - q - 1),
+              "diagonal was masked"),
+        Wrong("own causal mask one ahead", _softmax_own_causal(lambda q, k: k - q + 1),
+              "next (future) key"),
+        Wrong("own top-left causal mask", _softmax_own_causal(lambda q, k: 0), "top-left"),
+        Wrong("unstable: no max subtracted", _softmax_unstable, "subtract each row's own max"),
+        Wrong("unstable: global max", _softmax_global_max, "subtract each row's own max"),
+        Wrong("max before masking", _softmax_max_before_mask, "row max before masking"),
+        Wrong("fully masked rows NaN", _softmax_mask_fill(NEG_INF), "fully masked row gives nan"),
+        Wrong("all -inf rows (additive mask) NaN", _softmax_zeroes_only_boolean_rows,
+              "fully masked row gives nan"),
+        Wrong("finite fill -1e9", _softmax_mask_fill(-1e9), "large finite number"),
+        Wrong("masked_fill_ in place", _softmax_in_place, "in place"),
+    ],
+    "attention": [
+        Wrong("no scale", _attention_with(lambda q, k: q @ k.transpose(-2, -1)),
+              "forgot the scale"),
+        Wrong("divided by D", _attention_with(_scores_div(lambda q: q.shape[-1])),
+              "divided by D instead"),
+        Wrong("scaled by sqrt(H)", _attention_with(_scores_div(
+            lambda q: math.sqrt(q.shape[-1] * (q.shape[-3] if q.dim() == 4 else 1)))),
+            "sqrt(H)"),
+        Wrong("softmax over queries", _attention_with(softmax=_softmax_axis(-2)), "query axis"),
+        Wrong("inverted mask", _attention_with(softmax=_softmax_mask_fill(NEG_INF, inverted=True)),
+              "mask inverted"),
+        Wrong("mask after softmax", _attention_with(softmax=_softmax_after), "after the softmax"),
+        Wrong("mask off by one", _attention_with(
+            softmax=_softmax_own_causal(lambda q, k: k - q - 1)), "diagonal was masked"),
+        Wrong("unstable softmax", _attention_with(softmax=_softmax_unstable),
+              "subtract each row's own max"),
+        Wrong("fully masked rows NaN", _attention_with(softmax=_softmax_mask_fill(NEG_INF)),
+              "fully masked row gives nan"),
+        Wrong("K Q^T", _attention_with(lambda q, k: k @ q.transpose(-2, -1) / math.sqrt(
+            q.shape[-1])), "Q and K swapped"),
+        Wrong("A^T V", _attention_with(combine=lambda w, k, v: w.transpose(-2, -1) @ v),
+              "transposed weights"),
+        Wrong("out transposed", _attention_with(
+            combine=lambda w, k, v: (w @ v).transpose(-2, -1)), "output transposed"),
+        Wrong("weights @ k", _attention_with(combine=lambda w, k, v: w @ k),
+              "instead of the values"),
+        Wrong("(weights, out)", _attention_with(pair=lambda out, w: (w, out)), "wrong order"),
+        Wrong("only out", lambda q, k, v, mask=None: good_attention(q, k, v, mask)[0],
+              "return the pair"),
+        # mistakes of the helpers attention is built from, named with their step
+        Wrong("scaled by sqrt(S)", _attention_with(_scores_div(lambda q: math.sqrt(q.shape[-2]))),
+              "in the scores (attention_scores): scaled by the square root of a sequence"),
+        Wrong("multiplied by sqrt(D)", _attention_with(
+            lambda q, k: q @ k.transpose(-2, -1) * q.shape[-1] ** 0.5),
+            "in the scores (attention_scores): multiplied by sqrt(D)"),
+        Wrong("softmax over the whole tensor", _attention_with(
+            softmax=lambda s, mask=None: (s - s.max()).exp() / (s - s.max()).exp().sum()),
+            "in the softmax (masked_softmax): normalised over the whole tensor"),
+        Wrong("softmax not normalised", _attention_with(softmax=lambda s, mask=None: (
+            s if mask is None else s.masked_fill(~mask, NEG_INF)).exp()),
+            "in the softmax (masked_softmax): exponentiated without dividing by the row sum"),
+        Wrong("softmax max before masking", _attention_with(softmax=_softmax_max_before_mask),
+              "in the softmax (masked_softmax): took the row max before masking"),
+    ],
+}
+
+CASES = [(name, wrong) for name, wrongs in WRONG.items() for wrong in wrongs]
+
+
+@pytest.mark.parametrize("seed", SEEDS[:3])
+@pytest.mark.parametrize("name,wrong", CASES, ids=[f"{n}-{w.name}" for n, w in CASES])
+def test_wrong_implementation_is_diagnosed(name, wrong, seed):
+    assert_rejects(CHECKERS[name], wrong, seed)
+
+
+def test_every_exercise_has_a_catalogue_of_three():
+    assert set(WRONG) == set(CHECKERS)
+    assert all(len(wrongs) >= 3 for wrongs in WRONG.values())
+
+
+# --------------------------------------------------------------------------------------------
+# attention built from the learner's own helpers: the test cell passes them in, and a failing
+# attention names the helper that fails its own check
+
+
+def _softmax_shifted_by_mean(scores, mask=None):
+    """A wrong softmax no known variant reproduces: divides by the row mean, not the sum."""
+    if mask is not None:
+        scores = scores.masked_fill(~mask, NEG_INF)
+    e = (scores - scores.amax(-1, keepdim=True)).exp().nan_to_num(0.0)
+    return e / e.mean(-1, keepdim=True).clamp_min(1e-30)
+
+
+def _scores_with_key_bias(q, k):
+    """Wrong scores no known variant reproduces (a per-key bias: a per-query one would cancel
+    in the softmax)."""
+    return q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) + 0.5 * k.sum(-1).unsqueeze(-2)
+
+
+GOOD_SCORES = CORRECT[2][1]
+
+# (name, learner's attention_scores, learner's masked_softmax, words the hint must contain)
+HELPER_CASES = [
+    ("unknown softmax mistake", GOOD_SCORES, _softmax_shifted_by_mean,
+     "your masked_softmax does not pass its own check"),
+    ("unknown scores mistake", _scores_with_key_bias, good_masked_softmax,
+     "your attention_scores does not pass its own check"),
+    ("softmax over the whole tensor", GOOD_SCORES,
+     lambda s, mask=None: (s - s.max()).exp() / (s - s.max()).exp().sum(),
+     "masked_softmax does not pass its own check (normalised over the whole tensor"),
+    ("unstable softmax", GOOD_SCORES, _softmax_unstable,
+     "masked_softmax does not pass its own check (exp overflowed"),
+    ("unscaled scores", lambda q, k: q @ k.transpose(-2, -1), good_masked_softmax,
+     "attention_scores does not pass its own check (forgot the scale"),
+]
+
+
+@pytest.mark.parametrize("seed", SEEDS[:2])
+@pytest.mark.parametrize("case", HELPER_CASES, ids=[c[0] for c in HELPER_CASES])
+def test_attention_names_the_broken_helper(case, seed):
+    _, scores_fn, softmax, diagnosis = case
+    wrong = Wrong(case[0], _attention_with(scores_fn, softmax), diagnosis)
+    checker = functools.partial(nb04.check_attention, attention_scores=scores_fn,
+                                masked_softmax=softmax)
+    failure = assert_rejects(checker, wrong, seed)
+    assert "overflow" not in str(failure).lower() or "exp overflowed" in diagnosis
+
+
+def test_unknown_helper_mistake_without_helpers_does_not_blame_overflow():
+    with pytest.raises(CheckFailure) as info:
+        with contextlib.redirect_stdout(io.StringIO()):
+            nb04.check_attention(_attention_with(softmax=_softmax_shifted_by_mean), seed=0)
+    text = str(info.value)
+    assert "overflow" not in text and "masked_softmax=masked_softmax" in text
+
+
+def test_correct_attention_passes_whatever_its_unused_helpers_do():
+    checker = functools.partial(nb04.check_attention, attention_scores=_scores_with_key_bias,
+                                masked_softmax=_softmax_shifted_by_mean)
+    assert_passes(checker, good_attention, 0)
+
+
+def test_wrong_attention_with_good_helpers_keeps_its_own_diagnosis():
+    checker = functools.partial(nb04.check_attention, attention_scores=GOOD_SCORES,
+                                masked_softmax=good_masked_softmax)
+    wrong = Wrong("A^T V", _attention_with(combine=lambda w, k, v: w.transpose(-2, -1) @ v),
+                  "transposed weights")
+    assert_rejects(checker, wrong, 0)
+
+
+def test_unexplained_failure_with_passing_helpers_points_at_how_they_are_combined():
+    checker = functools.partial(nb04.check_attention, attention_scores=GOOD_SCORES,
+                                masked_softmax=good_masked_softmax)
+    wrong = Wrong("own scores inline", _attention_with(_scores_with_key_bias),
+                  "pass their own checks, so look at how attention puts them together")
+    assert_rejects(checker, wrong, 0)
+
+
+def test_unstarted_helpers_are_not_blamed():
+    checker = functools.partial(nb04.check_attention, attention_scores=not_started,
+                                masked_softmax=not_started)
+    wrong = Wrong("no scale", _attention_with(lambda q, k: q @ k.transpose(-2, -1)),
+                  "in the scores (attention_scores): forgot the scale")
+    assert_rejects(checker, wrong, 0)
+
+
+def test_failures_are_check_failures_not_tracebacks():
+    # A learner function that crashes reads as a LearnerError naming its input shapes.
+    def crashes(q, k, v, mask=None):
+        return q @ v, None
+    with pytest.raises(CheckFailure) as info:
+        nb04.check_attention(crashes, seed=0)
+    assert "called with" in str(info.value)

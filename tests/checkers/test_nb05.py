@@ -1,0 +1,348 @@
+"""Chapter 05 checkers: correct implementations pass at every seed; known mistakes are diagnosed.
+
+Sizes: the checkers draw distinct B, S, N, D in 2..8 (H = N * D up to 56), plus fixed cases
+(B=2, S=6, N=3, D=4 where splitting tokens would also fit; the article's 32 x 128 = 4096;
+GQA with N_kv in {2, 3} and MQA with N_kv = 1).
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from checks import nb05
+from checks import reference as ref
+from checks.engine import ForbiddenCall, NotStarted
+from checks.reference.attention import torch_mha_reference
+
+from ..support.catalogue import SEEDS, Wrong, assert_passes, assert_rejects, not_started
+
+# --------------------------------------------------------------------------------------------
+# Correct implementations: the reference, and second formulations
+
+
+def mha_from_reference_parts(x, w_qkv, w_o, n_heads, mask=None):
+    """What the notebook suggests: fused GEMM, split, chapter 04's `attention`, merge, W_O."""
+    d = w_qkv.shape[1] // (3 * n_heads)
+    q, k, v = ref.split_qkv(x @ w_qkv, n_heads, n_heads, d)
+    out, _ = ref.attention(q, k, v, mask)
+    return ref.merge_heads(out) @ w_o
+
+
+def mha_by_hand(x, w_qkv, w_o, n_heads, mask=None):
+    """Per-head loop with an explicit softmax: no fused kernel anywhere."""
+    b, s, h = x.shape
+    d = h // n_heads
+    q_all, k_all, v_all = (x @ w_qkv).split(h, dim=-1)
+    heads = []
+    for i in range(n_heads):
+        cols = slice(i * d, (i + 1) * d)
+        scores = q_all[..., cols] @ k_all[..., cols].transpose(-2, -1) / math.sqrt(d)
+        if mask is not None:
+            m = mask.bool().expand(b, n_heads, s, s)[:, i]
+            scores = scores.masked_fill(~m, float("-inf"))
+        weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+        heads.append(weights @ v_all[..., cols])
+    return torch.cat(heads, dim=-1) @ w_o
+
+
+def split_heads_unflatten(x, n_heads):
+    return x.unflatten(-1, (n_heads, -1)).permute(0, 2, 1, 3)
+
+
+def merge_heads_permute(x):
+    return x.permute(0, 2, 1, 3).flatten(2)
+
+
+def split_qkv_by_index(qkv, n_heads, n_kv_heads, head_dim):
+    q_end = n_heads * head_dim
+    k_end = q_end + n_kv_heads * head_dim
+    return (split_heads_unflatten(qkv[..., :q_end], n_heads),
+            split_heads_unflatten(qkv[..., q_end:k_end], n_kv_heads),
+            split_heads_unflatten(qkv[..., k_end:], n_kv_heads))
+
+
+CORRECT = {
+    nb05.check_split_heads: [ref.split_heads, split_heads_unflatten],
+    nb05.check_merge_heads: [ref.merge_heads, merge_heads_permute],
+    nb05.check_fuse_qkv_weights: [ref.fuse_qkv_weights, lambda q, k, v: torch.hstack([q, k, v])],
+    nb05.check_split_qkv: [ref.split_qkv, split_qkv_by_index],
+    nb05.check_multi_head_attention: [ref.multi_head_attention, mha_from_reference_parts,
+                                      mha_by_hand],
+}
+CORRECT_CASES = [(checker, fn) for checker, fns in CORRECT.items() for fn in fns]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("checker,fn", CORRECT_CASES,
+                         ids=[f"{c.__name__}-{getattr(f, '__name__', 'lambda')}"
+                              for c, f in CORRECT_CASES])
+def test_correct_implementation_passes(checker, fn, seed):
+    assert_passes(checker, fn, seed)
+
+
+@pytest.mark.parametrize("checker", CORRECT, ids=lambda c: c.__name__)
+def test_thorough_check_passes(checker):
+    checker(CORRECT[checker][0], seed=7, thorough=True)
+
+
+@pytest.mark.parametrize("checker", CORRECT, ids=lambda c: c.__name__)
+def test_unstarted_reads_as_not_started(checker):
+    with pytest.raises(NotStarted):
+        checker(not_started, seed=0)
+
+
+# --------------------------------------------------------------------------------------------
+# The torch.nn.MultiheadAttention reference itself
+
+
+def test_torch_mha_reference_agrees_with_sdpa_reference():
+    gen = torch.Generator().manual_seed(0)
+    b, s, n, d = 3, 7, 4, 5
+    h = n * d
+    x = torch.randn(b, s, h, generator=gen)
+    w_qkv = torch.randn(h, 3 * h, generator=gen) / math.sqrt(h)
+    w_o = torch.randn(h, h, generator=gen) / math.sqrt(h)
+    per_head = torch.rand(b, n, s, s, generator=gen) < 0.5
+    per_head[1, 2, 3] = False  # one fully masked row in one head
+    for mask in (None, ref.causal_mask(s), per_head):
+        want = ref.multi_head_attention(x, w_qkv, w_o, n, mask)
+        got = torch_mha_reference(x, w_qkv, w_o, n, mask)
+        assert torch.allclose(got, want, atol=1e-5, rtol=1e-4)
+        assert not got.isnan().any()
+    state = torch.random.get_rng_state()
+    torch_mha_reference(x, w_qkv, w_o, n)
+    assert torch.equal(state, torch.random.get_rng_state()), "must leave the global RNG alone"
+
+
+# --------------------------------------------------------------------------------------------
+# Wrong implementations
+
+
+
+def split_view_no_transpose(x, n):
+    b, s, w = x.shape
+    return x.reshape(b, n, s, w // n)
+
+
+def split_tokens_first(x, n):
+    b, s, w = x.shape
+    return x.reshape(b, s, n, w // n)
+
+
+def split_head_minor(x, n):
+    b, s, w = x.shape
+    return x.reshape(b, s, w // n, n).permute(0, 3, 1, 2)
+
+
+def split_tokenwise(x, n):
+    b, s, w = x.shape
+    return x.reshape(b, n, s // n, w)
+
+
+def split_wrong_axes(x, n):
+    b, s, w = x.shape
+    return x.reshape(b, s, n, w // n).permute(0, 2, 3, 1)
+
+
+def split_qkv_view_no_transpose(qkv, n_heads, n_kv_heads, head_dim):
+    b, s, _ = qkv.shape
+    q, k, v = qkv.split([n_heads * head_dim, n_kv_heads * head_dim, n_kv_heads * head_dim], -1)
+    return (q.view(b, n_heads, s, head_dim), k.view(b, n_kv_heads, s, head_dim),
+            v.view(b, n_kv_heads, s, head_dim))
+
+
+def merge_view_no_transpose(x):
+    b, n, s, d = x.shape
+    return x.reshape(b, s, n * d)
+
+
+def merge_head_minor(x):
+    b, n, s, d = x.shape
+    return x.permute(0, 2, 3, 1).reshape(b, s, d * n)
+
+
+def merge_transpose_view(x):
+    b, n, s, d = x.shape
+    return x.transpose(1, 2).view(b, s, n * d)
+
+
+def qkv_kv_with_n_heads(qkv, n_heads, n_kv_heads, head_dim):
+    w = n_heads * head_dim
+    q, k, v = qkv[..., :w], qkv[..., w:2 * w], qkv[..., 2 * w:]
+    b, s, _ = qkv.shape
+    return tuple(t.reshape(b, s, n_heads, head_dim).transpose(1, 2) for t in (q, k, v))
+
+
+def qkv_chunk3(qkv, n_heads, n_kv_heads, head_dim):
+    return tuple(ref.split_heads(t, n) for t, n in
+                 zip(qkv.chunk(3, dim=-1), (n_heads, n_kv_heads, n_kv_heads)))
+
+
+def qkv_swapped(qkv, n_heads, n_kv_heads, head_dim):
+    sizes = [n_kv_heads * head_dim, n_heads * head_dim, n_kv_heads * head_dim]
+    k, q, v = qkv.split(sizes, dim=-1)  # K | Q | V
+    return ref.split_heads(q, n_heads), ref.split_heads(k, n_kv_heads), \
+        ref.split_heads(v, n_kv_heads)
+
+
+def qkv_returned_q_v_k(qkv, n_heads, n_kv_heads, head_dim):
+    q, k, v = ref.split_qkv(qkv, n_heads, n_kv_heads, head_dim)
+    return q, v, k
+
+
+def qkv_with(split):
+    def split_qkv(qkv, n_heads, n_kv_heads, head_dim):
+        sizes = [n_heads * head_dim, n_kv_heads * head_dim, n_kv_heads * head_dim]
+        q, k, v = qkv.split(sizes, dim=-1)
+        return split(q, n_heads), split(k, n_kv_heads), split(v, n_kv_heads)
+    return split_qkv
+
+
+def mha_with(*, split=ref.split_heads, merge=ref.merge_heads, order=(0, 1, 2), scale=None,
+             use_wo=True, wo_transposed=False, invert_mask=False, one_head=False):
+    def mha(x, w_qkv, w_o, n_heads, mask=None):
+        h = x.shape[-1]
+        n = 1 if one_head else n_heads
+        parts = (x @ w_qkv).split(h, dim=-1)
+        q, k, v = (split(parts[i], n) for i in order)
+        d = q.shape[-1]
+        scores = q @ k.transpose(-2, -1) / math.sqrt(scale or d)
+        if mask is not None:
+            m = ~mask.bool() if invert_mask else mask.bool()
+            scores = scores.masked_fill(~m, float("-inf"))
+        out = merge(torch.softmax(scores, dim=-1).nan_to_num(0.0) @ v)
+        if not use_wo:
+            return out
+        return out @ (w_o.T if wo_transposed else w_o)
+    return mha
+
+
+def mha_calls_sdpa(x, w_qkv, w_o, n_heads, mask=None):
+    d = x.shape[-1] // n_heads
+    q, k, v = ref.split_qkv(x @ w_qkv, n_heads, n_heads, d)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return ref.merge_heads(out) @ w_o
+
+
+def mha_uses_torch_module(x, w_qkv, w_o, n_heads, mask=None):
+    h = x.shape[-1]
+    layer = torch.nn.MultiheadAttention(h, n_heads, bias=False, batch_first=True)
+    with torch.no_grad():
+        layer.in_proj_weight.copy_(w_qkv.T)
+        layer.out_proj.weight.copy_(w_o.T)
+    return layer(x, x, x, need_weights=False)[0]
+
+
+WRONG = {
+    nb05.check_split_heads: [
+        Wrong("view [B, N, S, D] without transpose", split_view_no_transpose,
+              "heads mixing tokens"),
+        Wrong("no transpose (tokens-first)", split_tokens_first, "heads-first"),
+        Wrong("head-minor split", split_head_minor, "head-minor"),
+        Wrong("splits the sequence token-wise", split_tokenwise, "token-wise"),
+        Wrong("transposes the wrong axes", split_wrong_axes, "wrong axes"),
+    ],
+    nb05.check_merge_heads: [
+        Wrong("reshape without transposing back", merge_view_no_transpose,
+              "without transposing back"),
+        Wrong("head-minor merge", merge_head_minor, "head-minor"),
+        Wrong("transpose but no flatten", lambda x: x.transpose(1, 2), "did not flatten"),
+        Wrong("sums the heads", lambda x: x.sum(1), "summed the heads"),
+        Wrong("view after transpose", merge_transpose_view, "contiguous"),
+    ],
+    nb05.check_fuse_qkv_weights: [
+        Wrong("concatenated along rows", lambda q, k, v: torch.cat([q, k, v], dim=0),
+              "wrong axis"),
+        Wrong("order K | Q | V", lambda q, k, v: torch.cat([k, q, v], dim=1), "wrong order"),
+        Wrong("order Q | V | K", lambda q, k, v: torch.cat([q, v, k], dim=1), "wrong order"),
+        Wrong("stacked", lambda q, k, v: torch.stack([q, k, v]), "stacked"),
+        Wrong("[out, in] layout", lambda q, k, v: torch.cat([q.T, k.T, v.T], dim=0), "[out, in]"),
+    ],
+    nb05.check_split_qkv: [
+        Wrong("slices K | Q | V", qkv_swapped, "slices swapped"),
+        Wrong("returns (q, v, k)", qkv_returned_q_v_k, "slices swapped"),
+        Wrong("view without transpose", qkv_with(split_view_no_transpose),
+              "heads mixing tokens"),
+        Wrong("view without transpose on a slice (raises)", split_qkv_view_no_transpose,
+              "heads mixing tokens"),
+        Wrong("tokens-first", qkv_with(split_tokens_first), "heads-first"),
+        Wrong("head-minor", qkv_with(split_head_minor), "head-minor"),
+        Wrong("K/V sliced with N_h heads", qkv_kv_with_n_heads, "n_kv_heads"),
+        Wrong("chunk(3)", qkv_chunk3, "n_kv_heads"),
+    ],
+    nb05.check_multi_head_attention: [
+        Wrong("forgot W_O", mha_with(use_wo=False), "forgot W_O"),
+        Wrong("W_O transposed", mha_with(wo_transposed=True), "W_O transposed"),
+        Wrong("split without transpose", mha_with(split=split_view_no_transpose),
+              "heads mixing tokens"),
+        Wrong("split and merge without transpose",
+              mha_with(split=split_view_no_transpose, merge=merge_view_no_transpose),
+              "heads mixing tokens"),
+        Wrong("merge without transpose", mha_with(merge=merge_view_no_transpose),
+              "without transposing back"),
+        Wrong("head-minor heads", mha_with(split=split_head_minor, merge=merge_head_minor),
+              "head-minor"),
+        Wrong("Q and K swapped", mha_with(order=(1, 0, 2)), "slices swapped"),
+        Wrong("K and V swapped", mha_with(order=(0, 2, 1)), "slices swapped"),
+        Wrong("scaled by sqrt(H)", lambda x, wqkv, wo, n, mask=None:
+              mha_with(scale=x.shape[-1])(x, wqkv, wo, n, mask), "1/sqrt(H)"),
+        Wrong("one big head", mha_with(one_head=True), "one big head"),
+        Wrong("mask inverted", mha_with(invert_mask=True), "mask inverted"),
+        Wrong("calls scaled_dot_product_attention", mha_calls_sdpa,
+              "scaled_dot_product_attention"),
+        Wrong("uses nn.MultiheadAttention", mha_uses_torch_module,
+              "multi_head_attention_forward"),
+    ],
+}
+
+CASES = [(checker, wrong) for checker, wrongs in WRONG.items() for wrong in wrongs]
+
+
+@pytest.mark.parametrize("seed", SEEDS[:3])
+@pytest.mark.parametrize("checker,wrong", CASES,
+                         ids=[f"{c.__name__}-{w.name}" for c, w in CASES])
+def test_wrong_implementation_is_diagnosed(checker, wrong, seed):
+    assert_rejects(checker, wrong, seed)
+
+
+def test_every_exercise_has_a_catalogue_of_three():
+    assert set(WRONG) == set(CORRECT)
+    assert all(len(wrongs) >= 3 for wrongs in WRONG.values())
+
+
+@pytest.mark.parametrize("shortcut", [mha_calls_sdpa, mha_uses_torch_module],
+                         ids=["sdpa", "nn.MultiheadAttention"])
+def test_forbidden_shortcuts_are_rejected(shortcut):
+    with pytest.raises(ForbiddenCall):
+        nb05.check_multi_head_attention(shortcut, seed=0)
+
+
+# --------------------------------------------------------------------------------------------
+# The drawing helpers behind this chapter's picture of heads (and chapters 01, 04, 06, 08)
+
+
+def test_diagram_matrix_is_placed_by_its_top_left_corner_and_returns_its_box():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from checks import diagrams
+
+    fig, ax = diagrams.canvas(4, 3)
+    colors = [[diagrams.HEAD_COLORS[c] for c in range(3)] for _ in range(2)]  # 2 rows, 3 cols
+    left, bottom, right, top = diagrams.matrix(ax, 0.5, 2.5, colors, cell=0.25, label="x",
+                                               shape="[S, H]")
+    assert (left, right, top) == (0.5, 1.25, 2.5) and math.isclose(bottom, 2.0)
+    assert len(ax.patches) == 6 and {t.get_text() for t in ax.texts} == {"x", "[S, H]"}
+    matplotlib.pyplot.close(fig)
+
+
+def test_diagram_colors_mark_blocked_entries_and_keep_signs_apart():
+    from checks import diagrams
+
+    values = torch.tensor([[-2.0, 0.0], [2.0, float("-inf")]])
+    colors = diagrams.values_to_colors(values, blocked=torch.isinf(values))
+    assert colors[1][1] == diagrams.BLOCKED_COLOR
+    assert colors[0][0] != colors[1][0]                   # -2 and +2 differ
+    assert diagrams.shade("#000000", 0.0) == (1.0, 1.0, 1.0)  # amount 0 is white

@@ -1,0 +1,385 @@
+"""Chapter 06 checkers: correct implementations pass at every seed; each known mistake is
+diagnosed; materialising the repeated K/V is rejected however it is done."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from checks import nb06
+from checks import reference as ref
+from checks.engine import ForbiddenCall, NotStarted
+
+from ..support.catalogue import SEEDS, Wrong, assert_passes, assert_rejects, not_started
+
+# --------------------------------------------------------------------------------------------
+# Correct implementations. The reference GQA calls scaled_dot_product_attention, which the
+# chapter forbids, so the attention exercise is passed by independent formulations instead.
+
+
+def _softmax_zero_rows(scores, mask):
+    """Masked softmax over the last axis; fully masked rows give zeros."""
+    if mask is None:
+        return torch.softmax(scores, dim=-1)
+    scores = scores.masked_fill(~mask.bool(), float("-inf"))
+    top = scores.amax(-1, keepdim=True).nan_to_num(0.0, neginf=0.0)
+    e = (scores - top).exp()
+    return e / e.sum(-1, keepdim=True).clamp_min(torch.finfo(e.dtype).tiny)
+
+
+def gqa_folded(q, k, v, mask=None):
+    """The notebook's approach: the G query heads of a group become rows of one matrix."""
+    b, n_h, s_q, d = q.shape
+    n_kv, s_k = k.shape[1], k.shape[2]
+    g = n_h // n_kv
+    scores = q.reshape(b, n_kv, g * s_q, d) @ k.transpose(-2, -1) / math.sqrt(d)
+    w = _softmax_zero_rows(scores.view(b, n_h, s_q, s_k), mask)
+    return (w.reshape(b, n_kv, g * s_q, s_k) @ v).view(b, n_h, s_q, v.shape[-1])
+
+
+def gqa_einsum(q, k, v, mask=None):
+    """q viewed as [B, N_kv, G, S_q, D]; einsum contracts without expanding K or V."""
+    b, n_h, s_q, d = q.shape
+    n_kv, s_k = k.shape[1], k.shape[2]
+    q5 = q.view(b, n_kv, n_h // n_kv, s_q, d)
+    scores = torch.einsum("bjgqd,bjkd->bjgqk", q5, k) / math.sqrt(d)
+    w = _softmax_zero_rows(scores.reshape(b, n_h, s_q, s_k), mask)
+    out = torch.einsum("bjgqk,bjkd->bjgqd", w.view(b, n_kv, n_h // n_kv, s_q, s_k), v)
+    return out.reshape(b, n_h, s_q, v.shape[-1])
+
+
+def gqa_per_head_loop(q, k, v, mask=None):
+    """One query head at a time, reading KV head h // G through a view; outputs stacked."""
+    n_h, n_kv = q.shape[1], k.shape[1]
+    g = n_h // n_kv
+    full = None if mask is None else mask.bool().expand(q.shape[0], n_h, q.shape[2], k.shape[2])
+    outs = []
+    for h in range(n_h):
+        scores = q[:, h] @ k[:, h // g].transpose(-2, -1) / math.sqrt(q.shape[-1])
+        w = _softmax_zero_rows(scores, None if full is None else full[:, h])
+        outs.append(w @ v[:, h // g])
+    return torch.stack(outs, dim=1)
+
+
+def gqa_group_loop_folded(q, k, v, mask=None):
+    """One KV head at a time; its G query heads folded into rows; F.softmax + nan_to_num."""
+    b, n_h, s_q, d = q.shape
+    n_kv, s_k = k.shape[1], k.shape[2]
+    g = n_h // n_kv
+    allowed = None if mask is None else mask.bool().expand(b, n_h, s_q, s_k)
+    outs = []
+    for j in range(n_kv):
+        rows = q[:, j * g:(j + 1) * g].reshape(b, g * s_q, d)
+        scores = (rows @ k[:, j].transpose(-1, -2) / d ** 0.5).view(b, g, s_q, s_k)
+        if allowed is not None:
+            scores = torch.where(allowed[:, j * g:(j + 1) * g], scores, float("-inf"))
+        w = F.softmax(scores, dim=-1).nan_to_num(0.0)
+        outs.append((w.reshape(b, g * s_q, s_k) @ v[:, j]).view(b, g, s_q, -1))
+    return torch.cat(outs, dim=1)
+
+
+def repeat_kv_expand(x, n_rep):
+    b, n_kv, s, d = x.shape
+    return x[:, :, None].expand(b, n_kv, n_rep, s, d).reshape(b, n_kv * n_rep, s, d)
+
+
+CORRECT = {
+    nb06.check_kv_head_index: [ref.kv_head_index,
+                               lambda h, n_h, n_kv: h * n_kv // n_h],
+    nb06.check_repeat_kv: [ref.repeat_kv, repeat_kv_expand],
+    nb06.check_grouped_query_attention: [gqa_folded, gqa_einsum, gqa_per_head_loop,
+                                         gqa_group_loop_folded],
+    nb06.check_kv_cache_bytes: [ref.kv_cache_bytes],
+}
+PASSING = [(checker, fn) for checker, fns in CORRECT.items() for fn in fns]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("checker,fn", PASSING,
+                         ids=[f"{c.__name__}-{i}" for c, fns in CORRECT.items()
+                              for i in range(len(fns))])
+def test_correct_implementations_pass(checker, fn, seed):
+    assert_passes(checker, fn, seed)
+
+
+@pytest.mark.parametrize("checker,fn", [(c, fns[0]) for c, fns in CORRECT.items()],
+                         ids=lambda x: getattr(x, "__name__", "fn"))
+def test_thorough_mode_passes(checker, fn):
+    checker(fn, seed=7, thorough=True)
+
+
+@pytest.mark.parametrize("checker", CORRECT, ids=lambda c: c.__name__)
+def test_unstarted_reads_as_not_started(checker):
+    with pytest.raises(NotStarted):
+        checker(not_started, seed=0)
+
+
+def test_reference_gqa_agrees_with_explicit_repetition():
+    """The reference (SDPA with enable_gqa) equals MHA on repeat-interleaved K/V."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 12, 5, 8, generator=g, dtype=torch.float64)
+    k = torch.randn(2, 3, 7, 8, generator=g, dtype=torch.float64)
+    v = torch.randn(2, 3, 7, 6, generator=g, dtype=torch.float64)
+    mask = ref.causal_mask(5, 7)
+    want, _ = ref.attention(q, ref.repeat_kv(k, 4), ref.repeat_kv(v, 4), mask)
+    torch.testing.assert_close(ref.grouped_query_attention(q, k, v, mask), want)
+    torch.testing.assert_close(gqa_folded(q, k, v, mask), want)
+
+
+# --------------------------------------------------------------------------------------------
+# Wrong implementations
+
+
+def _attend(q, k, v, mask=None, *, scale=None):
+    """Plain attention (no SDPA) on heads that already match."""
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    return _softmax_zero_rows(q @ k.transpose(-2, -1) * scale, mask) @ v
+
+
+def _gqa_with_map(head_map):
+    """GQA where query head h reads KV head head_map(h, N_h, N_kv), by per-head views."""
+    def gqa(q, k, v, mask=None):
+        n_h, n_kv = q.shape[1], k.shape[1]
+        full = None if mask is None else mask.bool().expand(q.shape[0], n_h, q.shape[2],
+                                                             k.shape[2])
+        outs = []
+        for h in range(n_h):
+            j = head_map(h, n_h, n_kv)
+            outs.append(_attend(q[:, h], k[:, j], v[:, j], None if full is None else full[:, h]))
+        return torch.stack(outs, dim=1)
+    return gqa
+
+
+def gqa_group_view_swapped(q, k, v, mask=None):
+    """Views q as [B, G, N_kv, ...]: no copy, but head h then reads KV head h % N_kv."""
+    b, n_h, s_q, d = q.shape
+    n_kv, s_k = k.shape[1], k.shape[2]
+    g = n_h // n_kv
+    q_rows = q.view(b, g, n_kv, s_q, d).transpose(1, 2).reshape(b, n_kv, g * s_q, d)
+    scores = (q_rows @ k.transpose(-2, -1) / math.sqrt(d)).view(b, n_kv, g, s_q, s_k)
+    scores = scores.transpose(1, 2).reshape(b, n_h, s_q, s_k)
+    w = _softmax_zero_rows(scores, mask)
+    w_rows = w.view(b, g, n_kv, s_q, s_k).transpose(1, 2).reshape(b, n_kv, g * s_q, s_k)
+    out = (w_rows @ v).view(b, n_kv, g, s_q, -1).transpose(1, 2)
+    return out.reshape(b, n_h, s_q, v.shape[-1])
+
+
+def gqa_broadcast_matmul(q, k, v, mask=None):
+    """[B, N_kv, G, S_q, D] @ [B, N_kv, 1, D, S_k]: matmul copies K (and V) for each head."""
+    b, n_h, s_q, d = q.shape
+    n_kv, s_k = k.shape[1], k.shape[2]
+    g = n_h // n_kv
+    scores = q.view(b, n_kv, g, s_q, d) @ k[:, :, None].transpose(-2, -1) / math.sqrt(d)
+    w = _softmax_zero_rows(scores.view(b, n_h, s_q, s_k), mask)
+    return (w.view(b, n_kv, g, s_q, s_k) @ v[:, :, None]).view(b, n_h, s_q, v.shape[-1])
+
+
+def gqa_group_loop_broadcast(q, k, v, mask=None):
+    """One KV head at a time, its G query heads broadcast against it: matmul copies it G times."""
+    b, n_h, s_q, d = q.shape
+    n_kv = k.shape[1]
+    g = n_h // n_kv
+    full = None if mask is None else mask.bool().expand(b, n_h, s_q, k.shape[2])
+    outs = []
+    for j in range(n_kv):
+        scores = q[:, j * g:(j + 1) * g] @ k[:, j:j + 1].transpose(-2, -1) / math.sqrt(d)
+        w = _softmax_zero_rows(scores, None if full is None else full[:, j * g:(j + 1) * g])
+        outs.append(w @ v[:, j:j + 1])
+    return torch.stack(outs, dim=1).reshape(b, n_h, s_q, v.shape[-1])
+
+
+def _g(q, k):
+    return q.shape[1] // k.shape[1]
+
+
+def gqa_repeat_interleave(q, k, v, mask=None):
+    return _attend(q, k.repeat_interleave(_g(q, k), 1), v.repeat_interleave(_g(q, k), 1), mask)
+
+
+def gqa_expand_reshape(q, k, v, mask=None):
+    return _attend(q, repeat_kv_expand(k, _g(q, k)), repeat_kv_expand(v, _g(q, k)), mask)
+
+
+def gqa_index(q, k, v, mask=None):
+    idx = torch.arange(q.shape[1]) // _g(q, k)
+    return _attend(q, k[:, idx], v[:, idx], mask)
+
+
+def gqa_loop_cat(q, k, v, mask=None):
+    g = _g(q, k)
+    k_rep = torch.cat([k[:, j:j + 1] for j in range(k.shape[1]) for _ in range(g)], dim=1)
+    v_rep = torch.cat([v[:, j:j + 1] for j in range(v.shape[1]) for _ in range(g)], dim=1)
+    return _attend(q, k_rep, v_rep, mask)
+
+
+def gqa_preallocated(q, k, v, mask=None):
+    """Copies K/V into a preallocated [B, N_h, S_k, D] buffer head by head."""
+    g = _g(q, k)
+    k_rep = torch.empty(k.shape[0], q.shape[1], k.shape[2], k.shape[3], dtype=k.dtype)
+    v_rep = torch.empty(v.shape[0], q.shape[1], v.shape[2], v.shape[3], dtype=v.dtype)
+    for h in range(q.shape[1]):
+        k_rep[:, h] = k[:, h // g]
+        v_rep[:, h] = v[:, h // g]
+    return _attend(q, k_rep, v_rep, mask)
+
+
+def gqa_sdpa(q, k, v, mask=None):
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+
+
+def gqa_no_scale(q, k, v, mask=None):
+    b, n_h, s_q, d = q.shape
+    return gqa_folded(q * math.sqrt(d), k, v, mask)
+
+
+def gqa_nan_rows(q, k, v, mask=None):
+    b, n_h, s_q, d = q.shape
+    n_kv, s_k = k.shape[1], k.shape[2]
+    scores = (q.reshape(b, n_kv, -1, d) @ k.transpose(-2, -1) / math.sqrt(d))
+    scores = scores.view(b, n_h, s_q, s_k)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    w = torch.softmax(scores, dim=-1)
+    return (w.reshape(b, n_kv, -1, s_k) @ v).view(b, n_h, s_q, -1)
+
+
+def gqa_finite_fill(q, k, v, mask=None):
+    b, n_h, s_q, d = q.shape
+    n_kv, s_k = k.shape[1], k.shape[2]
+    scores = (q.reshape(b, n_kv, -1, d) @ k.transpose(-2, -1) / math.sqrt(d))
+    scores = scores.view(b, n_h, s_q, s_k)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -1e9)
+    w = torch.softmax(scores, dim=-1)
+    return (w.reshape(b, n_kv, -1, s_k) @ v).view(b, n_h, s_q, -1)
+
+
+def gqa_unstable_softmax(q, k, v, mask=None):
+    """exp(scores) / sum without subtracting the maximum (fully masked rows handled)."""
+    b, n_h, s_q, d = q.shape
+    n_kv, s_k = k.shape[1], k.shape[2]
+    scores = (q.reshape(b, n_kv, -1, d) @ k.transpose(-2, -1) / math.sqrt(d))
+    scores = scores.view(b, n_h, s_q, s_k)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    e = scores.exp()
+    w = e / e.sum(-1, keepdim=True)
+    if mask is not None:
+        w = torch.where(mask.any(-1, keepdim=True), w, 0.0)
+    return (w.reshape(b, n_kv, -1, s_k) @ v).view(b, n_h, s_q, -1)
+
+
+def gqa_ignores_mask(q, k, v, mask=None):
+    return gqa_folded(q, k, v, None)
+
+
+def gqa_float32(q, k, v, mask=None):
+    return gqa_folded(q.float(), k.float(), v.float(), mask)
+
+
+def gqa_query_axis_softmax(q, k, v, mask=None):
+    b, n_h, s_q, d = q.shape
+    n_kv, s_k = k.shape[1], k.shape[2]
+    scores = (q.reshape(b, n_kv, -1, d) @ k.transpose(-2, -1) / math.sqrt(d))
+    w = torch.softmax(scores.view(b, n_h, s_q, s_k), dim=-2)
+    return (w.reshape(b, n_kv, -1, s_k) @ v).view(b, n_h, s_q, -1)
+
+
+def _index_float(h, n_h, n_kv):
+    return h / (n_h // n_kv)
+
+
+def _cache(extra=1, *, drop=None, as_float=False):
+    def kv_cache_bytes(n_layers, batch, seq_len, n_kv_heads, head_dim, bytes_per_elem):
+        factors = dict(two=2, n_layers=n_layers, batch=batch, seq_len=seq_len,
+                       n_kv_heads=n_kv_heads, head_dim=head_dim, bytes_per_elem=bytes_per_elem)
+        if drop:
+            factors.pop(drop)
+        total = math.prod(factors.values()) * extra
+        return float(total) if as_float else total
+    return kv_cache_bytes
+
+
+def _repeat_tiled_cat(x, n_rep):
+    return torch.cat([x] * n_rep, dim=1)
+
+
+WRONG = {
+    nb06.check_kv_head_index: [
+        Wrong("h % N_kv", lambda h, n_h, n_kv: h % n_kv, "h % N_kv"),
+        Wrong("h // N_kv", lambda h, n_h, n_kv: h // n_kv, "h // N_kv"),
+        Wrong("N_h instead of N_kv (identity)", lambda h, n_h, n_kv: h, "as if N_kv were N_h"),
+        Wrong("divides by N_h", lambda h, n_h, n_kv: h // n_h, "divided by N_h"),
+        Wrong("1-based", lambda h, n_h, n_kv: h // (n_h // n_kv) + 1, "counted heads from 1"),
+        Wrong("float", _index_float, "integer (floor) division"),
+        Wrong("rounded", lambda h, n_h, n_kv: round(h / (n_h // n_kv)), "floor division"),
+        Wrong("tensor", lambda h, n_h, n_kv: torch.tensor(h // (n_h // n_kv)), "python int"),
+    ],
+    nb06.check_repeat_kv: [
+        Wrong("tiling with repeat", lambda x, n: x.repeat(1, n, 1, 1), "tiling"),
+        Wrong("tiling with cat", _repeat_tiled_cat, "tiling"),
+        Wrong("tiling with expand", lambda x, n: x[:, None].expand(
+            x.shape[0], n, *x.shape[1:]).reshape(x.shape[0], -1, *x.shape[2:]), "tiling"),
+        Wrong("sequence axis", lambda x, n: x.repeat_interleave(n, dim=2), "sequence axis"),
+        Wrong("feature axis", lambda x, n: x.repeat_interleave(n, dim=-1), "feature axis"),
+        Wrong("no dim", lambda x, n: x.repeat_interleave(n), "without `dim=`"),
+        Wrong("unchanged", lambda x, n: x, "unchanged"),
+        Wrong("float32", lambda x, n: repeat_kv_expand(x, n).float(), "dtype"),
+        Wrong("in place", lambda x, n: repeat_kv_expand(x.mul_(1.5), n), "in place"),
+    ],
+    nb06.check_grouped_query_attention: [
+        Wrong("repeat_interleave", gqa_repeat_interleave, "calls `repeat_interleave`"),
+        Wrong("expand + reshape", gqa_expand_reshape, "materialises the repeated K/V"),
+        Wrong("broadcast matmul", gqa_broadcast_matmul, "torch.matmul implements broadcast"),
+        Wrong("per-group broadcast matmul", gqa_group_loop_broadcast,
+              "torch.matmul implements broadcast"),
+        Wrong("advanced indexing", gqa_index, "materialises the repeated K/V"),
+        Wrong("cat of slices", gqa_loop_cat, "calls `cat`"),
+        Wrong("preallocated buffer", gqa_preallocated, "materialises the repeated K/V"),
+        Wrong("SDPA", gqa_sdpa, "scaled_dot_product_attention"),
+        Wrong("tiling order (h % N_kv)", _gqa_with_map(lambda h, n_h, n_kv: h % n_kv),
+              "h % N_kv"),
+        Wrong("q viewed as [B, G, N_kv]", gqa_group_view_swapped, "h % N_kv"),
+        Wrong("h // N_kv", _gqa_with_map(lambda h, n_h, n_kv: h // n_kv), "h // N_kv"),
+        Wrong("no scale", gqa_no_scale, "1/sqrt(D_h) scale"),
+        Wrong("softmax over queries", gqa_query_axis_softmax, "query axis"),
+        Wrong("unstable softmax", gqa_unstable_softmax, "subtract each row's maximum"),
+        Wrong("ignores the mask", gqa_ignores_mask, "ignored the mask"),
+        Wrong("NaN rows", gqa_nan_rows, "NaN"),
+        Wrong("finite fill", gqa_finite_fill, "mean of V"),
+        Wrong("float32 for float64", gqa_float32, "dtype"),
+        Wrong("returns (out, weights)", lambda q, k, v, mask=None: (gqa_folded(q, k, v, mask),
+                                                                    None), "out alone"),
+    ],
+    nb06.check_kv_cache_bytes: [
+        Wrong("no factor 2", _cache(drop="two"), "factor 2"),
+        Wrong("bits", _cache(8), "bits"),
+        Wrong("GiB", lambda *a: ref.kv_cache_bytes(*a) / 2**30, "GiB"),
+        Wrong("float", _cache(as_float=True), "float"),
+        Wrong("no layers", _cache(drop="n_layers"), "number of layers"),
+        Wrong("no batch", _cache(drop="batch"), "batch size"),
+        Wrong("hard-coded fp16", lambda L, B, S, n, d, s: 2 * L * B * S * n * d * 2,
+              "hard-coded 2 bytes"),
+    ],
+}
+
+CASES = [(checker, wrong) for checker, wrongs in WRONG.items() for wrong in wrongs]
+
+
+@pytest.mark.parametrize("seed", SEEDS[:3])
+@pytest.mark.parametrize("checker,wrong", CASES,
+                         ids=[f"{c.__name__}-{w.name}" for c, w in CASES])
+def test_wrong_implementation_is_diagnosed(checker, wrong, seed):
+    assert_rejects(checker, wrong, seed)
+
+
+def test_every_exercise_has_a_catalogue_of_three():
+    assert all(len(wrongs) >= 3 for wrongs in WRONG.values())
+
+
+@pytest.mark.parametrize("fn", [gqa_sdpa, gqa_repeat_interleave, gqa_loop_cat],
+                         ids=lambda f: f.__name__)
+def test_forbidden_shortcuts_are_rejected_as_forbidden(fn):
+    with pytest.raises(ForbiddenCall):
+        nb06.check_grouped_query_attention(fn, seed=0)

@@ -1,0 +1,239 @@
+"""Chapter 07 checkers: the reference passes at every seed; each known mistake is diagnosed."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from checks import nb07
+from checks import reference as ref
+from checks.engine import NotStarted
+
+from ..support.catalogue import SEEDS, Wrong, assert_passes, assert_rejects, not_started
+
+CORRECT = {
+    nb07.check_permute_tokens: ref.permute_tokens,
+    nb07.check_permutation_matrix: ref.permutation_matrix,
+    nb07.check_equivariance_error: ref.equivariance_error,
+    nb07.check_sinusoidal_positions: ref.sinusoidal_positions,
+}
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("checker", CORRECT, ids=lambda c: c.__name__)
+def test_reference_passes(checker, seed):
+    assert_passes(checker, CORRECT[checker], seed)
+
+
+@pytest.mark.parametrize("checker", CORRECT, ids=lambda c: c.__name__)
+def test_reference_passes_thorough(checker):
+    checker(CORRECT[checker], seed=7, thorough=True)
+
+
+@pytest.mark.parametrize("checker", CORRECT, ids=lambda c: c.__name__)
+def test_unstarted_reads_as_not_started(checker):
+    with pytest.raises(NotStarted):
+        checker(not_started, seed=0)
+
+
+# ---- other correct ways of writing each exercise (the way a learner might) ----------------
+
+def _permute_gather(x, perm):
+    return torch.gather(x, 1, perm[None, :, None].expand(x.shape[0], -1, x.shape[2]))
+
+
+def _permute_by_matrix(x, perm):
+    return ref.permutation_matrix(perm).to(x.dtype) @ x
+
+
+def _matrix_from_eye(perm):
+    return torch.eye(len(perm))[perm]
+
+
+def _matrix_loop(perm):
+    p = torch.zeros(len(perm), len(perm))
+    for i, j in enumerate(perm.tolist()):
+        p[i, j] = 1.0
+    return p
+
+
+def _equivariance_indexing(fn, x, perm):
+    return (fn(x[:, perm]) - fn(x)[:, perm]).abs().max().item()
+
+
+def _equivariance_numpy_float(fn, x, perm):
+    return (fn(x[:, perm]) - fn(x)[:, perm]).abs().max().numpy().astype("float64")[()]
+
+
+def _sin_float32_pow(seq_len, hidden):
+    pos = torch.arange(seq_len).float()[:, None]
+    i = torch.arange(0, hidden, 2).float()
+    angle = pos / 10000 ** (i / hidden)
+    pe = torch.zeros(seq_len, hidden)
+    pe[:, 0::2], pe[:, 1::2] = torch.sin(angle), torch.cos(angle)
+    return pe
+
+
+def _sin_float32_exp(seq_len, hidden):  # the "annotated Transformer" way
+    position = torch.arange(seq_len).unsqueeze(1)
+    div_term = torch.exp(torch.arange(0, hidden, 2) * (-math.log(10000.0) / hidden))
+    angle = position * div_term
+    return torch.stack([angle.sin(), angle.cos()], dim=-1).flatten(1)
+
+
+def _sin_python_loops(seq_len, hidden):
+    rows = [[f(pos / 10000 ** (2 * (j // 2) / hidden)) for j, f in
+             zip(range(hidden), [math.sin, math.cos] * hidden)] for pos in range(seq_len)]
+    return torch.tensor(rows, dtype=torch.float32)
+
+
+ALSO_CORRECT = [
+    (nb07.check_permute_tokens, _permute_gather),
+    (nb07.check_permute_tokens, _permute_by_matrix),
+    (nb07.check_permute_tokens, lambda x, perm: x[:, perm, :].clone()),
+    (nb07.check_permutation_matrix, _matrix_from_eye),
+    (nb07.check_permutation_matrix, _matrix_loop),
+    (nb07.check_equivariance_error, _equivariance_indexing),
+    (nb07.check_equivariance_error, _equivariance_numpy_float),
+    (nb07.check_sinusoidal_positions, _sin_float32_pow),
+    (nb07.check_sinusoidal_positions, _sin_float32_exp),
+    (nb07.check_sinusoidal_positions, _sin_python_loops),
+]
+
+
+@pytest.mark.parametrize("seed", SEEDS[:3])
+@pytest.mark.parametrize("checker,fn", ALSO_CORRECT,
+                         ids=[f"{c.__name__}-{f.__name__}" for c, f in ALSO_CORRECT])
+def test_other_correct_implementations_pass(checker, fn, seed):
+    assert_passes(checker, fn, seed)
+
+
+# ---- the catalogue of wrong implementations ------------------------------------------------
+
+def _scatter(x, perm):
+    out = torch.empty_like(x)
+    out[:, perm] = x
+    return out
+
+
+def _in_place(x, perm):
+    x[:] = x[:, perm]
+    return x
+
+
+def _equivariance(mode):
+    def error(fn, x, perm):
+        lhs, out = fn(x[:, perm]), fn(x)
+        if mode == "unpermuted":
+            return (lhs - out).abs().max().item()
+        if mode == "inverse":
+            return (lhs - out[:, torch.argsort(perm)]).abs().max().item()
+        diff = lhs - out[:, perm]
+        if mode == "mean":
+            return diff.abs().mean().item()
+        if mode == "tensor":
+            return diff.abs().max()
+        if mode == "no abs":
+            return diff.max().item()
+        if mode == "no abs, reversed":
+            return (out[:, perm] - lhs).max().item()
+        raise ValueError(mode)
+    return error
+
+
+def _sinusoid(seq_len, hidden, *, base=10000.0, pair_exponent=False, swap=False, halves=False,
+              first=0, multiply=False, own_exponent=False):
+    """Written as a learner would, with one mistake switched on."""
+    pe = torch.zeros(seq_len, hidden)
+    for pos in range(first, first + seq_len):
+        for i in range(hidden // 2):
+            power = base ** ((i if pair_exponent else 2 * i) / hidden)
+            angle = pos * power if multiply else pos / power
+            cos_angle = pos / base ** ((2 * i + 1) / hidden) if own_exponent else angle
+            a, b = (math.cos(angle), math.sin(cos_angle)) if swap else \
+                (math.sin(angle), math.cos(cos_angle))
+            if halves:
+                pe[pos - first, i], pe[pos - first, hidden // 2 + i] = a, b
+            else:
+                pe[pos - first, 2 * i], pe[pos - first, 2 * i + 1] = a, b
+    return pe
+
+
+WRONG = {
+    nb07.check_permute_tokens: [
+        Wrong("batch axis", lambda x, perm: x[perm], "batch axis"),
+        Wrong("feature axis", lambda x, perm: x[..., perm], "feature axis"),
+        Wrong("feature axis via transpose", lambda x, perm: x.transpose(1, 2)[:, perm]
+              .transpose(1, 2), "sequence axis"),
+        Wrong("inverse permutation", lambda x, perm: x[:, torch.argsort(perm)], "inverse"),
+        Wrong("scatter instead of gather", _scatter, "inverse"),
+        Wrong("unchanged", lambda x, perm: x, "unchanged"),
+        Wrong("in place", _in_place, "in place"),
+    ],
+    nb07.check_permutation_matrix: [
+        Wrong("transposed", lambda perm: ref.permutation_matrix(perm).T.contiguous(),
+              "transposed"),
+        Wrong("columns permuted", lambda perm: torch.eye(len(perm))[:, perm], "transposed"),
+        Wrong("one_hot without float", lambda perm: F.one_hot(perm, len(perm)), "float32"),
+        Wrong("bool matrix", lambda perm: F.one_hot(perm, len(perm)).bool(), "dtype"),
+        Wrong("identity", lambda perm: torch.eye(len(perm)), "identity"),
+    ],
+    nb07.check_equivariance_error: [
+        Wrong("fn(X) - fn(PX) without permuting", _equivariance("unpermuted"),
+              "without permuting"),
+        Wrong("inverse permutation on one side", _equivariance("inverse"), "inverse"),
+        Wrong("mean instead of max", _equivariance("mean"), "mean"),
+        Wrong("returns a tensor", _equivariance("tensor"), "python float"),
+        Wrong("no abs", _equivariance("no abs"), "absolute value"),
+        Wrong("no abs, reversed difference", _equivariance("no abs, reversed"),
+              "absolute value"),
+    ],
+    nb07.check_sinusoidal_positions: [
+        Wrong("sin and cos swapped", lambda s, h: _sinusoid(s, h, swap=True), "swapped"),
+        Wrong("exponent i/H", lambda s, h: _sinusoid(s, h, pair_exponent=True), "exponent i/H"),
+        Wrong("halves instead of interleaved", lambda s, h: _sinusoid(s, h, halves=True),
+              "interleaved"),
+        Wrong("base 1000", lambda s, h: _sinusoid(s, h, base=1000.0), "base 1000"),
+        Wrong("positions from 1", lambda s, h: _sinusoid(s, h, first=1), "position 0"),
+        Wrong("multiplied by the power", lambda s, h: _sinusoid(s, h, multiply=True),
+              "divide"),
+        Wrong("cos with its own exponent", lambda s, h: _sinusoid(s, h, own_exponent=True),
+              "share"),
+        Wrong("transposed", lambda s, h: ref.sinusoidal_positions(s, h).T, "transposed"),
+        Wrong("float64", lambda s, h: ref.sinusoidal_positions(s, h).double(), "float32"),
+    ],
+}
+
+CASES = [(checker, wrong) for checker, wrongs in WRONG.items() for wrong in wrongs]
+
+
+@pytest.mark.parametrize("seed", SEEDS[:3])
+@pytest.mark.parametrize("checker,wrong", CASES,
+                         ids=[f"{c.__name__}-{w.name}" for c, w in CASES])
+def test_wrong_implementation_is_diagnosed(checker, wrong, seed):
+    assert_rejects(checker, wrong, seed)
+
+
+def test_every_exercise_has_a_catalogue_of_three():
+    assert all(len(wrongs) >= 3 for wrongs in WRONG.values())
+    assert set(WRONG) == set(CORRECT)
+
+
+def test_reference_matches_the_formula():
+    pe = ref.sinusoidal_positions(50, 16).double()
+    pos, i = 37, 5
+    angle = pos / 10000 ** (2 * i / 16)
+    assert pe[pos, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-6)
+    assert pe[pos, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-6)
+    assert pe[0].tolist() == [0.0, 1.0] * 8
+
+
+def test_reference_permutations_agree():
+    x = torch.randn(2, 5, 3)
+    perm = torch.tensor([3, 0, 4, 1, 2])
+    assert torch.equal(ref.permute_tokens(x, perm), x[:, perm])
+    assert torch.equal(ref.permutation_matrix(perm) @ x[0], x[0][perm])
+    assert ref.equivariance_error(torch.tanh, x, perm) == 0.0
+    # a causal running sum is not permutation-equivariant
+    assert ref.equivariance_error(lambda t: t.cumsum(1), x, perm) > 0.1

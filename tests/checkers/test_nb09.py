@@ -1,0 +1,488 @@
+"""Chapter 09 checkers: correct implementations pass at every seed; each known mistake is
+diagnosed; the library activations the chapter asks learners to write are rejected."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from checks import nb09
+from checks import reference as ref
+from checks.engine import ForbiddenCall, NotStarted
+
+from ..support.catalogue import SEEDS, Wrong, assert_passes, assert_rejects, not_started
+
+SQRT2 = math.sqrt(2.0)
+
+# --------------------------------------------------------------------------------------------
+# Correct implementations written the way a learner would (the reference's activations call
+# F.relu / F.gelu / F.silu, which the activation checks forbid).
+
+
+def good_relu(x):
+    return torch.clamp(x, min=0)
+
+
+def good_relu_where(x):
+    return torch.where(x > 0, x, 0.0)
+
+
+def good_relu_mask(x):
+    return x * (x > 0)
+
+
+def good_relu_abs(x):
+    return (x + x.abs()) / 2
+
+
+def good_relu_maximum(x):
+    return torch.maximum(x, torch.zeros_like(x))
+
+
+def good_gelu(x):
+    return 0.5 * x * (1 + torch.erf(x / SQRT2))
+
+
+def good_gelu_erfc(x):
+    return 0.5 * x * torch.erfc(-x / SQRT2)
+
+
+def good_gelu_ndtr(x):
+    return x * torch.special.ndtr(x)
+
+
+def good_silu(x):
+    return x * torch.sigmoid(x)
+
+
+def good_silu_exp(x):
+    return x / (1 + torch.exp(-x))
+
+
+def good_ffn(x, w1, w2, activation):
+    return activation(x @ w1) @ w2
+
+
+def good_ffn_einsum(x, w1, w2, activation):
+    return torch.einsum("...f,fh->...h", activation(torch.einsum("...h,hf->...f", x, w1)), w2)
+
+
+def good_swiglu(x, w_gate, w_up, w_down):
+    return (F.silu(x @ w_gate) * (x @ w_up)) @ w_down
+
+
+def good_swiglu_own_silu(x, w_gate, w_up, w_down):
+    gate = x @ w_gate
+    return (gate * torch.sigmoid(gate) * (x @ w_up)) @ w_down
+
+
+def good_param_count(hidden_size, ffn_hidden_size, gated):
+    return (3 if gated else 2) * hidden_size * ffn_hidden_size
+
+
+CORRECT = {
+    nb09.check_relu: [good_relu, good_relu_where, good_relu_mask, good_relu_abs,
+                      good_relu_maximum],
+    nb09.check_gelu: [good_gelu, good_gelu_erfc, good_gelu_ndtr],
+    nb09.check_silu: [good_silu, good_silu_exp],
+    nb09.check_ffn: [ref.ffn, good_ffn, good_ffn_einsum],
+    nb09.check_swiglu_ffn: [ref.swiglu_ffn, good_swiglu, good_swiglu_own_silu],
+    nb09.check_ffn_param_count: [ref.ffn_param_count, good_param_count],
+}
+CORRECT_CASES = [(checker, fn) for checker, fns in CORRECT.items() for fn in fns]
+CORRECT_IDS = [f"{c.__name__}-{fn.__name__}" for c, fn in CORRECT_CASES]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("checker,fn", CORRECT_CASES, ids=CORRECT_IDS)
+def test_correct_passes(checker, fn, seed):
+    assert_passes(checker, fn, seed)
+
+
+@pytest.mark.parametrize("checker", CORRECT, ids=lambda c: c.__name__)
+def test_correct_passes_thorough(checker, capsys):
+    checker(CORRECT[checker][0], seed=7, thorough=True)
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("checker", CORRECT, ids=lambda c: c.__name__)
+def test_unstarted_reads_as_not_started(checker):
+    with pytest.raises(NotStarted):
+        checker(not_started, seed=0)
+
+
+# Independent oracles for the reference.
+
+def test_reference_activations_match_closed_forms():
+    x = torch.linspace(-12, 12, 2001, dtype=torch.float64)
+    torch.testing.assert_close(ref.relu(x), x.clamp(min=0))
+    phi = torch.tensor([0.5 * math.erfc(-v / SQRT2) for v in x.tolist()], dtype=torch.float64)
+    torch.testing.assert_close(ref.gelu(x), x * phi)
+    torch.testing.assert_close(ref.silu(x), x / (1 + torch.exp(-x)))
+    one = torch.tensor(1.0, dtype=torch.float64)
+    assert ref.gelu(one).item() == pytest.approx(0.8413447460685429, abs=1e-15)
+
+
+def test_reference_ffn_is_nn_linear_layers():
+    torch.manual_seed(0)
+    h, h_ff = 6, 10
+    up = torch.nn.Linear(h, h_ff, bias=False, dtype=torch.float64)
+    down = torch.nn.Linear(h_ff, h, bias=False, dtype=torch.float64)
+    gate = torch.nn.Linear(h, h_ff, bias=False, dtype=torch.float64)
+    x = torch.randn(2, 3, h, dtype=torch.float64)
+    with torch.no_grad():
+        # nn.Linear stores [out, in]; the course's matrices are [in, out].
+        torch.testing.assert_close(ref.ffn(x, up.weight.T, down.weight.T, torch.nn.GELU()),
+                                   down(torch.nn.GELU()(up(x))))
+        torch.testing.assert_close(ref.swiglu_ffn(x, gate.weight.T, up.weight.T, down.weight.T),
+                                   down(F.silu(gate(x)) * up(x)))
+
+
+def test_reference_param_count_llama2_7b():
+    assert ref.ffn_param_count(4096, 11008, True) == 135_266_304
+    assert ref.ffn_param_count(4096, 16384, False) == 134_217_728
+    layer = [torch.nn.Linear(64, 172, bias=False), torch.nn.Linear(64, 172, bias=False),
+             torch.nn.Linear(172, 64, bias=False)]
+    assert ref.ffn_param_count(64, 172, True) == sum(p.numel() for m in layer
+                                                      for p in m.parameters())
+
+
+# --------------------------------------------------------------------------------------------
+# Wrong implementations
+
+# ---- relu ----
+
+
+def _relu_in_place(x):
+    return x.clamp_(min=0)
+
+
+def _relu_masked_assign(x):
+    x[x < 0] = 0
+    return x
+
+
+def _relu_float_mask(x):
+    return (x > 0).float() * x
+
+
+def _relu_zeros_float32(x):
+    return torch.maximum(x, torch.zeros(x.shape))
+
+
+def _relu_python_max(x):
+    return max(x, 0)
+
+
+def _relu_numpy(x):
+    return torch.from_numpy(np.maximum(x.numpy(), 0))
+
+
+def _relu_detached(x):
+    return torch.clamp(x.detach(), min=0)
+
+
+# ---- gelu ----
+
+
+def _gelu_tanh(x):
+    return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def _gelu_in_place(x):
+    return x.mul_(0.5 * (1 + torch.erf(x / SQRT2)))
+
+
+def _gelu_rounded_constant(x):
+    return 0.5 * x * (1 + torch.erf(x * 0.7071))
+
+
+def _gelu_float32_inside(x):
+    x32 = x.float()
+    return (0.5 * x32 * (1 + torch.erf(x32 / SQRT2))).to(x.dtype)
+
+
+def _gelu_returns_float32(x):
+    x32 = x.float()
+    return 0.5 * x32 * (1 + torch.erf(x32 / SQRT2))
+
+
+def _gelu_math_erf(x):
+    return 0.5 * x * (1 + math.erf(x / SQRT2))
+
+
+# ---- silu ----
+
+
+def _silu_overflow(x):
+    return x * torch.exp(x) / (1 + torch.exp(x))
+
+
+def _silu_in_place(x):
+    return x.mul_(torch.sigmoid(x))
+
+
+def _silu_detached(x):
+    return x * torch.sigmoid(x).detach()
+
+
+def _silu_sigmoid_float32(x):
+    return x * torch.sigmoid(x.float())
+
+
+# ---- ffn ----
+
+
+def _ffn_act_after_w2(x, w1, w2, activation):
+    return activation(x @ w1 @ w2)
+
+
+def _ffn_swapped(x, w1, w2, activation):
+    return activation(x @ w2) @ w1
+
+
+def _ffn_transposed(x, w1, w2, activation):
+    return activation(x @ w1.T) @ w2.T
+
+
+def _ffn_linear(x, w1, w2, activation):
+    return F.linear(activation(F.linear(x, w1)), w2)
+
+
+def _ffn_hard_relu(x, w1, w2, activation):
+    return torch.relu(x @ w1) @ w2
+
+
+def _ffn_hard_silu(x, w1, w2, activation):
+    return F.silu(x @ w1) @ w2
+
+
+def _ffn_result_unused(x, w1, w2, activation):
+    h = x @ w1
+    activation(h)
+    return h @ w2
+
+
+def _ffn_act_first(x, w1, w2, activation):
+    return activation(x) @ w1 @ w2
+
+
+def _ffn_no_w2(x, w1, w2, activation):
+    return activation(x @ w1)
+
+
+def _ffn_three_axes(x, w1, w2, activation):
+    return torch.einsum("bsf,fh->bsh", activation(torch.einsum("bsh,hf->bsf", x, w1)), w2)
+
+
+def _ffn_float32(x, w1, w2, activation):
+    return activation(x.float() @ w1.float()) @ w2.float()
+
+
+# ---- swiglu ----
+
+
+def _swiglu(act_gate, combine=lambda a, b: a * b, after=lambda t: t):
+    def swiglu_ffn(x, w_gate, w_up, w_down):
+        return after(combine(act_gate(x @ w_gate), x @ w_up) @ w_down)
+    return swiglu_ffn
+
+
+def _swiglu_swapped(x, w_gate, w_up, w_down):
+    return (F.silu(x @ w_up) * (x @ w_gate)) @ w_down
+
+
+def _swiglu_silu_of_product(x, w_gate, w_up, w_down):
+    return F.silu((x @ w_gate) * (x @ w_up)) @ w_down
+
+
+def _swiglu_plain_ffn(x, w_gate, w_up, w_down):
+    return F.silu(x @ w_up) @ w_down
+
+
+def _swiglu_silu_both(x, w_gate, w_up, w_down):
+    return (F.silu(x @ w_gate) * F.silu(x @ w_up)) @ w_down
+
+
+def _swiglu_no_down(x, w_gate, w_up, w_down):
+    return F.silu(x @ w_gate) * (x @ w_up)
+
+
+def _swiglu_down_transposed(x, w_gate, w_up, w_down):
+    return (F.silu(x @ w_gate) * (x @ w_up)) @ w_down.T
+
+
+def _swiglu_linear(x, w_gate, w_up, w_down):
+    return F.linear(F.silu(F.linear(x, w_gate)) * F.linear(x, w_up), w_down)
+
+
+def _swiglu_unpacks(x, w_gate, w_up, w_down):
+    b, s, h = x.shape
+    flat = x.reshape(b * s, h)
+    return ((F.silu(flat @ w_gate) * (flat @ w_up)) @ w_down).reshape(b, s, h)
+
+
+# ---- ffn_param_count ----
+
+
+def _count(fn):
+    def ffn_param_count(hidden_size, ffn_hidden_size, gated):
+        return fn(hidden_size, ffn_hidden_size, gated)
+    return ffn_param_count
+
+
+WRONG = {
+    nb09.check_relu: [
+        Wrong("clamp(max=0)", lambda x: torch.clamp(x, max=0), "negative part"),
+        Wrong("step function", lambda x: (x > 0).to(x.dtype), "step function"),
+        Wrong("abs", lambda x: x.abs(), "returned |x|"),
+        Wrong("leaky", lambda x: torch.where(x > 0, x, 0.01 * x), "leaky"),
+        Wrong("identity", lambda x: x.clone(), "returned x unchanged"),
+        Wrong("in place clamp_", _relu_in_place, "in place"),
+        Wrong("x[x < 0] = 0", _relu_masked_assign, "in place"),
+        Wrong("float32 mask", _relu_float_mask, "hard-wired to float32"),
+        Wrong("maximum with float32 zeros", _relu_zeros_float32, "hard-wired to float32"),
+        Wrong("returns the comparison", lambda x: x > 0, "returned the comparison"),
+        Wrong("torch.max(x, 0)", lambda x: torch.max(x, 0), "reduction"),
+        Wrong("Python max", _relu_python_max, "python's `max`"),
+        Wrong("numpy", _relu_numpy, "stay in pytorch"),
+        Wrong("detached", _relu_detached, "cut off from autograd"),
+    ],
+    nb09.check_gelu: [
+        Wrong("tanh approximation", _gelu_tanh, "tanh approximation"),
+        Wrong("sigmoid(1.702 x)", lambda x: x * torch.sigmoid(1.702 * x),
+              "sigmoid approximation"),
+        Wrong("tanh without the cubic term",
+              lambda x: 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * x)), "cubic term"),
+        Wrong("no 1/2", lambda x: x * (1 + torch.erf(x / SQRT2)), "forgot the 1/2"),
+        Wrong("erf(x)", lambda x: 0.5 * x * (1 + torch.erf(x)), "erf(x) instead"),
+        Wrong("erf(x / 2)", lambda x: 0.5 * x * (1 + torch.erf(x / 2)), "divided by 2"),
+        Wrong("1 - erf", lambda x: 0.5 * x * (1 - torch.erf(x / SQRT2)), "sign error"),
+        Wrong("density", lambda x: x * torch.exp(-x * x / 2) / math.sqrt(2 * math.pi),
+              "density"),
+        Wrong("Phi only", lambda x: 0.5 * (1 + torch.erf(x / SQRT2)), "phi(x) alone"),
+        Wrong("silu", lambda x: x * torch.sigmoid(x), "returned silu"),
+        Wrong("in place", _gelu_in_place, "in place"),
+        Wrong("rounded constant 0.7071", _gelu_rounded_constant, "constant was rounded"),
+        Wrong("float32 inside", _gelu_float32_inside, "ran in float32"),
+        Wrong("returns float32", _gelu_returns_float32, "hard-wired to float32"),
+        Wrong("math.erf", _gelu_math_erf, "`math` module"),
+    ],
+    nb09.check_silu: [
+        Wrong("x e^x / (1 + e^x)", _silu_overflow, "overflows"),
+        Wrong("sigmoid only", lambda x: torch.sigmoid(x), "sigmoid(x) alone"),
+        Wrong("x / (1 + exp(x))", lambda x: x / (1 + torch.exp(x)), "sign error"),
+        Wrong("sigmoid(1.702 x)", lambda x: x * torch.sigmoid(1.702 * x),
+              "approximation of gelu"),
+        Wrong("tanh", lambda x: x * torch.tanh(x), "tanh instead of sigmoid"),
+        Wrong("softplus", lambda x: F.softplus(x), "softplus"),
+        Wrong("in place", _silu_in_place, "in place"),
+        Wrong("detached sigmoid", _silu_detached, "cut off from autograd"),
+        Wrong("float32 sigmoid", _silu_sigmoid_float32, "float32"),
+    ],
+    nb09.check_ffn: [
+        Wrong("activation after W2", _ffn_act_after_w2, "after w2"),
+        Wrong("W1 and W2 swapped", _ffn_swapped, "shapes do not fit"),
+        Wrong("transposed weights", _ffn_transposed, "without transposing"),
+        Wrong("F.linear with [in, out] weights", _ffn_linear, "f.linear(x, w) would transpose"),
+        Wrong("hard-coded relu", _ffn_hard_relu, "activation"),
+        Wrong("hard-coded silu", _ffn_hard_silu, "activation"),
+        Wrong("activation result unused", _ffn_result_unused, "result is not used"),
+        Wrong("activation before W1", _ffn_act_first, "before w1"),
+        Wrong("no W2", _ffn_no_w2, "forgot w2"),
+        Wrong("only [B, S, H]", _ffn_three_axes, "leading axes"),
+        Wrong("float32 inside", _ffn_float32, "dtype"),
+    ],
+    nb09.check_swiglu_ffn: [
+        Wrong("gate and up swapped", _swiglu_swapped, "gate and up swapped"),
+        Wrong("SiLU of the product", _swiglu_silu_of_product, "silu to the product"),
+        Wrong("plain FFN, no gate", _swiglu_plain_ffn, "no gate"),
+        Wrong("up branch dropped", _swiglu(F.silu, combine=lambda a, b: a), "dropped the up"),
+        Wrong("sigmoid (GLU)", _swiglu(torch.sigmoid), "original glu"),
+        Wrong("ReLU (ReGLU)", _swiglu(torch.relu), "reglu"),
+        Wrong("GELU (GEGLU)", _swiglu(F.gelu), "geglu"),
+        Wrong("no activation (bilinear)", _swiglu(lambda t: t), "bilinear"),
+        Wrong("SiLU on both", _swiglu_silu_both, "both branches"),
+        Wrong("added", _swiglu(F.silu, combine=lambda a, b: a + b), "added the branches"),
+        Wrong("SiLU after W_down", _swiglu(lambda t: t, after=F.silu), "after w_down"),
+        Wrong("no W_down", _swiglu_no_down, "forgot w_down"),
+        Wrong("W_down transposed", _swiglu_down_transposed, "shapes do not fit"),
+        Wrong("F.linear with [in, out] weights", _swiglu_linear, "without transposing"),
+        Wrong("unpacks B, S, H", _swiglu_unpacks, "leading axes"),
+    ],
+    nb09.check_ffn_param_count: [
+        Wrong("forgot the third matrix", _count(lambda h, f, g: 2 * h * f), "third matrix"),
+        Wrong("always three matrices", _count(lambda h, f, g: 3 * h * f),
+              "three matrices for a plain ffn"),
+        Wrong("W_down as H_ff x H_ff",
+              _count(lambda h, f, g: (2 if g else 1) * h * f + f * f), "h_ff x h_ff"),
+        Wrong("with biases", _count(lambda h, f, g: (3 * h * f + 2 * f + h) if g
+                                    else (2 * h * f + f + h)), "biases"),
+        Wrong("H_ff = 4H", _count(lambda h, f, g: (3 if g else 2) * h * 4 * h), "h_ff = 4h"),
+        Wrong("float", _count(lambda h, f, g: (3.0 if g else 2.0) * h * f), "float"),
+        Wrong("tensor", _count(lambda h, f, g: torch.tensor((3 if g else 2) * h * f)),
+              "python int"),
+        Wrong("one matrix", _count(lambda h, f, g: h * f), "counted one matrix"),
+    ],
+}
+
+CASES = [(checker, wrong) for checker, wrongs in WRONG.items() for wrong in wrongs]
+
+
+@pytest.mark.parametrize("seed", SEEDS[:3])
+@pytest.mark.parametrize("checker,wrong", CASES,
+                         ids=[f"{c.__name__}-{w.name}" for c, w in CASES])
+def test_wrong_implementation_is_diagnosed(checker, wrong, seed):
+    assert_rejects(checker, wrong, seed)
+
+
+def test_every_exercise_has_a_catalogue_of_three():
+    assert set(WRONG) == set(CORRECT)
+    assert all(len(wrongs) >= 3 for wrongs in WRONG.values())
+
+
+# --------------------------------------------------------------------------------------------
+# Forbidden shortcuts: the library activations, however they are reached.
+
+FORBIDDEN = [
+    (nb09.check_relu, "F.relu", lambda x: F.relu(x)),
+    (nb09.check_relu, "torch.relu", lambda x: torch.relu(x)),
+    (nb09.check_relu, "Tensor.relu", lambda x: x.relu()),
+    (nb09.check_relu, "nn.ReLU", lambda x: torch.nn.ReLU()(x)),
+    (nb09.check_relu, "relu_ on a copy", lambda x: x.clone().relu_()),
+    (nb09.check_relu, "aten.relu.default", lambda x: torch.ops.aten.relu.default(x)),
+    (nb09.check_relu, "F.threshold", lambda x: F.threshold(x, 0.0, 0.0)),
+    (nb09.check_relu, "F.hardtanh", lambda x: F.hardtanh(x, 0.0, float("inf"))),
+    (nb09.check_gelu, "F.gelu", lambda x: F.gelu(x)),
+    (nb09.check_gelu, "F.gelu tanh", lambda x: F.gelu(x, approximate="tanh")),
+    (nb09.check_gelu, "nn.GELU", lambda x: torch.nn.GELU()(x)),
+    (nb09.check_silu, "F.silu", lambda x: F.silu(x)),
+    (nb09.check_silu, "nn.SiLU", lambda x: torch.nn.SiLU()(x)),
+    (nb09.check_silu, "aten.silu", lambda x: torch.ops.aten.silu(x)),
+]
+
+
+@pytest.mark.parametrize("checker,name,fn", FORBIDDEN, ids=[n for _, n, _ in FORBIDDEN])
+def test_library_activations_are_forbidden(checker, name, fn):
+    failure = assert_rejects(checker, Wrong(name, fn, "write"), seed=0)
+    assert isinstance(failure, ForbiddenCall)
+
+
+def test_reference_activations_are_rejected_by_the_activation_checks():
+    """The reference uses the library activations: exactly what the learner may not call."""
+    for checker, fn in [(nb09.check_relu, ref.relu), (nb09.check_gelu, ref.gelu),
+                        (nb09.check_silu, ref.silu)]:
+        failure = assert_rejects(checker, Wrong("reference", fn, "calls"), seed=0)
+        assert isinstance(failure, ForbiddenCall)
+
+
+def test_ffn_and_swiglu_may_use_library_activations():
+    assert_passes(nb09.check_ffn, lambda x, w1, w2, act: act(x @ w1) @ w2, seed=0)
+    assert_passes(nb09.check_swiglu_ffn, good_swiglu, seed=0)  # calls F.silu
+
+
+def test_silu_overflow_is_named_on_large_inputs():
+    failure = assert_rejects(nb09.check_silu, Wrong("overflow", _silu_overflow, "nan"), seed=1)
+    assert "large" in str(failure)

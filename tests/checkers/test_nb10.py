@@ -1,0 +1,462 @@
+"""Chapter 10 checkers: the reference and other correct implementations pass at every seed; each
+known mistake is diagnosed; the library norms the chapter forbids are rejected."""
+
+import math
+from unittest import mock
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from checks import nb10
+from checks import reference as ref
+from checks.engine import CheckFailure, ForbiddenCall, NotStarted
+
+from ..support.catalogue import SEEDS, Wrong, assert_passes, assert_rejects, not_started
+
+CHECKERS = {
+    "layer_norm": nb10.check_layer_norm,
+    "rms_norm": nb10.check_rms_norm,
+    "pre_norm_residual": nb10.check_pre_norm_residual,
+    "post_norm_residual": nb10.check_post_norm_residual,
+}
+
+
+# ---- correct implementations, written the way a learner might ------------------------------
+
+def layer_norm_two_pass(x, gamma, beta, eps=1e-5):
+    mean = x.mean(dim=-1, keepdim=True)
+    var = ((x - mean) ** 2).mean(dim=-1, keepdim=True)
+    return gamma * (x - mean) / torch.sqrt(var + eps) + beta
+
+
+def layer_norm_var_mean(x, gamma, beta, eps=1e-5):
+    var, mean = torch.var_mean(x, dim=-1, keepdim=True, correction=0)
+    return (x - mean) * torch.rsqrt(var + eps) * gamma + beta
+
+
+def layer_norm_biased_var(x, gamma, beta, eps=1e-5):
+    centred = x - x.mean(-1, keepdim=True)
+    return centred / (centred.var(-1, keepdim=True, unbiased=False) + eps).sqrt() * gamma + beta
+
+
+def rms_norm_rsqrt(x, gamma, eps=1e-5):
+    x32 = x.to(torch.float32)
+    normed = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + eps)
+    return normed.to(x.dtype) * gamma
+
+
+def rms_norm_div_sqrt(x, gamma, eps=1e-5):
+    x32 = x.float()
+    rms = torch.sqrt((x32 * x32).sum(-1, keepdim=True) / x.shape[-1] + eps)
+    return (x32 / rms).type_as(x) * gamma
+
+
+def rms_norm_float64_inside(x, gamma, eps=1e-5):
+    x64 = x.double()
+    return (x64 / (x64.square().mean(-1, keepdim=True) + eps).sqrt()).to(x.dtype) * gamma
+
+
+def rms_norm_gamma_in_float32(x, gamma, eps=1e-5):
+    """Multiplies by gamma before the cast back: one rounding apart, inside every tolerance."""
+    x32 = x.float()
+    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return (normed * gamma.float()).to(x.dtype)
+
+
+def pre_norm_two_lines(x, sublayer, norm):
+    h = norm(x)
+    return x + sublayer(h)
+
+
+def post_norm_two_lines(x, sublayer, norm):
+    u = x + sublayer(x)
+    return norm(u)
+
+
+CORRECT = [
+    ("layer_norm", ref.layer_norm), ("layer_norm", layer_norm_two_pass),
+    ("layer_norm", layer_norm_var_mean), ("layer_norm", layer_norm_biased_var),
+    ("rms_norm", ref.rms_norm), ("rms_norm", rms_norm_rsqrt), ("rms_norm", rms_norm_div_sqrt),
+    ("rms_norm", rms_norm_float64_inside), ("rms_norm", rms_norm_gamma_in_float32),
+    ("pre_norm_residual", ref.pre_norm_residual), ("pre_norm_residual", pre_norm_two_lines),
+    ("post_norm_residual", ref.post_norm_residual), ("post_norm_residual", post_norm_two_lines),
+]
+_LIBRARY = (ref.layer_norm, ref.rms_norm)  # the reference uses the norms the exercises forbid
+
+
+def _passes(name, fn, seed, thorough=False):
+    checker = CHECKERS[name]
+    run = (lambda f, seed: checker(f, seed=seed, thorough=True)) if thorough else checker
+    if fn in _LIBRARY:
+        with mock.patch.object(nb10, "FORBID_NORMS", {}):
+            assert_passes(run, fn, seed)
+    else:
+        assert_passes(run, fn, seed)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("name,fn", CORRECT, ids=[f"{n}-{f.__name__}" for n, f in CORRECT])
+def test_correct_implementation_passes(name, fn, seed):
+    _passes(name, fn, seed)
+
+
+@pytest.mark.parametrize("name,fn", CORRECT, ids=[f"{n}-{f.__name__}" for n, f in CORRECT])
+def test_correct_implementation_passes_thorough(name, fn):
+    _passes(name, fn, 7, thorough=True)
+
+
+@pytest.mark.parametrize("name", CHECKERS)
+def test_unstarted_reads_as_not_started(name):
+    with pytest.raises(NotStarted):
+        CHECKERS[name](not_started, seed=0)
+
+
+# ---- the reference against independent formulations -----------------------------------------
+
+def test_reference_rms_norm_follows_the_dtype_rule():
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 64).to(torch.bfloat16)
+    gamma = (1 + torch.randn(64)).to(torch.bfloat16)
+    x32 = x.float()
+    want = (x32 / torch.sqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-5)).to(torch.bfloat16) * gamma
+    got = ref.rms_norm(x, gamma)
+    assert got.dtype == torch.bfloat16
+    assert (got != want).float().mean() < 0.01  # the same up to a rare rounding tie
+
+
+def test_reference_rms_norm_matches_torch_module():
+    torch.manual_seed(1)
+    x, gamma = torch.randn(3, 5, 16), torch.randn(16)
+    module = torch.nn.RMSNorm(16, eps=1e-5)
+    with torch.no_grad():
+        module.weight.copy_(gamma)
+    torch.testing.assert_close(ref.rms_norm(x, gamma), module(x).detach())
+
+
+def test_reference_layer_norm_matches_closed_form():
+    x = torch.tensor([[1.0, 2.0, 3.0, 4.0]])  # mean 2.5, biased variance 1.25
+    want = torch.tensor([[-1.5, -0.5, 0.5, 1.5]]) / math.sqrt(1.25 + 1e-5)
+    got = ref.layer_norm(x, torch.ones(4), torch.zeros(4))
+    torch.testing.assert_close(got, want)
+
+
+def test_float16_overflow_case_separates_the_two_computations():
+    """x ~ 1e4 in float16: x² overflows in float16 but not in float32."""
+    x = torch.full((1, 4), 1e4, dtype=torch.float16)
+    gamma = torch.ones(4, dtype=torch.float16)
+    naive = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * gamma
+    assert torch.equal(naive, torch.zeros_like(naive))
+    assert torch.allclose(ref.rms_norm(x, gamma).float(), torch.ones(1, 4), atol=1e-3)
+
+
+# ---- wrong implementations: layer_norm ------------------------------------------------------
+
+def _ln(var_fn=None, denom=None, combine=None, mean_fn=None):
+    """layer_norm with one piece replaced."""
+    def layer_norm(x, gamma, beta, eps=1e-5):
+        mean = mean_fn(x) if mean_fn else x.mean(-1, keepdim=True)
+        var = var_fn(x, mean) if var_fn else ((x - mean) ** 2).mean(-1, keepdim=True)
+        xhat = (x - mean) / (denom(var, eps) if denom else torch.sqrt(var + eps))
+        return combine(xhat, gamma, beta) if combine else gamma * xhat + beta
+    return layer_norm
+
+
+def _ln_annotated(x, gamma, beta, eps=1e-5):
+    mean = x.mean(-1, keepdim=True)
+    return gamma * (x - mean) / (x.std(-1, keepdim=True) + eps) + beta
+
+
+def _ln_over(dims):
+    def layer_norm(x, gamma, beta, eps=1e-5):
+        mean = x.mean(dims, keepdim=True)
+        var = ((x - mean) ** 2).mean(dims, keepdim=True)
+        return gamma * (x - mean) / torch.sqrt(var + eps) + beta
+    return layer_norm
+
+
+def _ln_no_keepdim(x, gamma, beta, eps=1e-5):
+    mean = x.mean(-1)
+    return gamma * (x - mean) / torch.sqrt(((x - mean) ** 2).mean(-1) + eps) + beta
+
+
+def _ln_dim2(x, gamma, beta, eps=1e-5):
+    mean = x.mean(2, keepdim=True)
+    var = ((x - mean) ** 2).mean(2, keepdim=True)
+    return gamma * (x - mean) / torch.sqrt(var + eps) + beta
+
+
+def _ln_no_mean(x, gamma, beta, eps=1e-5):
+    return gamma * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) + beta
+
+
+def _ln_rms_of_x(x, gamma, beta, eps=1e-5):
+    return gamma * (x - x.mean(-1, keepdim=True)) / torch.sqrt(
+        x.pow(2).mean(-1, keepdim=True) + eps) + beta
+
+
+def _ln_eps_ignored(x, gamma, beta, eps=1e-5):
+    return layer_norm_two_pass(x, gamma, beta)
+
+
+def _ln_no_eps_keyword(x, gamma, beta):
+    return layer_norm_two_pass(x, gamma, beta)
+
+
+def _ln_one_pass(x, gamma, beta, eps=1e-5):
+    mean = x.mean(-1, keepdim=True)
+    var = (x * x).mean(-1, keepdim=True) - mean * mean
+    return gamma * (x - mean) / torch.sqrt(var + eps) + beta
+
+
+def _ln_float32(x, gamma, beta, eps=1e-5):
+    return layer_norm_two_pass(x.float(), gamma.float(), beta.float(), eps).to(x.dtype)
+
+
+def _ln_float64_out(x, gamma, beta, eps=1e-5):
+    return layer_norm_two_pass(x.double(), gamma.double(), beta.double(), eps)
+
+
+def _ln_in_place(x, gamma, beta, eps=1e-5):
+    mean = x.mean(-1, keepdim=True)
+    x -= mean
+    x /= torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return gamma * x + beta
+
+
+def _ln_detached(x, gamma, beta, eps=1e-5):
+    return layer_norm_two_pass(x, gamma, beta, eps).detach()
+
+
+# ---- wrong implementations: rms_norm --------------------------------------------------------
+
+def _rms(ms=None, denom=None, combine=None, upcast=True, cast_back=True):
+    """rms_norm with one piece replaced."""
+    def rms_norm(x, gamma, eps=1e-5):
+        xx = x.float() if upcast else x
+        mean_square = ms(xx) if ms else xx.pow(2).mean(-1, keepdim=True)
+        normed = xx / (denom(mean_square, eps) if denom else torch.sqrt(mean_square + eps))
+        if cast_back:
+            normed = normed.to(x.dtype)
+        return combine(normed, gamma) if combine else normed * gamma
+    return rms_norm
+
+
+def _rms_mean_subtracted(x, gamma, eps=1e-5):
+    x32 = x.float()
+    centred = x32 - x32.mean(-1, keepdim=True)
+    return (centred / torch.sqrt(centred.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * gamma
+
+
+def _rms_gamma_inside(x, gamma, eps=1e-5):
+    y = x.float() * gamma
+    return (y / torch.sqrt(y.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def _rms_eps_ignored(x, gamma, eps=1e-5):
+    return rms_norm_rsqrt(x, gamma)
+
+
+def _rms_no_keepdim(x, gamma, eps=1e-5):
+    x32 = x.float()
+    return (x32 / torch.sqrt(x32.pow(2).mean(-1) + eps)).to(x.dtype) * gamma
+
+
+def _rms_dim2(x, gamma, eps=1e-5):
+    x32 = x.float()
+    return (x32 / torch.sqrt(x32.pow(2).mean(2, keepdim=True) + eps)).to(x.dtype) * gamma
+
+
+def _rms_rsqrt_in_low_precision(x, gamma, eps=1e-5):
+    """The mean square in float32, but the scaling x * r in the input's dtype."""
+    r = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps).to(x.dtype)
+    return x * r * gamma
+
+
+def _rms_in_place(x, gamma, eps=1e-5):
+    x /= torch.sqrt(x.float().pow(2).mean(-1, keepdim=True) + eps).to(x.dtype)
+    return x * gamma
+
+
+def _rms_detached(x, gamma, eps=1e-5):
+    return rms_norm_rsqrt(x, gamma, eps).detach()
+
+
+def _rms_via_linalg_norm_low_precision(x, gamma, eps=1e-5):
+    rms = torch.linalg.vector_norm(x, dim=-1, keepdim=True) / math.sqrt(x.shape[-1])
+    return x / torch.sqrt(rms * rms + eps) * gamma
+
+
+# ---- wrong implementations: residuals -------------------------------------------------------
+
+def _pre_in_place(x, sublayer, norm):
+    x += sublayer(norm(x))
+    return x
+
+
+def _pre_sublayer_twice(x, sublayer, norm):
+    h = norm(x)
+    print(sublayer(h).shape)  # a leftover debugging line
+    return x + sublayer(h)
+
+
+def _post_in_place(x, sublayer, norm):
+    x += sublayer(x)
+    return norm(x)
+
+
+def _post_norm_twice(x, sublayer, norm):
+    out = norm(x + sublayer(x))
+    assert out.shape == norm(x + sublayer(x)).shape
+    return out
+
+
+WRONG = {
+    "layer_norm": [
+        Wrong("torch.var default (unbiased)", _ln(var_fn=lambda x, m: x.var(-1, keepdim=True)),
+              "unbiased"),
+        Wrong("x.std(-1) + eps (Annotated Transformer)", _ln_annotated, "unbiased"),
+        Wrong("eps outside the sqrt", _ln(denom=lambda v, e: torch.sqrt(v) + e),
+              "outside the square root"),
+        Wrong("no eps", _ln(denom=lambda v, e: torch.sqrt(v)), "left out eps"),
+        Wrong("over the sequence axis", _ln_over(1), "sequence axis"),
+        Wrong("over the batch axis", _ln_over(0), "batch axis"),
+        Wrong("over every entry", _ln_over(None), "every entry"),
+        Wrong("mean without keepdim", _ln_no_keepdim, "keepdim"),
+        Wrong("hard-coded dim=2", _ln_dim2, "last axis"),
+        Wrong("gamma ignored", _ln(combine=lambda xh, g, b: xh + b), "left out gamma"),
+        Wrong("beta ignored", _ln(combine=lambda xh, g, b: g * xh), "left out beta"),
+        Wrong("gamma and beta swapped", _ln(combine=lambda xh, g, b: b * xh + g), "swapped"),
+        Wrong("beta before gamma", _ln(combine=lambda xh, g, b: (xh + b) * g),
+              "added beta before scaling"),
+        Wrong("mean not subtracted", _ln_no_mean, "did not subtract the mean"),
+        Wrong("divides by the RMS of x", _ln_rms_of_x, "root mean square of x itself"),
+        Wrong("divides by the variance", _ln(denom=lambda v, e: v + e), "divided by the variance"),
+        Wrong("eps argument ignored", _ln_eps_ignored, "ignored the `eps` argument"),
+        Wrong("no eps keyword", _ln_no_eps_keyword, "keyword argument"),
+        Wrong("one-pass variance E[x²] - E[x]²", _ln_one_pass, "catastrophic cancellation"),
+        Wrong("float32 inside for float64", _ln_float32, "computed in float32"),
+        Wrong("returns float64", _ln_float64_out, "did not cast"),
+        Wrong("in place", _ln_in_place, "in place"),
+        Wrong("detached", _ln_detached, "no gradient"),
+    ],
+    "rms_norm": [
+        Wrong("over the sequence axis", _rms(ms=lambda x: x.pow(2).mean(1, keepdim=True)),
+              "sequence axis"),
+        Wrong("over the batch axis", _rms(ms=lambda x: x.pow(2).mean(0, keepdim=True)),
+              "batch axis"),
+        Wrong("over every entry", _rms(ms=lambda x: x.pow(2).mean()), "every entry"),
+        Wrong("mean without keepdim", _rms_no_keepdim, "keepdim"),
+        Wrong("hard-coded dim=2", _rms_dim2, "last axis"),
+        Wrong("eps outside the sqrt", _rms(denom=lambda m, e: torch.sqrt(m) + e),
+              "outside the square root"),
+        Wrong("no eps", _rms(denom=lambda m, e: torch.sqrt(m)), "left out eps"),
+        Wrong("eps argument ignored", _rms_eps_ignored, "ignored the `eps` argument"),
+        Wrong("mean subtracted", _rms_mean_subtracted, "subtracted the mean"),
+        Wrong("gamma ignored", _rms(combine=lambda n, g: n), "left out gamma"),
+        Wrong("gamma added", _rms(combine=lambda n, g: n + g), "added gamma"),
+        Wrong("gamma before the RMS", _rms_gamma_inside, "before computing the rms"),
+        Wrong("no square root", _rms(denom=lambda m, e: m + e), "root mean square"),
+        Wrong("sum of squares", _rms(ms=lambda x: x.pow(2).sum(-1, keepdim=True)),
+              "sum of squares"),
+        Wrong("no float32 inside", _rms(upcast=False), "overflows float16"),
+        Wrong("float32 inside, not cast back", _rms(cast_back=False), "cast the normalised x back"),
+        Wrong("scaling in low precision", _rms_rsqrt_in_low_precision, "at least partly"),
+        Wrong("vector_norm in low precision", _rms_via_linalg_norm_low_precision, "float"),
+        Wrong("in place", _rms_in_place, "in place"),
+        Wrong("detached", _rms_detached, "no gradient"),
+    ],
+    "pre_norm_residual": [
+        Wrong("missing residual", lambda x, s, n: s(n(x)), "missing residual"),
+        Wrong("post-norm", lambda x, s, n: n(x + s(x)), "post-norm"),
+        Wrong("normalised residual", lambda x, s, n: n(x) + s(n(x)),
+              "residual path carries x itself"),
+        Wrong("norm on the output", lambda x, s, n: x + n(s(x)), "output instead of its input"),
+        Wrong("norm on input and output", lambda x, s, n: x + n(s(n(x))), "both"),
+        Wrong("residual twice", lambda x, s, n: x + x + s(n(x)), "residual twice"),
+        Wrong("no norm", lambda x, s, n: x + s(x), "forgot the norm"),
+        Wrong("sublayer never called", lambda x, s, n: x + n(x), "sublayer was never called"),
+        Wrong("sublayer fed x", lambda x, s, n: n(x) + s(x),
+              "sublayer received x itself, not norm(x)"),
+        Wrong("x += ...", _pre_in_place, "in place"),
+        Wrong("sublayer called twice", _pre_sublayer_twice, "called sublayer 2 times"),
+        Wrong("detached", lambda x, s, n: (x + s(n(x))).detach(), "no gradient"),
+    ],
+    "post_norm_residual": [
+        Wrong("missing final norm", lambda x, s, n: x + s(x), "forgot the final norm"),
+        Wrong("pre-norm", lambda x, s, n: x + s(n(x)), "wrote pre-norm"),
+        Wrong("missing residual", lambda x, s, n: n(s(x)), "missing residual"),
+        Wrong("norm on the output, then add", lambda x, s, n: x + n(s(x)),
+              "normalised the sublayer's output and then added x"),
+        Wrong("x added after the norm", lambda x, s, n: n(x + s(x)) + x,
+              "added the residual again after the norm"),
+        Wrong("residual twice inside", lambda x, s, n: n(x + x + s(x)), "residual twice inside"),
+        Wrong("sublayer fed norm(x)", lambda x, s, n: n(x + s(n(x))), "sublayer's input too"),
+        Wrong("norm fed x", lambda x, s, n: n(x) + s(x), "norm received x itself"),
+        Wrong("x += ...", _post_in_place, "in place"),
+        Wrong("norm called twice", _post_norm_twice, "called norm 2 times"),
+        Wrong("detached", lambda x, s, n: n(x + s(x)).detach(), "no gradient"),
+    ],
+}
+
+CASES = [(name, wrong) for name, wrongs in WRONG.items() for wrong in wrongs]
+
+
+@pytest.mark.parametrize("seed", SEEDS[:3])
+@pytest.mark.parametrize("name,wrong", CASES, ids=[f"{n}-{w.name}" for n, w in CASES])
+def test_wrong_implementation_is_diagnosed(name, wrong, seed):
+    assert_rejects(CHECKERS[name], wrong, seed)
+
+
+def test_every_exercise_has_a_catalogue():
+    assert set(WRONG) == set(CHECKERS)
+    assert all(len(wrongs) >= 3 for wrongs in WRONG.values())
+
+
+def test_pure_low_precision_is_told_to_upcast():
+    failure = assert_rejects(nb10.check_rms_norm,
+                             Wrong("no float32 inside", _rms(upcast=False), "float32"), seed=0)
+    assert "x.float()" in str(failure)
+
+
+# ---- forbidden shortcuts --------------------------------------------------------------------
+
+def _ln_module(x, gamma, beta, eps=1e-5):
+    module = torch.nn.LayerNorm(x.shape[-1], eps=eps, dtype=x.dtype)
+    with torch.no_grad():
+        module.weight.copy_(gamma)
+        module.bias.copy_(beta)
+    return module(x)
+
+
+def _rms_module(x, gamma, eps=1e-5):
+    module = torch.nn.RMSNorm(x.shape[-1], eps=eps, dtype=torch.float32)
+    with torch.no_grad():
+        module.weight.fill_(1.0)
+    return module(x.float()).to(x.dtype) * gamma
+
+
+@pytest.mark.parametrize("name,shortcut", [
+    ("layer_norm", ref.layer_norm),
+    ("layer_norm", lambda x, g, b, eps=1e-5: F.layer_norm(x, x.shape[-1:], g, b, eps)),
+    ("layer_norm", _ln_module),
+    ("layer_norm", lambda x, g, b, eps=1e-5: torch.ops.aten.native_layer_norm(
+        x, x.shape[-1:], g, b, eps)[0]),
+    ("layer_norm", lambda x, g, b, eps=1e-5: F.group_norm(
+        x.reshape(-1, x.shape[-1], 1), 1, eps=eps).reshape(x.shape) * g + b),
+    ("rms_norm", ref.rms_norm),
+    ("rms_norm", lambda x, g, eps=1e-5: F.rms_norm(x.float(), x.shape[-1:], eps=eps).to(x.dtype)
+     * g),
+    ("rms_norm", _rms_module),
+    ("rms_norm", lambda x, g, eps=1e-5: (F.normalize(x.float(), dim=-1) * math.sqrt(
+        x.shape[-1])).to(x.dtype) * g),
+])
+def test_forbidden_shortcut_is_rejected(name, shortcut):
+    with pytest.raises(ForbiddenCall):
+        CHECKERS[name](shortcut, seed=0)
+
+
+def test_failures_are_check_failures():
+    """Every diagnosis above is a CheckFailure, never a raw exception from the checker."""
+    with pytest.raises(CheckFailure):
+        nb10.check_rms_norm(lambda x, g, eps=1e-5: "not a tensor", seed=0)

@@ -1,0 +1,390 @@
+"""Chapter 11 checkers: the reference passes at every seed; each known mistake is diagnosed."""
+
+import math
+import types
+
+import pytest
+import torch
+
+from checks import nb11
+from checks import reference as ref
+from checks.engine import ForbiddenCall, NotStarted
+
+from ..support.catalogue import SEEDS, Wrong, assert_passes, assert_rejects, not_started
+
+
+def _copy(fn):
+    """The reference function under a new code object: the checks reject calls to the course's
+    own block functions (by code object), so the tests pass a copy of them as the correct answer."""
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__,
+                              fn.__defaults__, fn.__closure__)
+
+
+CORRECT = {
+    nb11.check_init_block_params: _copy(ref.init_block_params),
+    nb11.check_attention_sublayer: _copy(ref.attention_sublayer),
+    nb11.check_decoder_block: _copy(ref.decoder_block),
+    nb11.check_block_param_count: _copy(ref.block_param_count),
+}
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("checker", CORRECT, ids=lambda c: c.__name__)
+def test_reference_passes(checker, seed):
+    assert_passes(checker, CORRECT[checker], seed)
+
+
+@pytest.mark.parametrize("checker", CORRECT, ids=lambda c: c.__name__)
+def test_reference_passes_thorough(checker, capsys):
+    checker(CORRECT[checker], seed=7, thorough=True)
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("checker", CORRECT, ids=lambda c: c.__name__)
+def test_unstarted_reads_as_not_started(checker):
+    with pytest.raises(NotStarted):
+        checker(not_started, seed=0)
+
+
+@pytest.mark.parametrize("checker,name", [
+    (nb11.check_init_block_params, "init_block_params"),
+    (nb11.check_attention_sublayer, "attention_sublayer"),
+    (nb11.check_decoder_block, "decoder_block"),
+    (nb11.check_block_param_count, "block_param_count"),
+])
+def test_the_courses_own_answer_is_rejected(checker, name):
+    """Calling checks.reference's finished block (directly, or from inside a wrapper) is not an
+    answer; the earlier chapters' pieces remain allowed (every correct answer here uses them)."""
+    fn = getattr(ref, name)
+
+    def wrapper(*args, **kwargs):
+        return fn(*args, **kwargs)
+
+    for candidate in (fn, wrapper):
+        with pytest.raises(ForbiddenCall) as info:
+            checker(candidate, seed=0)
+        assert "course's own" in str(info.value)
+
+
+def test_decoder_block_may_not_hide_the_reference_in_its_attention():
+    def decoder_block(x, layer, cfg, positions):
+        return ref.decoder_block(x, layer, cfg, positions)
+    with pytest.raises(ForbiddenCall):
+        nb11.check_attention_sublayer(
+            lambda x, layer, cfg, positions: decoder_block(x, layer, cfg, positions) - x, seed=0)
+
+
+def test_guard_leaves_no_profiler_behind():
+    import sys
+    before = sys.getprofile()
+    with pytest.raises(ForbiddenCall):
+        nb11.check_decoder_block(ref.decoder_block, seed=0)
+    nb11.check_decoder_block(CORRECT[nb11.check_decoder_block], seed=0)
+    assert sys.getprofile() is before
+
+
+# ---- init_block_params ------------------------------------------------------------------------
+
+_SHAPES = ref.block.block_shapes
+
+
+def _init_with(draw=None, norms=torch.ones, shapes=_SHAPES, skip_generator=False,
+               ignore_dtype=False, same_gate_up=False):
+    """A learner-style init_block_params with one thing changed."""
+    def init_block_params(cfg, generator=None, dtype=torch.float32):
+        gen = None if skip_generator else generator
+        out = {}
+        for name, shape in shapes(cfg).items():
+            dt = torch.float32 if ignore_dtype else dtype
+            if len(shape) == 1:
+                out[name] = norms(shape, dtype=dt)
+            elif draw is not None:
+                out[name] = draw(shape, gen, dt)
+            else:
+                out[name] = torch.randn(shape, generator=gen, dtype=dt) * 0.02
+        if same_gate_up:
+            out["w_up"] = out["w_gate"]
+        return out
+    return init_block_params
+
+
+def _transposed(cfg):
+    return {k: v[::-1] for k, v in _SHAPES(cfg).items()}
+
+
+def _wqkv_3h(cfg):
+    shapes = dict(_SHAPES(cfg))
+    shapes["wqkv"] = (cfg.hidden_size, 3 * cfg.hidden_size)
+    return shapes
+
+
+def _wo_hh(cfg):
+    shapes = dict(_SHAPES(cfg))
+    shapes["wo"] = (cfg.hidden_size, cfg.hidden_size)
+    return shapes
+
+
+def _separate_qkv(cfg, generator=None, dtype=torch.float32):
+    h, d = cfg.hidden_size, cfg.head_dim
+    out = _init_with()(cfg, generator, dtype)
+    del out["wqkv"]
+    for name, n in (("wq", cfg.n_heads), ("wk", cfg.n_kv_heads), ("wv", cfg.n_kv_heads)):
+        out[name] = torch.randn(h, n * d, generator=generator, dtype=dtype) * 0.02
+    return out
+
+
+def _fixed_seed(cfg, generator=None, dtype=torch.float32):
+    return _init_with()(cfg, torch.Generator().manual_seed(0), dtype)
+
+
+def _fresh_generator_when_none(cfg, generator=None, dtype=torch.float32):
+    return _init_with()(cfg, generator if generator is not None else torch.Generator(), dtype)
+
+
+def _fan_in(shape, gen, dt):
+    return torch.randn(shape, generator=gen, dtype=dt) / math.sqrt(shape[0])
+
+
+def _uniform(shape, gen, dt):
+    return (torch.rand(shape, generator=gen, dtype=dt) * 2 - 1) * 0.02
+
+
+def _expanded_row(shape, gen, dt):
+    return (torch.randn(1, shape[1], generator=gen, dtype=dt) * 0.02).expand(shape).clone()
+
+
+# ---- attention_sublayer -----------------------------------------------------------------------
+
+def _sublayer(*, rope_v=False, rope_k=True, arange=False, causal=True, tile=False,
+              residual=False, norm=True, base=True, rotary_dim=True, eps=True, merge=True,
+              interleaved=True, swap_kv=False):
+    """A learner-style attention_sublayer from the reference pieces, with one thing changed."""
+    def attention_sublayer(x, layer, cfg, positions):
+        b, s, _ = x.shape
+        n_h, n_kv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        h = ref.rms_norm(x, layer["attn_norm"], cfg.norm_eps if eps else 1e-5) if norm else x
+        q, k, v = ref.split_qkv(h @ layer["wqkv"], n_h, n_kv, d)
+        if swap_kv:
+            k, v = v, k
+        pos = torch.arange(s) if arange else positions
+        kw = {"base": cfg.rope_base if base else 10000.0, "interleaved": interleaved,
+              "rotary_dim": cfg.rotary_dim if rotary_dim else None}
+        q = ref.apply_rope(q, pos, **kw)
+        if rope_k:
+            k = ref.apply_rope(k, pos, **kw)
+        if rope_v:
+            v = ref.apply_rope(v, pos, **kw)
+        if tile:
+            k, v = k.repeat(1, n_h // n_kv, 1, 1), v.repeat(1, n_h // n_kv, 1, 1)
+        out = ref.grouped_query_attention(q, k, v, ref.causal_mask(s) if causal else None)
+        merged = ref.merge_heads(out) if merge else out.reshape(b, s, n_h * d)
+        o = merged @ layer["wo"]
+        return x + o if residual else o
+    return attention_sublayer
+
+
+def _sublayer_with_own_gqa(x, layer, cfg, positions):
+    """Correct, but with the grouping written by hand as in chapter 06 (a different code path)."""
+    b, s, _ = x.shape
+    n_h, n_kv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    h = ref.rms_norm(x, layer["attn_norm"], cfg.norm_eps)
+    q, k, v = ref.split_qkv(h @ layer["wqkv"], n_h, n_kv, d)
+    kw = {"base": cfg.rope_base, "rotary_dim": cfg.rotary_dim}
+    q, k = ref.apply_rope(q, positions, **kw), ref.apply_rope(k, positions, **kw)
+    g = n_h // n_kv
+    qg = q.reshape(b, n_kv, g * s, d)
+    scores = (qg @ k.transpose(-2, -1) / math.sqrt(d)).view(b, n_kv, g, s, s)
+    scores = scores.masked_fill(~ref.causal_mask(s), float("-inf"))
+    weights = torch.softmax(scores, dim=-1).view(b, n_kv, g * s, s)
+    out = (weights @ v).view(b, n_h, s, d)
+    return ref.merge_heads(out) @ layer["wo"]
+
+
+# ---- decoder_block ----------------------------------------------------------------------------
+
+def _ffn(t, layer, swap=False):
+    gate, up = (layer["w_up"], layer["w_gate"]) if swap else (layer["w_gate"], layer["w_up"])
+    return ref.swiglu_ffn(t, gate, up, layer["w_down"])
+
+
+def _block(structure, attention=ref.attention_sublayer):
+    """A learner-style decoder_block with one structural change, or a wrong attention inside."""
+    def decoder_block(x, layer, cfg, positions):
+        eps = cfg.norm_eps
+
+        def att(t):
+            return attention(t, layer, cfg, positions)
+
+        def norm(t, name="ffn_norm"):
+            return ref.rms_norm(t, layer[name], eps)
+
+        if structure == "post":
+            no_norm = _sublayer(norm=False)
+            u = norm(x + no_norm(x, layer, cfg, positions), "attn_norm")
+            return norm(u + _ffn(u, layer))
+        if structure == "post_too":
+            u = norm(x + att(x), "attn_norm")
+            return norm(u + _ffn(norm(u), layer))
+        if structure == "parallel":
+            return x + att(x) + _ffn(norm(x), layer)
+        if structure == "in_place":
+            x += att(x)
+            x += _ffn(norm(x), layer)
+            return x
+        u = att(x) if structure in ("no_attn_res", "no_res") else x + att(x)
+        if structure == "ffn_no_norm":
+            return u + _ffn(u, layer)
+        mid = _ffn(norm(u, "attn_norm" if structure == "attn_norm_in_ffn" else "ffn_norm"), layer,
+                   swap=structure == "swap")
+        if structure in ("no_ffn_res", "no_res"):
+            return mid
+        if structure == "from_x":
+            return x + mid
+        return u + mid
+    return decoder_block
+
+
+# ---- block_param_count ------------------------------------------------------------------------
+
+def _count(attention="ok", ffn_mats=3, norms=2, as_float=False, embed=False):
+    def block_param_count(cfg):
+        h, d, n_h, n_kv = cfg.hidden_size, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
+        if attention == "4h2":
+            att = 4 * h * h
+        elif attention == "width_h":
+            att = h * (h + 2 * n_kv * d) + h * h
+        else:
+            att = h * (n_h + 2 * n_kv) * d + n_h * d * h
+        total = att + ffn_mats * h * cfg.ffn_hidden_size + norms * h
+        total += cfg.vocab_size * h if embed else 0
+        return total / 1 if as_float else total
+    return block_param_count
+
+
+WRONG = {
+    nb11.check_init_block_params: [
+        Wrong("std 1 (torch.randn unscaled)", _init_with(
+            draw=lambda shape, g, dt: torch.randn(shape, generator=g, dtype=dt)), "std 1"),
+        Wrong("1/sqrt(fan_in)", _init_with(draw=_fan_in), "fan_in"),
+        Wrong("uniform in [-0.02, 0.02]", _init_with(draw=_uniform), "uniform"),
+        Wrong("zeros", _init_with(draw=lambda shape, g, dt: torch.zeros(shape, dtype=dt)),
+              "at random"),
+        Wrong("one row expanded", _init_with(draw=_expanded_row), "same row"),
+        Wrong("[out, in] weights", _init_with(shapes=_transposed), "transposed"),
+        Wrong("wqkv with 3H columns under GQA", _init_with(shapes=_wqkv_3h), "n_kv heads"),
+        Wrong("wo [H, H] with D_h != H/N_h", _init_with(shapes=_wo_hh), "n_h * d_h features"),
+        Wrong("norms at zero", _init_with(norms=torch.zeros), "zeros"),
+        Wrong("norms random", _init_with(norms=lambda shape, dtype: torch.rand(shape, dtype=dtype)),
+              "should be all ones"),
+        Wrong("generator ignored", _init_with(skip_generator=True), "generator"),
+        Wrong("dtype ignored", _init_with(ignore_dtype=True), "dtype=dtype"),
+        Wrong("w_up is w_gate", _init_with(same_gate_up=True), "same numbers"),
+        Wrong("separate wq, wk, wv", _separate_qkv, "fuses the three projections"),
+        Wrong("fixed seed inside", _fixed_seed, "fixed seed"),
+        Wrong("new Generator() when None", _fresh_generator_when_none, "global generator"),
+    ],
+    nb11.check_attention_sublayer: [
+        Wrong("RoPE on V too", _sublayer(rope_v=True), "rope also rotated v"),
+        Wrong("positions from arange", _sublayer(arange=True), "ignored `positions`"),
+        Wrong("no causal mask", _sublayer(causal=False), "non-causal"),
+        Wrong("K/V tiled (repeat)", _sublayer(tile=True), "wrong kv grouping"),
+        Wrong("RoPE on Q only", _sublayer(rope_k=False), "rotated q but not k"),
+        Wrong("residual included", _sublayer(residual=True), "added the residual"),
+        Wrong("no RMSNorm", _sublayer(norm=False), "no rmsnorm"),
+        Wrong("rope_base ignored", _sublayer(base=False), "cfg.rope_base"),
+        Wrong("rotary_dim ignored", _sublayer(rotary_dim=False), "cfg.rotary_dim"),
+        Wrong("norm_eps ignored", _sublayer(eps=False), "cfg.norm_eps"),
+        Wrong("merge without transpose", _sublayer(merge=False), "merged the heads"),
+        Wrong("half pairing", _sublayer(interleaved=False), "'half' pairing"),
+        Wrong("K and V swapped", _sublayer(swap_kv=True), "wrong column blocks"),
+    ],
+    nb11.check_decoder_block: [
+        Wrong("no attention residual", _block("no_attn_res"), "missing residual around attention"),
+        Wrong("no FFN residual", _block("no_ffn_res"), "missing residual around the ffn"),
+        Wrong("no residuals", _block("no_res"), "missing residuals"),
+        Wrong("post-norm", _block("post"), "post-norm"),
+        Wrong("post-norm on top of pre-norm", _block("post_too"), "post-norm"),
+        Wrong("parallel attention and FFN", _block("parallel"), "in parallel"),
+        Wrong("second residual adds X", _block("from_x"), "the second residual adds x"),
+        Wrong("no FFN norm", _block("ffn_no_norm"), "no rmsnorm before the ffn"),
+        Wrong("attn_norm reused for the FFN", _block("attn_norm_in_ffn"), "layer['attn_norm']"),
+        Wrong("gate and up swapped", _block("swap"), "swapped w_gate and w_up"),
+        Wrong("residual added in place", _block("in_place"), "in place"),
+        Wrong("attention with RoPE on V", _block("pre", _sublayer(rope_v=True)),
+              "rope also rotated v"),
+        Wrong("attention with arange positions", _block("pre", _sublayer(arange=True)),
+              "ignored `positions`"),
+        Wrong("non-causal attention", _block("pre", _sublayer(causal=False)), "non-causal"),
+        Wrong("attention with tiled K/V", _block("pre", _sublayer(tile=True)),
+              "wrong kv grouping"),
+        Wrong("attention with its own residual", _block("pre", _sublayer(residual=True)),
+              "added twice"),
+    ],
+    nb11.check_block_param_count: [
+        Wrong("norms left out", _count(norms=0), "left out the two rmsnorm"),
+        Wrong("one norm", _count(norms=1), "only one rmsnorm"),
+        Wrong("LayerNorm gamma and beta", _count(norms=4), "layernorm"),
+        Wrong("4 H^2 attention", _count(attention="4h2"), "four h x h"),
+        Wrong("H as the heads' width", _count(attention="width_h"), "width of the heads"),
+        Wrong("two FFN matrices", _count(ffn_mats=2), "two ffn matrices"),
+        Wrong("float", _count(as_float=True), "float"),
+        Wrong("embedding included", _count(embed=True), "embedding table"),
+    ],
+}
+
+CASES = [(checker, wrong) for checker, wrongs in WRONG.items() for wrong in wrongs]
+
+
+@pytest.mark.parametrize("seed", SEEDS[:3])
+@pytest.mark.parametrize("checker,wrong", CASES,
+                         ids=[f"{c.__name__}-{w.name}" for c, w in CASES])
+def test_wrong_implementation_is_diagnosed(checker, wrong, seed):
+    assert_rejects(checker, wrong, seed)
+
+
+def test_every_exercise_has_a_catalogue_of_three():
+    assert set(WRONG) == set(CORRECT)
+    assert all(len(wrongs) >= 3 for wrongs in WRONG.values())
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_hand_written_grouping_passes(seed):
+    """A correct sublayer that does its own grouped attention (no SDPA) passes too."""
+    assert_passes(nb11.check_attention_sublayer, _sublayer_with_own_gqa, seed)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_learner_style_answers_pass(seed):
+    """The catalogue's own builders, with nothing changed, pass: the diagnoses above come from
+    the one change each makes."""
+    assert_passes(nb11.check_init_block_params, _init_with(), seed)
+    assert_passes(nb11.check_attention_sublayer, _sublayer(), seed)
+    assert_passes(nb11.check_decoder_block, _block("pre", _sublayer()), seed)
+    assert_passes(nb11.check_block_param_count, _count(), seed)
+
+
+def test_reference_block_param_count_closed_form():
+    from checks import LLAMA2_7B
+    import dataclasses
+    assert ref.block_param_count(LLAMA2_7B) == 4 * 4096**2 + 3 * 4096 * 11008 + 2 * 4096
+    assert ref.block_param_count(LLAMA2_7B) == 202_383_360
+    gqa = dataclasses.replace(LLAMA2_7B, n_kv_heads=8)
+    assert ref.block_param_count(gqa) == 2 * 4096**2 + 2 * 4096 * 1024 + 3 * 4096 * 11008 + 8192
+
+
+def test_reference_block_is_causal_and_position_relative():
+    """Invariants of the reference itself: later tokens never change earlier outputs, and
+    shifting every position by the same amount changes nothing (RoPE is relative)."""
+    from checks import ModelConfig
+    cfg = ModelConfig(vocab_size=10, hidden_size=24, n_heads=6, n_kv_heads=2, ffn_hidden_size=40)
+    gen = torch.Generator().manual_seed(0)
+    layer = {k: v * 20 if k not in nb11.NORMS else v
+             for k, v in ref.init_block_params(cfg, generator=gen).items()}
+    x = torch.randn(2, 7, 24, generator=gen)
+    pos = torch.arange(7)
+    out = ref.decoder_block(x, layer, cfg, pos)
+    y = x.clone()
+    y[:, 4:] = torch.randn(2, 3, 24, generator=gen)
+    torch.testing.assert_close(ref.decoder_block(y, layer, cfg, pos)[:, :4], out[:, :4])
+    torch.testing.assert_close(ref.decoder_block(x, layer, cfg, pos + 100), out,
+                               atol=1e-5, rtol=1e-4)

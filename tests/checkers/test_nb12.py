@@ -1,0 +1,536 @@
+"""Chapter 12 checkers: the reference passes at every seed; each known mistake is diagnosed."""
+
+import dataclasses
+import math
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from checks import LLAMA2_7B, ModelConfig, nb12
+from checks import reference as ref
+from checks.engine import ForbiddenCall, NotStarted
+from checks.reference import model as ref_model
+
+from ..support.catalogue import SEEDS, Wrong, assert_passes, assert_rejects, not_started
+
+
+def _copy(fn):
+    """The reference function under a new code object: the checks reject calls to the course's
+    own answers (by code object), so the tests pass a copy of them as the correct answer."""
+    copy = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__,
+                              fn.__defaults__, fn.__closure__)
+    copy.__kwdefaults__ = fn.__kwdefaults__
+    return copy
+
+
+CORRECT = {
+    nb12.check_init_model_params: _copy(ref_model.init_model_params),
+    nb12.check_model_forward: _copy(ref_model.model_forward),
+    nb12.check_next_token_loss: _copy(ref_model.next_token_loss),
+    nb12.check_model_param_count: _copy(ref_model.model_param_count),
+    nb12.check_sample_next_token: _copy(ref_model.sample_next_token),
+}
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("checker", CORRECT, ids=lambda c: c.__name__)
+def test_reference_passes(checker, seed):
+    assert_passes(checker, CORRECT[checker], seed)
+
+
+@pytest.mark.parametrize("checker", CORRECT, ids=lambda c: c.__name__)
+def test_reference_passes_thorough(checker, capsys):
+    checker(CORRECT[checker], seed=7, thorough=True)
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("checker", CORRECT, ids=lambda c: c.__name__)
+def test_unstarted_reads_as_not_started(checker):
+    with pytest.raises(NotStarted):
+        checker(not_started, seed=0)
+
+
+@pytest.mark.parametrize("checker,name", [
+    (nb12.check_init_model_params, "init_model_params"),
+    (nb12.check_model_forward, "model_forward"),
+    (nb12.check_next_token_loss, "next_token_loss"),
+    (nb12.check_model_param_count, "model_param_count"),
+    (nb12.check_sample_next_token, "sample_next_token"),
+])
+def test_the_courses_own_answer_is_rejected(checker, name):
+    """Calling checks.reference's finished function (directly, or from inside a wrapper) is not
+    an answer; the earlier chapters' pieces remain allowed (the learner-style answers use them)."""
+    fn = getattr(ref_model, name)
+
+    def wrapper(*args, **kwargs):
+        return fn(*args, **kwargs)
+
+    for candidate in (fn, wrapper):
+        with pytest.raises(ForbiddenCall) as info:
+            checker(candidate, seed=0)
+        assert "course's own" in str(info.value)
+
+
+# ---- learner-style correct answers (a second formulation next to the reference) -----------------
+
+def _init(cfg, generator=None, dtype=torch.float32, *, tied=False, head_shape=None, blocks="own",
+          layers_delta=0, final_norm=torch.ones, embed_std=0.02, pass_gen=True, pass_dtype=True,
+          as_tuple=False, none_gen=None):
+    """A learner-style init_model_params (built on chapter 11's init_block_params), with one
+    thing changed."""
+    if generator is None and none_gen is not None:
+        generator = none_gen()
+    h, v = cfg.hidden_size, cfg.vocab_size
+    embed = (torch.randn(v, h, generator=generator) * embed_std).to(dtype)
+    n = cfg.n_layers + layers_delta
+    block_gen = generator if pass_gen else None
+    block_dtype = dtype if pass_dtype else torch.float32
+    if blocks == "own":
+        layers = [ref.init_block_params(cfg, block_gen, block_dtype) for _ in range(n)]
+    elif blocks == "repeated":
+        layers = [ref.init_block_params(cfg, block_gen, block_dtype)] * n
+    else:  # "seeded": every block from the same fixed seed
+        layers = [ref.init_block_params(cfg, torch.Generator().manual_seed(0), block_dtype)
+                  for _ in range(n)]
+    if tied:
+        lm_head = embed.T
+    else:
+        shape = head_shape(cfg) if head_shape else (h, v)
+        lm_head = (torch.randn(*shape, generator=generator) * 0.02).to(dtype)
+    return {"embed": embed, "layers": tuple(layers) if as_tuple else layers,
+            "final_norm": final_norm(h, dtype=dtype), "lm_head": lm_head}
+
+
+def _init_with(**changes):
+    def init_model_params(cfg, generator=None, dtype=torch.float32):
+        return _init(cfg, generator, dtype, **changes)
+    return init_model_params
+
+
+def _init_no_head(cfg, generator=None, dtype=torch.float32):
+    params = _init(cfg, generator, dtype)
+    del params["lm_head"]
+    return params
+
+
+def _forward_with(*, final_norm=True, eps=True, tied=False, blocks=None, reset=False,
+                  embed_scale=False, use_positions=True, first_row=False, out=None,
+                  norm_every=False, require_positions=False):
+    """A learner-style model_forward (chapter 11's decoder_block, one-hot embedding lookup, a
+    matmul head), with one thing changed."""
+    def forward(token_ids, params, cfg, positions):
+        s = token_ids.shape[1]
+        if positions is None or not use_positions:
+            positions = torch.arange(s)
+        if first_row and positions.dim() == 2:
+            positions = positions[0]
+        emb = F.one_hot(token_ids, cfg.vocab_size).to(params["embed"].dtype) @ params["embed"]
+        if embed_scale:
+            emb = emb * math.sqrt(cfg.hidden_size)
+        x = emb
+        layers = params["layers"] if blocks is None else blocks(params["layers"])
+        for layer in layers:
+            x = ref.decoder_block(emb if reset else x, layer, cfg, positions)
+            if norm_every:
+                x = ref.rms_norm(x, params["final_norm"], cfg.norm_eps)
+        if final_norm and not norm_every:
+            x = ref.rms_norm(x, params["final_norm"], cfg.norm_eps if eps else 1e-5)
+        head = params["embed"].T if tied else params["lm_head"]
+        logits = torch.einsum("bsh,hv->bsv", x, head)
+        return out(logits) if out else logits
+
+    if require_positions:
+        return forward
+
+    def model_forward(token_ids, params, cfg, positions=None):
+        return forward(token_ids, params, cfg, positions)
+    return model_forward
+
+
+def _loss_with(*, shift="right", reduction="mean", axis=-1, log=True, softmax=True, stable=True,
+               item=False, detach=False, sign=1.0):
+    """A learner-style next_token_loss (log_softmax and gather), with one thing changed."""
+    def next_token_loss(logits, token_ids):
+        if shift == "right":
+            pred, target = logits[:, :-1], token_ids[:, 1:]
+        elif shift == "none":
+            pred, target = logits, token_ids
+        elif shift == "wrong":
+            pred, target = logits[:, 1:], token_ids[:, :-1]
+        else:  # "roll"
+            pred, target = logits, token_ids.roll(-1, dims=1)
+        if not softmax:
+            logp = pred
+        elif not stable:
+            e = torch.exp(pred)
+            logp = torch.log(e / e.sum(-1, keepdim=True))
+        elif log:
+            logp = torch.log_softmax(pred, dim=axis)
+        else:
+            logp = torch.softmax(pred, dim=axis)
+        picked = logp.gather(-1, target.unsqueeze(-1)).squeeze(-1)   # [B, S']
+        if reduction == "mean":
+            loss = -picked.mean()
+        elif reduction == "sum":
+            loss = -picked.sum()
+        elif reduction == "bs":
+            loss = -picked.sum() / logits.shape[0] / logits.shape[1]
+        elif reduction == "per_seq":
+            loss = -picked.mean(-1)
+        else:
+            loss = -picked
+        loss = loss * sign
+        if detach:
+            loss = torch.tensor(loss.item(), dtype=loss.dtype)
+        return loss.item() if item else loss
+    return next_token_loss
+
+
+def _count_with(*, embed=1, head="ok", final_norm=1, blocks=0, mha=False, bias=0, as_float=False):
+    """A learner-style model_param_count (chapter 11's block_param_count), one thing changed."""
+    def model_param_count(cfg):
+        h, v = cfg.hidden_size, cfg.vocab_size
+        block = (4 * h * h + 3 * h * cfg.ffn_hidden_size + 2 * h) if mha else \
+            ref.block_param_count(cfg)
+        lm_head = {"ok": h * v, "none": 0, "wo": h * h}[head]
+        total = (embed * v * h + (cfg.n_layers + blocks) * block + final_norm * h + lm_head
+                 + bias * v)
+        return total / 1 if as_float else total
+    return model_param_count
+
+
+def _sampler_with(*, greedy="argmax", temp="divide", top_k_mode="ok", fill=float("-inf"),
+                  draw="multinomial", use_generator=True, fixed_seed=False, in_place=False,
+                  keepdim=False, axis=-1, as_float=False):
+    """A learner-style sample_next_token (softmax and torch.multinomial), one thing changed."""
+    def sample_next_token(logits, *, temperature=1.0, top_k=None, generator=None):
+        if temperature == 0 and greedy != "divide":
+            out = logits.argmin(-1) if greedy == "argmin" else logits.argmax(-1,
+                                                                             keepdim=keepdim)
+            return out.float() if as_float else out
+        scores = logits
+        if in_place:
+            scores /= temperature
+        elif temp == "divide":
+            scores = logits / temperature
+        elif temp == "multiply":
+            scores = logits * temperature
+        if top_k is not None and top_k_mode != "ignored":
+            k = top_k + 1 if top_k_mode == "plus_one" else top_k
+            k = min(k, scores.shape[-1])
+            values = torch.topk(scores, k, dim=-1, largest=top_k_mode != "smallest").values
+            if top_k_mode == "smallest":
+                drop = scores > values[..., -1:]
+            else:
+                drop = scores < values[..., -1:]
+            scores = scores.masked_fill(drop, fill)
+        probs = torch.softmax(scores, dim=axis)
+        gen = generator if use_generator else None
+        if fixed_seed:
+            gen = torch.Generator().manual_seed(1234)
+        if draw == "multinomial":
+            out = torch.multinomial(probs, 1, generator=gen)
+        elif draw == "categorical":
+            out = torch.distributions.Categorical(probs=probs).sample().unsqueeze(-1)
+        elif draw == "uniform":
+            out = torch.randint(0, probs.shape[-1], (probs.shape[0], 1), generator=gen)
+        else:  # "shared_u": one uniform number for the whole batch, inverse CDF
+            u = torch.rand(1, generator=gen)
+            out = (probs.cumsum(-1) < u).sum(-1, keepdim=True).clamp(max=probs.shape[-1] - 1)
+        out = out if keepdim else out.squeeze(-1)
+        return out.float() if as_float else out
+    return sample_next_token
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_learner_style_answers_pass(seed):
+    """The catalogue's own builders, with nothing changed, pass: the diagnoses below come from
+    the one change each makes."""
+    assert_passes(nb12.check_init_model_params, _init_with(), seed)
+    assert_passes(nb12.check_model_forward, _forward_with(), seed)
+    assert_passes(nb12.check_next_token_loss, _loss_with(), seed)
+    assert_passes(nb12.check_model_param_count, _count_with(), seed)
+    assert_passes(nb12.check_sample_next_token, _sampler_with(), seed)
+
+
+def test_learner_style_answers_pass_thorough(capsys):
+    nb12.check_init_model_params(_init_with(), seed=3, thorough=True)
+    nb12.check_model_forward(_forward_with(), seed=3, thorough=True)
+    nb12.check_next_token_loss(_loss_with(), seed=3, thorough=True)
+    nb12.check_sample_next_token(_sampler_with(), seed=3, thorough=True)
+    nb12.check_next_token_loss(lambda lg, ids: F.cross_entropy(
+        lg[:, :-1].reshape(-1, lg.shape[-1]), ids[:, 1:].reshape(-1)), seed=3, thorough=True)
+    assert capsys.readouterr().err == ""
+
+
+WRONG = {
+    nb12.check_init_model_params: [
+        Wrong("tied LM head", _init_with(tied=True), "tied"),
+        Wrong("lm_head [V, H]", _init_with(head_shape=lambda cfg: (cfg.vocab_size,
+                                                                    cfg.hidden_size)),
+              "[h, |v|]"),
+        Wrong("lm_head [H, H] like W_O", _init_with(head_shape=lambda cfg: (cfg.hidden_size,
+                                                                             cfg.hidden_size)),
+              "output projection w_o"),
+        Wrong("no lm_head at all", _init_no_head, "matrix of its own"),
+        Wrong("[block] * L", _init_with(blocks="repeated"), "its own weights"),
+        Wrong("every block from a fixed seed", _init_with(blocks="seeded"), "its own weights"),
+        Wrong("L - 1 blocks", _init_with(layers_delta=-1), "cfg.n_layers"),
+        Wrong("layers as a tuple", _init_with(as_tuple=True), "expected a list"),
+        Wrong("final norm at zero", _init_with(final_norm=torch.zeros), "all ones"),
+        Wrong("embedding with std 1", _init_with(embed_std=1.0), "std 1"),
+        Wrong("generator not passed to the blocks", _init_with(pass_gen=False),
+              "pass generator=generator on to init_block_params"),
+        Wrong("dtype not passed to the blocks", _init_with(pass_dtype=False),
+              "pass dtype=dtype on to every block"),
+        Wrong("new Generator() when None", _init_with(none_gen=torch.Generator),
+              "global generator"),
+    ],
+    nb12.check_model_forward: [
+        Wrong("no final norm", _forward_with(final_norm=False), "no final rmsnorm"),
+        Wrong("final norm eps ignored", _forward_with(eps=False), "cfg.norm_eps"),
+        Wrong("tied LM head", _forward_with(tied=True), "embedding table (transposed)"),
+        Wrong("first block only", _forward_with(blocks=lambda ls: ls[:1]), "only the first block"),
+        Wrong("every block fed the embeddings", _forward_with(reset=True), "only the last block"),
+        Wrong("blocks reversed", _forward_with(blocks=lambda ls: ls[::-1]), "reverse order"),
+        Wrong("block 0 repeated", _forward_with(blocks=lambda ls: [ls[0]] * len(ls)),
+              "params['layers'][0] l times"),
+        Wrong("embeddings scaled by sqrt(H)", _forward_with(embed_scale=True), "sqrt(h)"),
+        Wrong("positions ignored", _forward_with(use_positions=False), "ignored `positions`"),
+        Wrong("first row of positions", _forward_with(first_row=True), "first row of positions"),
+        Wrong("final norm after every block", _forward_with(norm_every=True), "after every block"),
+        Wrong("returns softmax", _forward_with(out=lambda t: t.softmax(-1)),
+              "returned probabilities"),
+        Wrong("returns log_softmax", _forward_with(out=lambda t: t.log_softmax(-1)),
+              "log-probabilities"),
+        Wrong("last position only", _forward_with(out=lambda t: t[:, -1]),
+              "only the last position"),
+        Wrong("positions required", _forward_with(require_positions=True),
+              "positions is optional"),
+    ],
+    nb12.check_next_token_loss: [
+        Wrong("no shift", _loss_with(shift="none"), "no shift"),
+        Wrong("shifted the wrong way", _loss_with(shift="wrong"), "shifted the wrong way"),
+        Wrong("torch.roll", _loss_with(shift="roll"), "wrapped around"),
+        Wrong("summed", _loss_with(reduction="sum"), "summed instead of averaged"),
+        Wrong("divided by B * S", _loss_with(reduction="bs"), "divided by b * s"),
+        Wrong("per sequence", _loss_with(reduction="per_seq"), "one loss per sequence"),
+        Wrong("per token", _loss_with(reduction="none"), "one loss per prediction"),
+        Wrong("log_softmax over the sequence axis", _loss_with(axis=1), "wrong axis"),
+        Wrong("log_softmax over the batch axis", _loss_with(axis=0), "wrong axis"),
+        Wrong("forgot the log", _loss_with(log=False), "forgot the log"),
+        Wrong("no log_softmax at all", _loss_with(softmax=False), "forgot the log-softmax"),
+        Wrong("no minus sign", _loss_with(sign=-1.0), "minus sign"),
+        Wrong("naive log(exp / sum exp)", _loss_with(stable=False), "not stable"),
+        Wrong(".item()", _loss_with(item=True), "without .item()"),
+        Wrong("rebuilt with torch.tensor", _loss_with(detach=True), "differentiable"),
+    ],
+    nb12.check_model_param_count: [
+        Wrong("LM head tied/left out", _count_with(head="none"), "counted only one"),
+        Wrong("embedding left out", _count_with(embed=0), "counted only one"),
+        Wrong("LM head as H x H (W_O)", _count_with(head="wo"), "output projection w_o"),
+        Wrong("no final norm", _count_with(final_norm=0), "final rmsnorm"),
+        Wrong("a final norm per block", lambda cfg: _count_with()(cfg) + (cfg.n_layers - 1) *
+              cfg.hidden_size, "final norm in every block"),
+        Wrong("L - 1 blocks", _count_with(blocks=-1), "l - 1 blocks"),
+        Wrong("L + 1 blocks", _count_with(blocks=1), "l + 1 blocks"),
+        Wrong("MHA blocks under GQA", _count_with(mha=True), "4 h x h"),
+        Wrong("LM head bias", _count_with(bias=1), "bias"),
+        Wrong("float", _count_with(as_float=True), "float"),
+    ],
+    nb12.check_sample_next_token: [
+        Wrong("T = 0 divides by zero", _sampler_with(greedy="divide"), "greedy"),
+        Wrong("greedy argmin", _sampler_with(greedy="argmin"), "argmin"),
+        Wrong("keepdim [B, 1]", _sampler_with(keepdim=True), "[b, 1]"),
+        Wrong("float tokens", _sampler_with(as_float=True), "torch.int64"),
+        Wrong("temperature multiplies", _sampler_with(temp="multiply"),
+              "multiplied the logits by t"),
+        Wrong("temperature ignored", _sampler_with(temp="ignore"), "ignored the temperature"),
+        Wrong("top_k ignored", _sampler_with(top_k_mode="ignored"), "ignored top_k"),
+        Wrong("k smallest", _sampler_with(top_k_mode="smallest"), "smallest"),
+        Wrong("k + 1 kept", _sampler_with(top_k_mode="plus_one"), "k + 1"),
+        Wrong("dropped logits set to 0", _sampler_with(fill=0.0), "instead of -inf"),
+        Wrong("uniform draw", _sampler_with(draw="uniform"), "uniformly over the vocabulary"),
+        Wrong("softmax over the batch axis", _sampler_with(axis=0), "batch axis (dim=0)"),
+        Wrong("one uniform for the whole batch", _sampler_with(draw="shared_u"),
+              "same token"),
+        Wrong("generator ignored", _sampler_with(use_generator=False), "`generator` argument"),
+        Wrong("torch.distributions.Categorical", _sampler_with(draw="categorical"),
+              "cannot take a generator"),
+        Wrong("fixed seed inside", _sampler_with(fixed_seed=True), "fixed seed"),
+        Wrong("logits /= T in place", _sampler_with(in_place=True), "in place"),
+    ],
+}
+
+CASES = [(checker, wrong) for checker, wrongs in WRONG.items() for wrong in wrongs]
+
+
+@pytest.mark.parametrize("seed", SEEDS[:3])
+@pytest.mark.parametrize("checker,wrong", CASES,
+                         ids=[f"{c.__name__}-{w.name}" for c, w in CASES])
+def test_wrong_implementation_is_diagnosed(checker, wrong, seed):
+    assert_rejects(checker, wrong, seed)
+
+
+def test_every_exercise_has_a_catalogue_of_three():
+    assert set(WRONG) == set(CORRECT)
+    assert all(len(wrongs) >= 3 for wrongs in WRONG.values())
+
+
+# ---- the statistics of the sampling check ------------------------------------------------------
+
+def test_frequency_tolerance_bounds_the_failure_probability():
+    """Hoeffding per token, union over every token of every compared distribution: a correct
+    sampler fails a run with probability <= 1e-10."""
+    t = nb12.TOL
+    events = nb12.MAX_VOCAB * nb12.MAX_COMPARISONS
+    assert events * 2 * math.exp(-2 * nb12.N_SAMPLES * t * t) <= nb12.FAILURE_PROBABILITY * 1.0001
+    assert t < 0.02   # tight enough that every mistake above moves some token by far more
+
+
+def test_sampling_check_compares_at_most_max_comparisons(monkeypatch):
+    """The union bound counts MAX_COMPARISONS distributions of at most MAX_VOCAB tokens."""
+    seen = []
+    original = nb12._expect_distribution
+
+    def counting(c, samples, probs, wrong, label):
+        seen.append(probs.numel())
+        return original(c, samples, probs, wrong, label)
+
+    monkeypatch.setattr(nb12, "_expect_distribution", counting)
+    for thorough in (False, True):
+        seen.clear()
+        nb12.check_sample_next_token(CORRECT[nb12.check_sample_next_token], seed=11,
+                                     thorough=thorough)
+        assert 0 < len(seen) <= nb12.MAX_COMPARISONS and max(seen) <= nb12.MAX_VOCAB
+
+
+@pytest.mark.parametrize("seed", range(100, 112))
+def test_samplers_pass_at_many_seeds(seed):
+    """Three different correct samplers (multinomial, Gumbel-max, inverse CDF) pass at any seed."""
+    def inverse_cdf(logits, *, temperature=1.0, top_k=None, generator=None):
+        if temperature == 0:
+            return logits.argmax(-1)
+        probs = ref_model.next_token_probs(logits, temperature=temperature, top_k=top_k)
+        u = torch.rand(logits.shape[0], 1, generator=generator, dtype=torch.float64)
+        cdf = probs.cumsum(-1)
+        return (cdf < u * cdf[:, -1:]).sum(-1).clamp(max=logits.shape[-1] - 1)
+
+    for sampler in (_sampler_with(), CORRECT[nb12.check_sample_next_token], inverse_cdf):
+        assert_passes(nb12.check_sample_next_token, sampler, seed)
+
+
+# ---- the reference itself -----------------------------------------------------------------------
+
+def test_reference_param_count_closed_form():
+    h, v, l = 4096, 32000, 32
+    assert ref_model.model_param_count(LLAMA2_7B) == 6_738_415_616
+    assert ref_model.model_param_count(LLAMA2_7B) == \
+        2 * v * h + l * (4 * h * h + 3 * h * 11008 + 2 * h) + h
+    gqa = dataclasses.replace(LLAMA2_7B, n_kv_heads=8)
+    assert ref_model.model_param_count(gqa) == 6_738_415_616 - 32 * 2 * 4096 * (4096 - 1024)
+
+
+def test_reference_init_matches_its_count_and_layout():
+    cfg = ModelConfig(vocab_size=70, hidden_size=24, n_heads=6, n_kv_heads=2, ffn_hidden_size=50,
+                      n_layers=3)
+    p = ref_model.init_model_params(cfg, generator=torch.Generator().manual_seed(0))
+    n = sum(t.numel() for t in [p["embed"], p["final_norm"], p["lm_head"]]) + \
+        sum(t.numel() for layer in p["layers"] for t in layer.values())
+    assert n == ref_model.model_param_count(cfg)
+    with torch.device("meta"):
+        big = ref_model.init_model_params(LLAMA2_7B)
+    assert sum(t.numel() for t in [big["embed"], big["final_norm"], big["lm_head"]]) + \
+        sum(t.numel() for layer in big["layers"] for t in layer.values()) == 6_738_415_616
+
+
+def test_reference_forward_is_causal_and_batch_independent():
+    cfg = ModelConfig(vocab_size=50, hidden_size=24, n_heads=6, n_kv_heads=3, ffn_hidden_size=40,
+                      n_layers=2)
+    gen = torch.Generator().manual_seed(1)
+    p = ref_model.init_model_params(cfg, generator=gen)
+    p["layers"] = [{k: t * 20 if "norm" not in k else t for k, t in layer.items()}
+                   for layer in p["layers"]]
+    ids = torch.randint(0, 50, (3, 6), generator=gen)
+    out = ref_model.model_forward(ids, p, cfg)
+    changed = ids.clone()
+    changed[:, 4:] = (changed[:, 4:] + 1) % 50
+    torch.testing.assert_close(ref_model.model_forward(changed, p, cfg)[:, :4], out[:, :4])
+    torch.testing.assert_close(ref_model.model_forward(ids[1:2], p, cfg), out[1:2])
+    # explicit positions arange(S), [S] and [B, S], equal the default
+    torch.testing.assert_close(ref_model.model_forward(ids, p, cfg, torch.arange(6)), out)
+    torch.testing.assert_close(
+        ref_model.model_forward(ids, p, cfg, torch.arange(6).expand(3, 6)), out)
+
+
+def test_reference_loss_by_hand():
+    logits = torch.tensor([[[2.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 0.0]]])
+    ids = torch.tensor([[2, 0, 1]])
+    # position 0 predicts token 0 (p = e^2 / (e^2 + 2)), position 1 token 1 (p = e / (e + 2))
+    want = ((math.log(math.exp(2) + 2) - 2) + (math.log(math.e + 2) - 1)) / 2
+    assert abs(float(ref_model.next_token_loss(logits, ids)) - want) < 1e-6
+
+
+def test_reference_sampler_properties():
+    logits = torch.tensor([[1.0, 3.0, 2.0, -1.0], [0.0, -2.0, 5.0, 1.0]])
+    assert ref_model.sample_next_token(logits, temperature=0).tolist() == [1, 2]
+    g = torch.Generator().manual_seed(0)
+    draws = ref_model.sample_next_token(logits.repeat(5000, 1), top_k=2, generator=g)
+    assert set(draws[0::2].tolist()) == {1, 2} and set(draws[1::2].tolist()) == {2, 3}
+    with pytest.raises(ValueError):
+        ref_model.sample_next_token(logits, temperature=-1.0)
+    # Gumbel-max draws from softmax(logits / T): compare with the exact distribution
+    g = torch.Generator().manual_seed(1)
+    row = torch.tensor([0.5, -1.0, 2.0, 0.0, 1.0])
+    draws = ref_model.sample_next_token(row.expand(200_000, 5), temperature=1.7, generator=g)
+    freq = torch.bincount(draws, minlength=5).double() / 200_000
+    assert (freq - torch.softmax(row.double() / 1.7, -1)).abs().max() < 0.01
+
+
+# --------------------------------------------------------------------------------------------
+# The chapter's last section: the solutions' model on SmolLM2's real weights (skipped when the
+# model's package is not installed)
+
+
+@pytest.fixture(scope="module")
+def smol():
+    from checks import smollm
+
+    if not smollm.available():
+        pytest.skip(f"SmolLM2 is not installed ({smollm.INSTALL})")
+    params, cfg = smollm.load()
+    return params, cfg, smollm.tokenizer()
+
+
+def test_solutions_model_answers_the_chapters_question(smol):
+    """Greedy decoding with the solution's model_forward and sample_next_token, the prompt encoded
+    by chapter 12's bpe_encode, as the chapter's cell does it."""
+    from checks import smollm
+
+    from ..support.solutions import solution_namespace
+
+    ns = solution_namespace("12_lm_head_logits")
+    params, cfg, tok = smol
+    question = "What is the capital of France?"
+    prompt = tok.encode(smollm.chat_text(question), bpe_encode=ns["bpe_encode"])
+    assert prompt == tok.chat_prompt(question)
+    tokens = torch.tensor([prompt])
+    for _ in range(12):
+        last = ns["model_forward"](tokens, params, cfg)[:, -1]
+        tokens = torch.cat([tokens, ns["sample_next_token"](last, temperature=0.0)[:, None]], 1)
+        if tokens[0, -1] == tok.im_end_id:
+            break
+    assert tok.decode(tokens[0, len(prompt):].tolist()) == (
+        "The capital of France is Paris.<|im_end|>")
+
+
+def test_real_model_lm_head_is_tied_and_counted_once(smol):
+    params, cfg, _ = smol
+    table, head = params["embed"], params["lm_head"]
+    assert head.data_ptr() == table.data_ptr() and torch.equal(head, table.T)
+    tensors = [table, head, params["final_norm"],
+               *(t for layer in params["layers"] for t in layer.values())]
+    stored = sum({t.data_ptr(): t.numel() for t in tensors}.values())
+    assert stored == ref.model_param_count(cfg) - cfg.vocab_size * cfg.hidden_size == 134_515_008

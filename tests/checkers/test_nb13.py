@@ -1,0 +1,786 @@
+"""Chapter 13 checkers: the reference passes at every seed; each known mistake is diagnosed.
+
+The reference (`checks.reference.generation`) is also held to its invariants here: cached logits
+equal the uncached forward pass (and chapter 12's `model_forward`), chunk by chunk, and greedy
+generation gives the same tokens with and without the cache. The roofline's counts
+(`prefill_flops`, `decode_step_bytes`) equal `checks.timing`'s, whose own tests hold them to
+PyTorch's FLOP counter; their wrong implementations are written the way a learner would write the
+count, each with one term wrong.
+"""
+
+from __future__ import annotations
+
+import math
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from checks import ModelConfig, nb13
+from checks import reference as ref
+from checks.engine import ForbiddenCall, NotStarted
+from checks.reference import generation as gen
+from checks.reference.model import (init_model_params, model_forward, model_param_count,
+                                    sample_next_token)
+
+from ..support.catalogue import SEEDS, Wrong, assert_passes, assert_rejects, not_started
+
+CORRECT = {
+    nb13.check_KVCache: ref.KVCache,
+    nb13.check_forward_with_cache: ref.forward_with_cache,
+    nb13.check_generate: ref.generate,
+    nb13.check_prefill_flops: ref.prefill_flops,
+    nb13.check_decode_step_bytes: ref.decode_step_bytes,
+    nb13.check_arithmetic_intensity: ref.arithmetic_intensity,
+}
+
+
+def _correct(checker):
+    """The reference under new code objects: the checks refuse the course's own answer (the
+    reference class itself, or a call of the reference function), so a copy stands in for it."""
+    if checker is nb13.check_KVCache:
+        body = {k: v for k, v in vars(ref.KVCache).items() if k not in ("__dict__", "__weakref__")}
+        return type("KVCache", (), body)
+    fn = CORRECT[checker]
+    copy = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__,
+                              fn.__defaults__, fn.__closure__)
+    copy.__kwdefaults__ = fn.__kwdefaults__
+    return copy
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("checker", CORRECT, ids=lambda c: c.__name__)
+def test_reference_passes(checker, seed):
+    assert_passes(checker, _correct(checker), seed)
+
+
+@pytest.mark.parametrize("checker", CORRECT, ids=lambda c: c.__name__)
+def test_reference_passes_thorough(checker, capsys):
+    checker(_correct(checker), seed=7, thorough=True)
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("checker", CORRECT, ids=lambda c: c.__name__)
+def test_unstarted_reads_as_not_started(checker):
+    with pytest.raises(NotStarted):
+        checker(not_started, seed=0)
+
+
+# ------------------------------------------------------------------------------------------------
+# The reference's own invariants
+
+def _model(cfg: ModelConfig, seed: int) -> dict:
+    gen_ = torch.Generator().manual_seed(seed)
+    params = init_model_params(cfg, generator=gen_)
+    with torch.no_grad():   # larger weights than the init's, so that attention is not uniform
+        for layer in params["layers"]:
+            for name in ("wqkv", "wo", "w_gate", "w_up", "w_down"):
+                layer[name].mul_(0.9 / (0.02 * math.sqrt(layer[name].shape[0])))
+        params["embed"].mul_(50.0)
+        params["lm_head"].mul_(2 / (0.02 * math.sqrt(cfg.hidden_size)))
+    return params
+
+
+CFGS = [
+    ModelConfig(vocab_size=61, hidden_size=24, n_heads=6, n_kv_heads=2, ffn_hidden_size=50,
+                n_layers=3, max_seq_len=64),
+    ModelConfig(vocab_size=53, hidden_size=20, n_heads=4, n_kv_heads=1, head_dim=6,
+                ffn_hidden_size=44, n_layers=2, rotary_dim=4, rope_base=500.0, max_seq_len=64),
+]
+
+
+@pytest.mark.parametrize("cfg", CFGS, ids=["GQA", "MQA partial rotary"])
+def test_reference_cached_logits_equal_the_whole_sequence(cfg):
+    params = _model(cfg, 0)
+    tokens = torch.randint(0, cfg.vocab_size, (3, 13), generator=torch.Generator().manual_seed(1))
+    full = gen.full_forward(tokens, params, cfg)
+    torch.testing.assert_close(full, model_forward(tokens, params, cfg), atol=2e-5, rtol=2e-5)
+    cache = ref.KVCache(cfg, 3, 20)
+    pieces = [ref.forward_with_cache(tokens[:, s:e], params, cfg, cache, s)
+              for s, e in ((0, 5), (5, 6), (6, 10), (10, 11), (11, 12), (12, 13))]
+    torch.testing.assert_close(torch.cat(pieces, 1), full, atol=2e-5, rtol=2e-5)
+    last = ref.forward_with_cache(tokens[:, 12:13], params, cfg, cache, 12, last_only=True)
+    torch.testing.assert_close(last, full[:, -1:], atol=2e-5, rtol=2e-5)
+    # The cache holds K after RoPE: chapter 08's apply_rope of the projected keys (layer 0).
+    h = ref.rms_norm(F.embedding(tokens, params["embed"]), params["layers"][0]["attn_norm"])
+    _, k, v = ref.split_qkv(h @ params["layers"][0]["wqkv"], cfg.n_heads, cfg.n_kv_heads,
+                            cfg.head_dim)
+    k = ref.apply_rope(k, torch.arange(13), base=cfg.rope_base, rotary_dim=cfg.rotary_dim)
+    torch.testing.assert_close(cache.k[0][:, :, :13], k, atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(cache.v[0][:, :, :13], v, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("cfg", CFGS, ids=["GQA", "MQA partial rotary"])
+def test_reference_greedy_generation_same_with_and_without_cache(cfg):
+    params = _model(cfg, 2)
+    prompt = torch.randint(0, cfg.vocab_size, (2, 5), generator=torch.Generator().manual_seed(3))
+    cached = ref.generate(params, cfg, prompt, 12)
+    assert torch.equal(cached, ref.generate(params, cfg, prompt, 12, use_cache=False))
+    assert torch.equal(cached[:, :5], prompt) and cached.dtype == torch.long
+    assert not cached.is_inference()
+    # and the same tokens as argmax over chapter 12's model_forward, one step at a time
+    seq = prompt
+    for _ in range(12):
+        nxt = model_forward(seq, params, cfg)[:, -1].argmax(-1, keepdim=True)
+        seq = torch.cat([seq, nxt], 1)
+    assert torch.equal(seq, cached)
+
+
+def test_reference_cache_layout_and_overflow():
+    cfg = CFGS[0]
+    cache = ref.KVCache(cfg, 2, 7, dtype=torch.float64)
+    assert [tuple(t.shape) for t in cache.k] == [(2, 2, 7, 4)] * 3
+    assert cache.nbytes == ref.kv_cache_bytes(3, 2, 7, 2, 4, 8)
+    k = torch.randn(2, 2, 7, 4, dtype=torch.float64)
+    k_all, _ = cache.update(1, k, k, 0)
+    assert k_all.data_ptr() == cache.k[1].data_ptr()
+    with pytest.raises(ValueError, match="max_seq_len"):
+        cache.update(0, k[:, :, :1], k[:, :, :1], 7)
+    with pytest.raises(ValueError, match="N_kv"):
+        cache.update(0, k.repeat_interleave(3, 1), k.repeat_interleave(3, 1), 0)
+
+
+# ------------------------------------------------------------------------------------------------
+# KVCache: correct variants that must pass, and the catalogue of mistakes
+
+class ListCache:
+    """Correct: one tensor per layer for K and one for V, zero-initialised."""
+
+    def __init__(self, cfg, batch_size, max_seq_len, dtype=torch.float32, device=None):
+        shape = (batch_size, cfg.n_kv_heads, max_seq_len, cfg.head_dim)
+        self.max_seq_len = max_seq_len
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.n_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.n_layers)]
+
+    def _span(self, k, start_pos):
+        end = start_pos + k.shape[2]
+        if start_pos < 0 or end > self.max_seq_len:
+            raise ValueError("overflow")
+        return end
+
+    def write(self, layer_idx, k, v, start_pos, end):
+        self.k[layer_idx][:, :, start_pos:end] = k
+        self.v[layer_idx][:, :, start_pos:end] = v
+
+    def update(self, layer_idx, k, v, start_pos):
+        end = self._span(k, start_pos)
+        self.write(layer_idx, k, v, start_pos, end)
+        return self.k[layer_idx][:, :, :end], self.v[layer_idx][:, :, :end]
+
+
+class EmptyDictCache(ListCache):
+    """Correct: torch.empty buffers (garbage in unwritten slots) kept in a dict."""
+
+    def __init__(self, cfg, batch_size, max_seq_len, dtype=torch.float32, device=None):
+        shape = (cfg.n_layers, batch_size, cfg.n_kv_heads, max_seq_len, cfg.head_dim)
+        self.max_seq_len = max_seq_len
+        self.buffers = {"k": torch.empty(shape, dtype=dtype, device=device).fill_(float("nan")),
+                        "v": torch.empty(shape, dtype=dtype, device=device).fill_(float("nan"))}
+
+    def update(self, layer_idx, k, v, start_pos):
+        end = self._span(k, start_pos)
+        self.buffers["k"][layer_idx, :, :, start_pos:end] = k
+        self.buffers["v"][layer_idx, :, :, start_pos:end] = v
+        return (self.buffers["k"][layer_idx].narrow(2, 0, end),
+                self.buffers["v"][layer_idx].narrow(2, 0, end))
+
+
+@pytest.mark.parametrize("cls", [ListCache, EmptyDictCache], ids=lambda c: c.__name__)
+def test_other_correct_caches_pass(cls):
+    for seed in SEEDS[:3]:
+        assert_passes(nb13.check_KVCache, cls, seed)
+
+
+class CatCache:
+    """Grows by concatenation: nothing preallocated."""
+
+    def __init__(self, cfg, batch_size, max_seq_len, dtype=torch.float32, device=None):
+        self.max_seq_len = max_seq_len
+        self.k = [None] * cfg.n_layers
+        self.v = [None] * cfg.n_layers
+
+    def update(self, layer_idx, k, v, start_pos):
+        if start_pos + k.shape[2] > self.max_seq_len:
+            raise ValueError("overflow")
+        old_k, old_v = self.k[layer_idx], self.v[layer_idx]
+        self.k[layer_idx] = k if old_k is None else torch.cat([old_k[:, :, :start_pos], k], 2)
+        self.v[layer_idx] = v if old_v is None else torch.cat([old_v[:, :, :start_pos], v], 2)
+        return self.k[layer_idx], self.v[layer_idx]
+
+
+class CloneCache(ListCache):
+    def update(self, layer_idx, k, v, start_pos):
+        k_all, v_all = super().update(layer_idx, k, v, start_pos)
+        return k_all.clone(), v_all.clone()
+
+
+class RepeatedHeadsCache(ListCache):
+    def __init__(self, cfg, batch_size, max_seq_len, dtype=torch.float32, device=None):
+        super().__init__(cfg, batch_size, max_seq_len, dtype, device)
+        self.rep = cfg.n_heads // cfg.n_kv_heads
+        shape = (batch_size, cfg.n_heads, max_seq_len, cfg.head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype) for _ in range(cfg.n_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype) for _ in range(cfg.n_layers)]
+
+    def write(self, layer_idx, k, v, start_pos, end):
+        super().write(layer_idx, k.repeat_interleave(self.rep, 1),
+                      v.repeat_interleave(self.rep, 1), start_pos, end)
+
+
+class OffByOneWriteCache(ListCache):
+    def update(self, layer_idx, k, v, start_pos):
+        end = self._span(k, start_pos)
+        stop = min(end + 1, self.max_seq_len)
+        self.k[layer_idx][:, :, start_pos + 1:stop] = k[:, :, :stop - start_pos - 1]
+        self.v[layer_idx][:, :, start_pos + 1:stop] = v[:, :, :stop - start_pos - 1]
+        return self.k[layer_idx][:, :, :end], self.v[layer_idx][:, :, :end]
+
+
+class AtZeroCache(ListCache):
+    def update(self, layer_idx, k, v, start_pos):
+        end = self._span(k, start_pos)
+        self.write(layer_idx, k, v, 0, k.shape[2])
+        return self.k[layer_idx][:, :, :end], self.v[layer_idx][:, :, :end]
+
+
+class OwnCounterCache(ListCache):
+    """Appends at its own per-layer length and ignores start_pos."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.length = [0] * len(self.k)
+
+    def update(self, layer_idx, k, v, start_pos):
+        pos = self.length[layer_idx]
+        end = self._span(k, pos)
+        self.write(layer_idx, k, v, pos, end)
+        self.length[layer_idx] = end
+        return self.k[layer_idx][:, :, :end], self.v[layer_idx][:, :, :end]
+
+
+class SharedCounterCache(ListCache):
+    """One counter for the whole cache, advanced by every layer's update."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.length = 0
+
+    def update(self, layer_idx, k, v, start_pos):
+        pos = self.length
+        end = min(pos + k.shape[2], self.max_seq_len)
+        if start_pos + k.shape[2] > self.max_seq_len:
+            raise ValueError("overflow")
+        self.write(layer_idx, k[:, :, :end - pos], v[:, :, :end - pos], pos, end)
+        self.length = end
+        stop = start_pos + k.shape[2]
+        return self.k[layer_idx][:, :, :stop], self.v[layer_idx][:, :, :stop]
+
+
+class OneLayerCache(ListCache):
+    """Every layer writes into the same buffer."""
+
+    def __init__(self, cfg, batch_size, max_seq_len, dtype=torch.float32, device=None):
+        super().__init__(cfg, batch_size, max_seq_len, dtype, device)
+        self.k = [self.k[0]] * cfg.n_layers
+        self.v = [self.v[0]] * cfg.n_layers
+
+
+class NewOnlyCache(ListCache):
+    def update(self, layer_idx, k, v, start_pos):
+        super().update(layer_idx, k, v, start_pos)
+        return k, v
+
+
+class WholeBufferCache(ListCache):
+    def update(self, layer_idx, k, v, start_pos):
+        super().update(layer_idx, k, v, start_pos)
+        return self.k[layer_idx], self.v[layer_idx]
+
+
+class SwappedCache(ListCache):
+    def update(self, layer_idx, k, v, start_pos):
+        k_all, v_all = super().update(layer_idx, k, v, start_pos)
+        return v_all, k_all
+
+
+class NoOverflowCheckCache(ListCache):
+    def _span(self, k, start_pos):
+        return start_pos + k.shape[2]
+
+    def write(self, layer_idx, k, v, start_pos, end):
+        # slicing past the end silently writes fewer positions (or fails to broadcast)
+        room = max(0, min(end, self.max_seq_len) - start_pos)
+        super().write(layer_idx, k[:, :, :room], v[:, :, :room], start_pos, start_pos + room)
+
+
+class RuntimeErrorCache(ListCache):
+    def _span(self, k, start_pos):
+        end = start_pos + k.shape[2]
+        if end > self.max_seq_len:
+            raise IndexError("cache full")
+        return end
+
+
+class GreaterEqualCache(ListCache):
+    def _span(self, k, start_pos):
+        end = start_pos + k.shape[2]
+        if end >= self.max_seq_len:
+            raise ValueError("cache full")
+        return end
+
+
+class IgnoresDtypeCache(ListCache):
+    def __init__(self, cfg, batch_size, max_seq_len, dtype=torch.float32, device=None):
+        super().__init__(cfg, batch_size, max_seq_len, torch.float32, device)
+
+
+class CfgLengthCache(ListCache):
+    def __init__(self, cfg, batch_size, max_seq_len, dtype=torch.float32, device=None):
+        super().__init__(cfg, batch_size, cfg.max_seq_len, dtype, device)
+        self.max_seq_len = max_seq_len
+
+
+class ReallocatingCache(ListCache):
+    """Preallocated, but every update replaces the layer's buffer by an updated copy."""
+
+    def write(self, layer_idx, k, v, start_pos, end):
+        self.k[layer_idx] = self.k[layer_idx].index_copy(2, torch.arange(start_pos, end), k)
+        self.v[layer_idx] = self.v[layer_idx].index_copy(2, torch.arange(start_pos, end), v)
+
+
+class SubclassedReference(ref.KVCache):
+    pass
+
+
+KV_WRONG = [
+    Wrong("grows with torch.cat", CatCache, "allocated no tensors"),
+    Wrong("returns clones", CloneCache, "not a view"),
+    Wrong("stores N_h repeated heads", RepeatedHeadsCache, "holds n_h heads"),
+    Wrong("writes at start_pos + 1", OffByOneWriteCache, "one position too far"),
+    Wrong("writes at 0", AtZeroCache, "position 0 every time"),
+    Wrong("own length counter", OwnCounterCache, "length counter of its own"),
+    Wrong("one counter for all layers", SharedCounterCache, "one position counter"),
+    Wrong("one buffer for all layers", OneLayerCache, "one layer only"),
+    Wrong("returns the new K/V only", NewOnlyCache, "only the new k/v"),
+    Wrong("returns the whole buffer", WholeBufferCache, "whole preallocated buffer"),
+    Wrong("returns (v, k)", SwappedCache, "(values, keys)"),
+    Wrong("no overflow check", NoOverflowCheckCache, "without raising"),
+    Wrong("IndexError on overflow", RuntimeErrorCache, "raised indexerror"),
+    Wrong(">= instead of >", GreaterEqualCache, "exactly up to the last position"),
+    Wrong("ignores dtype", IgnoresDtypeCache, "ignored the dtype"),
+    Wrong("sized by cfg.max_seq_len", CfgLengthCache, "cfg.max_seq_len"),
+    Wrong("reallocates in update", ReallocatingCache, "replaced its buffers"),
+    Wrong("subclasses the reference", SubclassedReference, "reference"),
+]
+
+
+# ------------------------------------------------------------------------------------------------
+# forward_with_cache: plausible wrong implementations, from the earlier chapters' pieces
+
+def _forward(token_ids, params, cfg, cache, start_pos, *, offset=True, mask="bottom_right",
+             store="rotated", use_returned=True, repeat=False, update_start=None,
+             only_layer=None):
+    t = token_ids.shape[1]
+    end = start_pos + t
+    positions = torch.arange(start_pos, end) if offset else torch.arange(t)
+    rope = dict(base=cfg.rope_base, rotary_dim=cfg.rotary_dim)
+    x = ref.embed(token_ids, params["embed"])
+    for i, layer in enumerate(params["layers"]):
+        h = ref.rms_norm(x, layer["attn_norm"], cfg.norm_eps)
+        q, k, v = ref.split_qkv(h @ layer["wqkv"], cfg.n_heads, cfg.n_kv_heads, cfg.head_dim)
+        q = ref.apply_rope(q, positions, **rope)
+        k_rot = ref.apply_rope(k, positions, **rope)
+        stored = k_rot if store == "rotated" else k
+        if repeat:
+            g = cfg.n_heads // cfg.n_kv_heads
+            stored, v = stored.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+        if only_layer is None or i == only_layer:
+            k_all, v_all = cache.update(i if only_layer is None else 0, stored, v,
+                                        start_pos if update_start is None else update_start)
+        if store == "rerotate":
+            k_all = ref.apply_rope(k_all, torch.arange(end), **rope)
+        if not use_returned:
+            k_all, v_all = k_rot, v
+        keys = k_all.shape[2]
+        m = {"bottom_right": ref.causal_mask(t, keys),
+             "top_left": torch.ones(t, keys, dtype=torch.bool).tril(),
+             "top_left_chunks": None if t == 1 else torch.ones(t, keys, dtype=torch.bool).tril(),
+             "square_new": ref.causal_mask(t),
+             "square_all": ref.causal_mask(keys),
+             "none": None}[mask]
+        out = ref.grouped_query_attention(q, k_all, v_all, m)
+        x = x + ref.merge_heads(out) @ layer["wo"]
+        x = x + ref.swiglu_ffn(ref.rms_norm(x, layer["ffn_norm"], cfg.norm_eps),
+                               layer["w_gate"], layer["w_up"], layer["w_down"])
+    return ref.rms_norm(x, params["final_norm"], cfg.norm_eps) @ params["lm_head"]
+
+
+def _fwd(**mistake):
+    def forward_with_cache(token_ids, params, cfg, cache, start_pos):
+        return _forward(token_ids, params, cfg, cache, start_pos, **mistake)
+    return forward_with_cache
+
+
+def test_solution_style_forward_passes():
+    for seed in SEEDS:
+        assert_passes(nb13.check_forward_with_cache, _fwd(), seed)
+
+
+def _calls_reference(token_ids, params, cfg, cache, start_pos):
+    return ref.forward_with_cache(token_ids, params, cfg, cache, start_pos)
+
+
+FORWARD_WRONG = [
+    Wrong("positions 0..T-1", _fwd(offset=False), "decode positions not offset"),
+    Wrong("top-left mask", _fwd(mask="top_left"), "top-left aligned"),
+    Wrong("top-left mask for chunks only", _fwd(mask="top_left_chunks"), "top-left aligned"),
+    Wrong("no mask", _fwd(mask="none"), "no causal mask"),
+    Wrong("square causal_mask(T)", _fwd(mask="square_new"), "built the mask with causal_mask(t)"),
+    Wrong("square causal_mask(start_pos + T)", _fwd(mask="square_all"),
+          "causal_mask(start_pos + t): one row per key"),
+    Wrong("ignores the cache", _fwd(use_returned=False), "ignored the cache"),
+    Wrong("stores K before RoPE", _fwd(store="raw"), "stores k before rope"),
+    Wrong("stores K before RoPE, re-rotates", _fwd(store="rerotate"), "rotated again"),
+    Wrong("repeated heads into the cache", _fwd(repeat=True), "repeated for every query head"),
+    Wrong("update at start_pos 0", _fwd(update_start=0), "pass the start_pos you were given"),
+    Wrong("only layer 0 cached", _fwd(only_layer=0), "never reached the cache"),
+    Wrong("calls the reference", _calls_reference, "course's own answer"),
+]
+
+
+# ------------------------------------------------------------------------------------------------
+# generate: plausible wrong implementations
+
+def _generate(params, cfg, prompt_ids, max_new_tokens, *, use_cache=True, temperature=0.0,
+              generator=None, mistake=None, forward=None):
+    forward = forward or ref.forward_with_cache
+    b, p = prompt_ids.shape
+    tokens = prompt_ids.clone()
+    n = max_new_tokens + (mistake == "one too many")
+    cache = ref.KVCache(cfg, b, p + 2 * n + 2)
+    with torch.no_grad():
+        for step in range(n):
+            if mistake == "prefill by token" and step == 0 and use_cache:
+                for j in range(p):
+                    logits = forward(prompt_ids[:, j:j + 1], params, cfg, cache, j)
+            elif not use_cache or mistake == "recompute":
+                logits = model_forward(tokens, params, cfg) if not use_cache else \
+                    forward(tokens, params, cfg, cache, 0)
+            elif step == 0:
+                logits = forward(prompt_ids, params, cfg, cache, 0)
+            else:
+                start = {"not advanced": p, "skip": p + step}.get(mistake, p + step - 1)
+                logits = forward(tokens[:, -1:], params, cfg, cache, start)
+            row = logits[:, 0] if mistake == "first position" and step == 0 else logits[:, -1]
+            nxt = sample_next_token(
+                row, temperature=0.0 if mistake == "greedy always" else temperature,
+                generator=None if mistake == "global rng" else generator)
+            tokens = torch.cat([tokens, nxt[:, None]], 1)
+        if n and mistake == "wasted forward" and use_cache:    # feeds the last token back
+            forward(tokens[:, -1:], params, cfg, cache, tokens.shape[1] - 1)
+        if n and mistake in ("wasted forward", "wasted forward uncached") and not use_cache:
+            model_forward(tokens, params, cfg)
+        if not n and mistake == "prefill anyway" and use_cache:
+            forward(prompt_ids, params, cfg, cache, 0)
+    return tokens[:, p:] if mistake == "new only" else tokens
+
+
+def _gen(mistake=None, forward=None):
+    def generate(params, cfg, prompt_ids, max_new_tokens, *, use_cache=True, temperature=0.0,
+                 generator=None):
+        return _generate(params, cfg, prompt_ids, max_new_tokens, use_cache=use_cache,
+                         temperature=temperature, generator=generator, mistake=mistake,
+                         forward=forward)
+    return generate
+
+
+def _late_last_token(params, cfg, prompt_ids, max_new_tokens, *, use_cache=True,
+                     temperature=0.0, generator=None):
+    """Correct too: prefill P-1 tokens, then feed the last prompt token as the first step."""
+    b, p = prompt_ids.shape
+    tokens = prompt_ids.clone()
+    cache = ref.KVCache(cfg, b, p + max_new_tokens)
+    with torch.no_grad():
+        if max_new_tokens and p > 1 and use_cache:
+            ref.forward_with_cache(prompt_ids[:, :-1], params, cfg, cache, 0)
+        for step in range(max_new_tokens):
+            pos = tokens.shape[1] - 1
+            if use_cache:
+                logits = ref.forward_with_cache(tokens[:, -1:], params, cfg, cache, pos)
+            else:
+                logits = model_forward(tokens, params, cfg)
+            nxt = sample_next_token(logits[:, -1], temperature=temperature,
+                                        generator=generator)
+            tokens = torch.cat([tokens, nxt[:, None]], 1)
+    return tokens
+
+
+@pytest.mark.parametrize("fn", [_gen(), _late_last_token], ids=["solution style", "late token"])
+def test_other_correct_generates_pass(fn):
+    for seed in SEEDS:
+        assert_passes(nb13.check_generate, fn, seed)
+
+
+def _calls_reference_generate(params, cfg, prompt_ids, max_new_tokens, **kwargs):
+    return ref.generate(params, cfg, prompt_ids, max_new_tokens, **kwargs)
+
+
+GENERATE_WRONG = [
+    Wrong("whole sequence every step", _gen("recompute"), "recomputed the whole sequence"),
+    Wrong("start_pos stuck at P", _gen("not advanced"), "cache not advanced"),
+    Wrong("start_pos one too far", _gen("skip"), "one too far"),
+    Wrong("logits of position 0", _gen("first position"), "first position"),
+    Wrong("returns new tokens only", _gen("new only"), "only the new tokens"),
+    Wrong("one token too many", _gen("one too many"), "max_new_tokens + 1"),
+    Wrong("feeds the last token back (wasted forward)", _gen("wasted forward"),
+          "fed the last new token back"),
+    Wrong("wasted forward without the cache", _gen("wasted forward uncached"),
+          "fed the last new token back"),
+    Wrong("prefill for max_new_tokens=0", _gen("prefill anyway"), "no forward pass is needed"),
+    Wrong("prompt one token at a time", _gen("prefill by token"), "one token at a time"),
+    Wrong("always greedy", _gen("greedy always"), "pass `temperature`"),
+    Wrong("global RNG", _gen("global rng"), "pass `generator`"),
+    Wrong("forward without offset", _gen(forward=_fwd(offset=False)),
+          "decode positions not offset"),
+    Wrong("forward with top-left mask", _gen(forward=_fwd(mask="top_left")), "top-left"),
+    Wrong("calls the reference", _calls_reference_generate, "course's own answer"),
+]
+
+# ------------------------------------------------------------------------------------------------
+# The roofline's arithmetic: the count a learner writes, with one mistake each
+
+def _learner_prefill(mistake=None):
+    """Prefill FLOPs written per token, the way the chapter's text counts, with `mistake`."""
+    def prefill_flops(cfg, batch, seq_len):
+        h, d, n_h, h_ff = cfg.hidden_size, cfg.head_dim, cfg.n_heads, cfg.ffn_hidden_size
+        n_kv = n_h if mistake == "repeated KV heads" else cfg.n_kv_heads
+        heads_width = h if mistake == "H for N_h D_h" else n_h * d
+        per_token = (h * heads_width + 2 * h * n_kv * d          # W_Q, W_K, W_V
+                     + (0 if mistake == "no W_O" else heads_width * h)
+                     + (2 if mistake == "two FFN matrices" else 3) * h * h_ff)
+        tokens = seq_len if mistake == "no batch" else batch * seq_len
+        b = 1 if mistake == "no batch" else batch
+        pairs = seq_len * seq_len if mistake == "square" else seq_len * (seq_len + 1) // 2
+        products = {"no attention": 0, "scores only": 1}.get(mistake, 2)
+        attn_heads = cfg.n_kv_heads if mistake == "attention on KV heads" else n_h
+        attention = products * b * attn_heads * pairs * d
+        layers = 1 if mistake == "one layer" else cfg.n_layers
+        lm_rows = {"LM head everywhere": tokens, "no LM head": 0}.get(mistake, b)
+        total = layers * (tokens * per_token + attention) + lm_rows * h * cfg.vocab_size
+        if mistake == "embedding as a product":
+            total += tokens * cfg.vocab_size * h
+        if mistake == "float":
+            return 2.0 * total
+        return total if mistake == "no factor 2" else 2 * total
+    return prefill_flops
+
+
+def _learner_decode(mistake=None):
+    """Decode-step bytes: chapter 12's parameter count without the embedding table, plus
+    chapter 06's cache size for C + 1 positions; with `mistake`."""
+    def decode_step_bytes(cfg, batch, context_len, bytes_per_elem):
+        s = 2 if mistake == "hard-coded 2 bytes" else bytes_per_elem
+        weights = model_param_count(cfg) - cfg.vocab_size * cfg.hidden_size
+        if mistake == "whole embedding table":
+            weights += cfg.vocab_size * cfg.hidden_size
+        if mistake == "no LM head":
+            weights -= cfg.hidden_size * cfg.vocab_size
+        if mistake == "no norms":
+            weights -= (2 * cfg.n_layers + 1) * cfg.hidden_size
+        if mistake == "weights per sequence":
+            weights *= batch
+        positions = context_len if mistake == "no cache write" else context_len + 1
+        heads = cfg.n_heads if mistake == "repeated KV heads" else cfg.n_kv_heads
+        b = 1 if mistake == "cache without batch" else batch
+        cache = ref.kv_cache_bytes(cfg.n_layers, b, positions, heads, cfg.head_dim, 1)
+        if mistake == "K only":
+            cache //= 2
+        if mistake == "elements":
+            return weights + cache
+        total = (weights + cache) * s
+        if mistake == "GiB":
+            return total / 2**30
+        return total * 8 if mistake == "bits" else total
+    return decode_step_bytes
+
+
+def _learner_intensity(mistake=None):
+    def arithmetic_intensity(flops, num_bytes):
+        if mistake == "inverted":
+            return num_bytes / flops
+        if mistake == "floor division":
+            return flops // num_bytes
+        if mistake == "doubled":
+            return 2 * flops / num_bytes
+        return flops / num_bytes
+    return arithmetic_intensity
+
+
+def test_other_correct_counts_pass():
+    for seed in SEEDS:
+        assert_passes(nb13.check_prefill_flops, _learner_prefill(), seed)
+        assert_passes(nb13.check_decode_step_bytes, _learner_decode(), seed)
+        assert_passes(nb13.check_arithmetic_intensity, _learner_intensity(), seed)
+
+
+PREFILL_WRONG = [
+    Wrong("no factor 2", _learner_prefill("no factor 2"), "multiply-add as 1 flop"),
+    Wrong("no attention", _learner_prefill("no attention"), "left out attention's own"),
+    Wrong("full square, not the causal triangle", _learner_prefill("square"),
+          "full p x p score matrix"),
+    Wrong("scores only", _learner_prefill("scores only"), "counted only q k"),
+    Wrong("attention on the KV heads", _learner_prefill("attention on KV heads"),
+          "for the n_kv kv heads"),
+    Wrong("repeated KV heads", _learner_prefill("repeated KV heads"),
+          "k and v projections for n_h heads"),
+    Wrong("H for N_h·D_h", _learner_prefill("H for N_h D_h"), "used h where n_h·d_h"),
+    Wrong("LM head on every position", _learner_prefill("LM head everywhere"),
+          "lm head on every prompt position"),
+    Wrong("no LM head", _learner_prefill("no LM head"), "left out the lm head"),
+    Wrong("no batch", _learner_prefill("no batch"), "left out the batch"),
+    Wrong("one layer", _learner_prefill("one layer"), "counted one layer"),
+    Wrong("two FFN matrices", _learner_prefill("two FFN matrices"), "two ffn matrices"),
+    Wrong("no W_O", _learner_prefill("no W_O"), "left out w_o"),
+    Wrong("embedding as a product", _learner_prefill("embedding as a product"),
+          "embedding lookup as a product"),
+    Wrong("returns a float", _learner_prefill("float"), "returned a float"),
+]
+
+DECODE_WRONG = [
+    Wrong("K only in the cache", _learner_decode("K only"), "it holds k and v"),
+    Wrong("forgot the cache write", _learner_decode("no cache write"),
+          "left out the cache write"),
+    Wrong("repeated KV heads", _learner_decode("repeated KV heads"), "counted n_h heads"),
+    Wrong("elements, not bytes", _learner_decode("elements"), "counted elements, not bytes"),
+    Wrong("bits", _learner_decode("bits"), "counted bits"),
+    Wrong("whole embedding table", _learner_decode("whole embedding table"),
+          "whole embedding table"),
+    Wrong("no LM head", _learner_decode("no LM head"), "left out the lm head"),
+    Wrong("no norm scales", _learner_decode("no norms"), "norm scales"),
+    Wrong("weights once per sequence", _learner_decode("weights per sequence"),
+          "once per sequence"),
+    Wrong("cache without the batch", _learner_decode("cache without batch"),
+          "left out the batch b in the cache"),
+    Wrong("hard-coded 2 bytes", _learner_decode("hard-coded 2 bytes"), "hard-coded 2 bytes"),
+    Wrong("returns GiB", _learner_decode("GiB"), "returned gib"),
+]
+
+INTENSITY_WRONG = [
+    Wrong("bytes per FLOP", _learner_intensity("inverted"), "divided bytes by flops"),
+    Wrong("floor division", _learner_intensity("floor division"), "return a float"),
+    Wrong("FLOPs doubled", _learner_intensity("doubled"), "counted each flop twice"),
+]
+
+
+def _calls_timing(cfg, batch, seq_len):
+    from checks import timing
+    return timing.prefill_flops(cfg, batch, seq_len)
+
+
+def test_calling_the_course_formulas_is_a_forbidden_call():
+    with pytest.raises(ForbiddenCall):
+        nb13.check_prefill_flops(_calls_timing, seed=0)
+    with pytest.raises(ForbiddenCall):
+        nb13.check_decode_step_bytes(lambda *a: ref.decode_step_bytes(*a), seed=0)
+
+
+def test_the_reference_counts_agree_with_the_timing_module():
+    """Two formulations of the same counts (per operation here, per token in checks.timing,
+    whose tests hold it to PyTorch's FLOP counter)."""
+    from checks import LLAMA2_7B, timing
+
+    cfgs = CFGS + [LLAMA2_7B, ModelConfig(vocab_size=49152, hidden_size=576, n_heads=9,
+                                          n_kv_heads=3, ffn_hidden_size=1536, n_layers=30)]
+    for cfg in cfgs:
+        for batch, length in ((1, 1), (3, 17), (8, 512)):
+            assert ref.prefill_flops(cfg, batch, length) == timing.prefill_flops(cfg, batch,
+                                                                                length)
+            for s in (1, 2, 4):
+                assert ref.decode_step_bytes(cfg, batch, length, s) == \
+                    timing.decode_bytes(cfg, batch, length, s)
+    # The chapter's worked numbers: LLaMA-2-7B, bf16.
+    flops = ref.prefill_flops(LLAMA2_7B, 1, 512)
+    assert flops == 6_700_545_343_488
+    assert ref.decode_step_bytes(LLAMA2_7B, 1, 512, 2) == 13_483_646_976
+    assert 0.9 < ref.arithmetic_intensity(timing.decode_flops(LLAMA2_7B, 1, 511),
+                                          ref.decode_step_bytes(LLAMA2_7B, 1, 511, 2)) < 1.0
+
+
+WRONG = {
+    nb13.check_KVCache: KV_WRONG,
+    nb13.check_forward_with_cache: FORWARD_WRONG,
+    nb13.check_generate: GENERATE_WRONG,
+    nb13.check_prefill_flops: PREFILL_WRONG,
+    nb13.check_decode_step_bytes: DECODE_WRONG,
+    nb13.check_arithmetic_intensity: INTENSITY_WRONG,
+}
+
+CASES = [(checker, wrong) for checker, wrongs in WRONG.items() for wrong in wrongs]
+
+
+@pytest.mark.parametrize("seed", SEEDS[:3])
+@pytest.mark.parametrize("checker,wrong", CASES,
+                         ids=[f"{c.__name__}-{w.name}" for c, w in CASES])
+def test_wrong_implementation_is_diagnosed(checker, wrong, seed):
+    assert_rejects(checker, wrong, seed)
+
+
+def test_every_exercise_has_a_catalogue_of_three():
+    assert set(WRONG) == set(CORRECT)
+    assert all(len(wrongs) >= 3 for wrongs in WRONG.values())
+
+
+def test_calling_the_reference_is_a_forbidden_call():
+    with pytest.raises(ForbiddenCall):
+        nb13.check_forward_with_cache(_calls_reference, seed=0)
+    with pytest.raises(ForbiddenCall):
+        nb13.check_generate(_calls_reference_generate, seed=0)
+
+
+def test_counting_table_sees_every_kind_of_lookup():
+    recorder = nb13._Recorder()
+    log = recorder.items
+    table = nb13._CountingTable.wrap(torch.randn(10, 4), recorder)
+    ids = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    F.embedding(ids, table)
+    _ = table[ids]
+    _ = table.to(torch.float32).contiguous()[ids[:, -1:]]
+    _ = torch.index_select(table, 0, ids.flatten())
+    _ = F.one_hot(ids, 10).float() @ table
+    _ = ref.embed(ids, table)
+    assert log == [6, 6, 2, 6, 6, 6]
+    assert type(F.embedding(ids, table)) is torch.Tensor
+    assert table.shape == (10, 4) and table.dtype == torch.float32
+
+
+def test_recorders_stay_in_the_grading_process():
+    """When grading runs the learner's code in a worker, what the checks hand over is pickled,
+    except what must stay in the grader (bound methods, the checks' callables), which is lent
+    and called back: the cache handle's `update` and the counting table's log must be such."""
+    import io
+
+    from checks.grader import sandbox
+
+    class Library:                      # the worker's copy of `checks` has every module
+        def has(self, module, qualname):
+            return True
+
+    lent = []
+
+    class Session:
+        def lend(self, obj):
+            lent.append(obj)
+            return len(lent)
+
+    worker = types.SimpleNamespace(library=Library(), session=Session())
+    worker._stays_here = lambda obj: sandbox.Worker._stays_here(worker, obj)
+    cfg = CFGS[0]
+    cache = nb13._RecordingCache(None, cfg, 2, 5)
+    handle = nb13._CacheHandle(cache)
+    recorder = nb13._Recorder()
+    table = nb13._CountingTable.wrap(torch.randn(4, 3), recorder)
+    with torch._C.DisableTorchFunction():
+        sandbox._ArgPickler(io.BytesIO(), worker, False).dump(((handle, {"embed": table}), {}))
+    assert any(obj == cache.update for obj in lent)
+    assert any(obj is recorder for obj in lent)

@@ -1,0 +1,169 @@
+"""The catalogue of broken and adversarial submissions (tests/adversarial.py), graded in one run
+of `python -m checks grade --jobs 2` over a class folder: every case gets exactly its points, the
+victims graded after each class of attack keep theirs, the folder is graded past every failure,
+no protected file changes, no worker process survives, and the grader stays under 1 GiB.
+
+The walls (namespaces, an unprivileged user, cgroups) need root, which CI has; elsewhere the
+catalogue is skipped (the report marks such runs, and the README says what they do not protect).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from checks.grader import sandbox
+
+from ..support import adversarial
+
+TIMEOUT = 20  # seconds per cell: the infinite loop costs this much (room for a loaded machine)
+LIMIT = 90  # no notebook may take longer than TIMEOUT + this (start-up and load included)
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    if sandbox.isolation_mode() != "namespaces":
+        pytest.skip("the catalogue's walls need root and Linux namespaces")
+    tmp = tmp_path_factory.mktemp("adversarial")
+    source = tmp / "solutions"
+    for chapter in ("01_notation", "04_self_attention", "10_norm_residual",
+                    "13_generation_kv_cache"):
+        shutil.copytree(adversarial.SOLUTIONS / chapter, source / chapter)
+    folder = tmp / "class"
+    marker = tmp / "marker"
+    cases = adversarial.write_catalogue(folder, source, marker)
+    before = adversarial.protected_bytes(source, folder)
+    report = tmp / "grades.json"
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "checks", "grade", str(folder), "--source", str(source),
+         "--timeout", str(TIMEOUT), "--memory", "1500M", "--jobs", "2", "--json", str(report)],
+        capture_output=True, text=True, timeout=1200, cwd=tmp,
+        env=dict(os.environ, OMP_NUM_THREADS="1", **{adversarial.SECRET: "hunter2"}))
+    elapsed = time.monotonic() - started
+    after = adversarial.protected_bytes(source, folder)
+    data = json.loads(report.read_text()) if report.is_file() else None
+    return cases, done, data, before, after, elapsed, folder, marker
+
+
+def case_of(path: str, folder: Path) -> str:
+    return Path(path).relative_to(folder).parts[0]
+
+
+def test_the_grader_survives_and_reports_every_notebook(graded):
+    cases, done, data, *_, elapsed, folder, _ = graded
+    assert data is not None, done.stderr[-3000:]
+    assert done.returncode == 2, done.stderr[-3000:]  # one file cannot be graded
+    problems = {case_of(e["path"], folder): e["error"] for e in data["errors"]}
+    assert set(problems) == {name for name, c in cases.items() if c.points is None}
+    for name, message in problems.items():
+        assert cases[name].error in message and "\n" not in message
+    errors = [line for line in done.stderr.splitlines() if line.startswith("python -m checks:")]
+    assert len(errors) == len(problems), done.stderr[-3000:]
+    progress = [line for line in done.stderr.splitlines() if re.match(r"\[\d+/\d+\] ", line)]
+    assert len(progress) == len(data["notebooks"])  # one progress line per graded notebook
+    graded_cases = {case_of(nb["path"], folder) for nb in data["notebooks"]}
+    assert graded_cases == {n for n, c in cases.items() if c.points is not None}
+    assert {nb["isolation"] for nb in data["notebooks"]} == {"namespaces"}
+    print(f"\n{len(data['notebooks'])} notebooks in {elapsed:.0f} s")
+
+
+def test_protected_files_are_unchanged_and_nothing_reached_the_grader(graded):
+    *_, before, after, _, _, marker = graded
+    assert after == before
+    assert not marker.exists()
+
+
+def test_every_case_gets_its_points(graded):
+    cases, done, data, *_, folder, _ = graded
+    results = {case_of(nb["path"], folder): nb for nb in data["notebooks"]}
+    wrong = []
+    for name, case in cases.items():
+        if case.points is None:
+            continue
+        nb = results[name]
+        statuses = {e["name"]: e["status"] for e in nb["exercises"]}
+        ok = (nb["points"] == case.points and nb["chapter"] == case.chapter
+              and case.error in (nb["error"] or "")
+              and all(statuses.get(k) == v for k, v in case.statuses.items())
+              and set(nb["tampering_suspected"]) == case.tampering
+              and (not case.warning or any(case.warning in w for w in nb["warnings"])))
+        if not ok:
+            wrong.append(f"{name}: expected {case.points} ({case.why}), got {nb['points']} "
+                         f"{statuses} error={nb['error']!r} tampering={nb['tampering_suspected']}"
+                         f" {[e['message'][:120] for e in nb['exercises']]}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_victims_keep_their_marks(graded):
+    cases, _, data, *_, folder, _ = graded
+    victims = [nb for nb in data["notebooks"] if "victim" in case_of(nb["path"], folder)]
+    assert len(victims) >= 8
+    assert all(nb["points"] == nb["max_points"] == 6 and nb["error"] is None for nb in victims)
+
+
+def test_grader_memory_and_time_stay_within_limits(graded):
+    _, _, data, *_ = graded
+    heaviest = sorted(data["notebooks"], key=lambda nb: -nb.get("grader_memory_mib", 0))[:3]
+    assert data["grader_memory_mib"] < 1024, [(nb["path"], nb.get("grader_memory_mib"))
+                                              for nb in heaviest]
+    slow = {nb["path"]: nb["seconds"] for nb in data["notebooks"]
+            if nb["seconds"] > TIMEOUT + LIMIT}
+    assert not slow
+
+
+def test_no_worker_process_survives(graded):
+    """Every process of the users the catalogue's workers ran as is gone."""
+    _, _, data, *_ = graded
+    uids = {nb["worker_uid"] for nb in data["notebooks"]}
+    assert uids and None not in uids
+    left = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if os.stat(f"/proc/{name}").st_uid in uids:
+                    left.append(name)
+            except OSError:
+                continue
+    assert not left
+
+
+def _bullets(section: str) -> list[str]:
+    """The README's first bullet list after the text `section` (continuation lines joined), up
+    to the first blank line after it."""
+    text = (adversarial.REPO / "README.md").read_text(encoding="utf-8")
+    bullets: list[str] = []
+    for line in text[text.index(section):].splitlines()[1:]:
+        if line.startswith("- "):
+            bullets.append(line[2:].strip())
+        elif line.startswith("  ") and bullets:
+            bullets[-1] += " " + line.strip()
+        elif bullets:
+            break
+    return bullets
+
+
+def test_the_readme_lists_match_the_catalogue():
+    assert _bullets("What this protects against") == list(adversarial.PROTECTED.values())
+    assert _bullets("What it does not protect against") == list(
+        adversarial.NOT_PROTECTED.values())
+
+
+def test_every_claim_has_cases_and_every_attack_class_several(tmp_path):
+    cases = adversarial.write_catalogue(tmp_path / "class", adversarial.SOLUTIONS,
+                                        tmp_path / "marker")
+    claims = {c.claim for c in cases.values()}
+    assert claims == set(adversarial.PROTECTED) | (
+        set(adversarial.NOT_PROTECTED) - {"no-root"})  # no-root: this module's skip condition
+    for klass in [f"c{k}" for k in range(1, 9)]:
+        attacks = [n for n in cases if n.startswith(klass + "_") and "victim" not in n]
+        assert len(attacks) >= 2, klass
+        assert f"{klass}_zz_victim" in cases

@@ -1,0 +1,382 @@
+"""The grading engine: chapter lookup, rebuilding the notebook, nbgrader's scoring rule, the
+worker's messages and its copy of `checks`, the memory limit, and real runs of chapter 01
+submissions (each run starts a worker, so each test grades once)."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import tempfile
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+from nbformat.v4 import new_code_cell, new_notebook, new_output
+
+from checks.grader import grading, sandbox
+from checks.grader import wire as _wire
+from checks.grader.grading import GradingError
+
+from ..support import submissions as sub
+
+
+def snapshot(path: Path) -> tuple[bytes, list[str]]:
+    """A notebook's bytes and its folder's listing, to prove grading changed neither."""
+    return path.read_bytes(), sorted(os.listdir(path.parent))
+
+
+def grade_untouched(path: Path, **kwargs) -> grading.NotebookResult:
+    before = snapshot(path)
+    result = grading.grade_notebook(path, **kwargs)
+    assert snapshot(path) == before, "grading changed the input file or its folder"
+    return result
+
+
+def by_name(result: grading.NotebookResult) -> dict[str, grading.ExerciseResult]:
+    return {e.name: e for e in result.exercises}
+
+
+# --------------------------------------------------------------------------------------------
+# Reading and identifying notebooks (no kernel)
+
+
+@pytest.mark.parametrize("name, content, problem", [
+    ("missing.ipynb", None, "no such file"),
+    ("notes.txt", "{}", "not a notebook"),
+    ("empty.ipynb", "", "empty file"),
+    ("broken.ipynb", '{"cells": [', "not valid JSON"),
+    ("list.ipynb", "[1, 2]", "not a Jupyter notebook"),
+    ("cellless.ipynb", '{"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [{}]}',
+     "malformed notebook"),
+])
+def test_unreadable_notebooks_raise_one_line(tmp_path, name, content, problem):
+    path = tmp_path / name
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(GradingError) as info:
+        grading.read_notebook(path)
+    assert problem in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("where, chapter_metadata", [
+    ("renamed.ipynb", "01_notation"),  # metadata wins over any name
+    ("01_notation.ipynb", None),  # file name
+    ("01_notation/submission.ipynb", None),  # folder name
+    ("01_notation.ipynb", "99_nonexistent"),  # unknown metadata, known name
+])
+def test_chapter_from_metadata_then_file_then_folder(tmp_path, where, chapter_metadata):
+    nb = new_notebook(metadata={"course": {"chapter": chapter_metadata}} if chapter_metadata
+                      else {})
+    assert grading.identify_chapter(nb, tmp_path / where) == "01_notation"
+
+
+@pytest.mark.parametrize("where, chapter_metadata, problem", [
+    ("99_nonexistent.ipynb", None, "unknown chapter '99_nonexistent'"),
+    ("homework.ipynb", "99_nonexistent", "unknown chapter '99_nonexistent'"),
+    ("homework.ipynb", None, "cannot tell which chapter"),
+])
+def test_unknown_chapter_is_a_grading_error(tmp_path, where, chapter_metadata, problem):
+    nb = new_notebook(metadata={"course": {"chapter": chapter_metadata}} if chapter_metadata
+                      else {})
+    with pytest.raises(GradingError, match=problem):
+        grading.identify_chapter(nb, tmp_path / where)
+
+
+# --------------------------------------------------------------------------------------------
+# Rebuilding the notebook to run (no kernel)
+
+
+def grade_ids(nb) -> list[str | None]:
+    return [grading.grade_id(c) for c in nb.cells]
+
+
+def test_test_cells_come_from_the_source_and_deleted_ones_return():
+    source = sub.solution()
+    submission = sub.release_like(source)
+    sub.delete(submission, "check_head_dim")
+    sub.cell(submission, "check_kv_group_size").source = "pass  # edited"
+    duplicate = nbformat.from_dict(dict(sub.cell(submission, "check_tensor_shape")))
+    submission.cells.append(duplicate)
+    sub.cell(submission, "check_tensor_shape").outputs = [
+        new_output("stream", name="stdout", text="✓ tensor_shape passed")]  # a faked output
+
+    built = grading.build_graded_notebook(submission, source)
+
+    assert all(c.cell_type == "code" and not c.outputs for c in built.cells)
+    ids = grade_ids(built)
+    assert ids.count("check_tensor_shape") == 1
+    for name in sub.EXERCISES_01:
+        assert ids.index(f"check_{name}") == ids.index(name) + 1, "test right after answer"
+        assert sub.cell(built, f"check_{name}").source == sub.cell(source, f"check_{name}").source
+    assert "### BEGIN HIDDEN TESTS" in sub.cell(built, "check_head_dim").source
+    assert sub.cell(built, "head_dim").source == sub.cell(submission, "head_dim").source
+
+
+def test_cells_a_submission_marks_as_tests_are_plain_code():
+    source = sub.solution()
+    submission = sub.solution()
+    extra = new_code_cell("import os", metadata={"nbgrader": {
+        "grade": True, "grade_id": "check_bonus", "points": 50, "locked": True,
+        "solution": False}})
+    submission.cells.append(extra)
+    built = grading.build_graded_notebook(submission, source)
+    tests = [grading.grade_id(c) for c in built.cells if grading.is_graded_test(c)]
+    assert tests == [f"check_{name}" for name in sub.EXERCISES_01]
+    bonus = next(c for c in built.cells if c.source == "import os")
+    assert not grading.is_graded_test(bonus) and "grade" not in bonus.metadata["nbgrader"]
+
+
+def test_a_test_whose_answer_cell_is_gone_goes_before_the_next_exercise():
+    source = sub.solution()
+    submission = sub.delete(sub.delete(sub.solution(), "check_head_dim"), "head_dim")
+    ids = grade_ids(grading.build_graded_notebook(submission, source))
+    assert ids.index("check_head_dim") == ids.index("kv_group_size") - 1
+
+
+# --------------------------------------------------------------------------------------------
+# Scoring one test cell: nbgrader's rule (no kernel)
+
+
+def graded_cell(*outputs):
+    cell = new_code_cell("check_head_dim(head_dim)",
+                         metadata={"nbgrader": {"grade": True, "grade_id": "check_head_dim"}})
+    cell.outputs = list(outputs)
+    return cell
+
+
+def error(ename, evalue):
+    return new_output("error", ename=ename, evalue=evalue, traceback=[])
+
+
+@pytest.mark.parametrize("outputs, ran, status, points, message", [
+    ([new_output("stream", name="stdout", text="✓ head_dim passed")], True, "passed", 2, ""),
+    ([], False, "error", 0, "not run"),
+    ([new_output("stream", name="stderr", text="UserWarning: careful\n")], True, "failed", 0,
+     "wrote to stderr: UserWarning: careful"),
+    ([error("NotStarted", "head_dim: not started yet: ...")], True, "not started", 0,
+     "NotImplementedError"),
+    ([error("CheckFailure", "head_dim: returned 64, expected 128.\nlikely mistake: used "
+            "n_kv_heads\n(random inputs from seed 7; pass seed=7 ...)")], True, "failed", 0,
+     "returned 64, expected 128. — likely mistake: used n_kv_heads"),
+    ([error("ForbiddenCall", "head_dim: calls `softmax`")], True, "failed", 0, "calls `softmax`"),
+    ([error("AssertionError", "")], True, "failed", 0, "AssertionError in a hidden test"),
+    ([error("NameError", "name 'head_dim' is not defined")], True, "error", 0,
+     "NameError: name 'head_dim' is not defined"),
+])
+def test_scoring_rule(outputs, ran, status, points, message):
+    result = grading.score_test_cell(graded_cell(*outputs), ran=ran, max_points=2)
+    assert (result.name, result.status, result.points, result.max_points) == \
+        ("head_dim", status, points, 2)
+    assert message in result.message and "\n" not in result.message
+
+
+# --------------------------------------------------------------------------------------------
+# Real runs (one kernel each)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return tmp_path_factory.mktemp("submissions")
+
+
+def test_solution_gets_full_marks_and_stays_untouched():
+    result = grade_untouched(sub.SOLUTION_01)
+    assert result.chapter == "01_notation" and result.error is None
+    assert {e.name: (e.status, e.points) for e in result.exercises} == \
+        {name: ("passed", points) for name, points in sub.EXERCISES_01.items()}
+    assert result.points == result.max_points == 6
+    data = json.loads(json.dumps(result.to_dict()))
+    assert data["points"] == 6 and data["passed"] == 4 and len(data["exercises"]) == 4
+
+
+def test_fresh_release_scores_zero_not_started(folder):
+    path = sub.RELEASE_01 if sub.RELEASE_01.is_file() else \
+        sub.write(sub.release(), folder / "release" / "01_notation.ipynb")
+    result = grade_untouched(path)
+    assert result.error is None and result.points == 0 and result.max_points == 6
+    assert {e.status for e in result.exercises} == {"not started"}
+
+
+def test_tampered_tests_are_restored_and_sys_exit_costs_only_its_exercise(folder):
+    nb = sub.solution()
+    sub.delete(nb, "check_head_dim")  # correct answer, test deleted: restored, still earns
+    sub.cell(nb, "kv_group_size").source = sub.cell(nb, "kv_group_size").source.replace(
+        "cfg.n_heads // cfg.n_kv_heads", "cfg.n_heads")  # wrong answer ...
+    sub.cell(nb, "check_kv_group_size").source = "pass"  # ... hidden behind an edited test
+    sub.prepend(nb, "validate_config", "import sys\nsys.exit()")  # the def never runs
+    sub.cell(nb, "check_tensor_shape").metadata["nbgrader"]["points"] = 20  # points inflated
+    path = sub.write(nb, folder / "tampered" / "01_notation.ipynb")
+
+    result = by_name(grade_untouched(path))
+    assert (result["head_dim"].status, result["head_dim"].points) == ("passed", 1)
+    assert result["kv_group_size"].status == "failed"
+    assert "expected 4" in result["kv_group_size"].message
+    assert result["validate_config"].status == "error"
+    assert "validate_config" in result["validate_config"].message  # NameError: not defined
+    assert (result["tensor_shape"].status, result["tensor_shape"].points,
+            result["tensor_shape"].max_points) == ("passed", 2, 2)
+
+
+def test_a_dying_worker_ends_the_notebook_and_keeps_earlier_points(folder):
+    nb = sub.prepend(sub.solution(), "tensor_shape", "import os\nos._exit(1)")
+    path = sub.write(nb, folder / "crash" / "01_notation.ipynb")
+    result = grade_untouched(path)
+    assert "In answer cell tensor_shape: the worker process died (exit status 1)" in result.error
+    assert result.points == 4
+    assert by_name(result)["tensor_shape"].status == "error"
+    assert by_name(result)["tensor_shape"].message.startswith("not run")
+
+
+# --------------------------------------------------------------------------------------------
+# What the worker sends: decoded without running its code, within bounds (no worker)
+
+
+def frame(tree, table=(), blob=b"") -> bytes:
+    header = json.dumps({"v": tree, "s": list(table)}).encode()
+    return struct.pack(">I", len(header)) + header + blob
+
+
+def test_plain_values_round_trip_and_shared_storage_stays_shared():
+    buffer = torch.arange(12.0).reshape(3, 4)
+    value = {"a": [1, 2.5, None, True, "x", b"\x00"], "b": (buffer, buffer[1:], buffer.T),
+             "c": torch.float16, "d": torch.Size([2, 3]), ("k", 1): 3 + 4j}
+    got = _wire.decode(_wire.encode(value))
+    assert got["a"] == value["a"] and got["c"] is torch.float16 and got["d"] == (2, 3)
+    assert got[("k", 1)] == 3 + 4j
+    whole, rows, transposed = got["b"]
+    assert torch.equal(whole, buffer) and torch.equal(rows, buffer[1:])
+    assert torch.equal(transposed, buffer.T)
+    assert whole.untyped_storage().data_ptr() == rows.untyped_storage().data_ptr()
+
+
+def test_objects_that_are_not_plain_data_become_handles_or_markers():
+    class Liar:
+        def __eq__(self, other):
+            return True
+
+    handles = []
+    got = _wire.decode(_wire.encode([Liar()], lambda obj: handles.append(obj) or 7))
+    assert isinstance(got[0], _wire.RemoteRef) and got[0].handle == 7 and handles
+    marker = _wire.decode(_wire.encode([Liar()]))[0]
+    assert isinstance(marker, _wire.Unsendable) and marker != marker
+
+
+@pytest.mark.parametrize("tree, table, blob, words", [
+    ({"d": [[k * (2**61 - 1), 0] for k in range(1, 30_001)]}, [], b"", "dict key"),
+    ({"d": [[[1], 0]]}, [], b"", "dict key"),
+    ({"x": [1, "float32", 0, [2**28], [0], False]}, [[1, 4]], b"\0" * 4, "expanded"),
+    ({"x": [1, "float32", 0, [4, 4], [1, 1], False]}, [[1, 64]], b"\0" * 64, "overlapping"),
+    ({"x": [1, "float32", 0, [1000], [1], False]}, [[1, 4]], b"\0" * 4, "outside"),
+    ({"x": [1, "float32", 2**30, [1], [1], False]}, [[1, 4]], b"\0" * 4, "outside"),
+    ({"x": [1, "object", 0, [1], [1], False]}, [[1, 4]], b"\0" * 4, "malformed"),
+    ({"q": 1}, [], b"", "unknown"),
+    (json.loads("[" * (_wire.MAX_DEPTH + 2) + "]" * (_wire.MAX_DEPTH + 2)), [], b"",
+     "nested"),
+    (list(range(_wire.MAX_NODES + 1)), [], b"", "values"),
+])
+def test_hostile_messages_are_refused_quickly(tree, table, blob, words):
+    started = time.process_time()  # CPU time: what the decoder spends, whatever the load
+    with pytest.raises(_wire.ProtocolError, match=words):
+        _wire.decode(frame(tree, table, blob))
+    assert time.process_time() - started < 2
+
+
+def test_malformed_bytes_are_refused():
+    import pickle
+
+    for data in (b"", pickle.dumps({"kind": "cell"}), struct.pack(">I", 2**31) + b"{}",
+                 frame(1)[:-1] + b"x", b"\x00\x00\x00\x02[" + b"1"):
+        with pytest.raises(_wire.ProtocolError):
+            _wire.decode(data)
+    deep = b"[" * 100_000 + b"]" * 100_000
+    with pytest.raises(_wire.ProtocolError):
+        _wire.decode(struct.pack(">I", len(deep) + 13) + b'{"v": ' + deep + b', "s": []}')
+
+
+def test_tensor_data_per_test_is_capped():
+    storages = _wire.Storages(budget=100)
+    big = _wire.encode(torch.zeros(16))  # 64 bytes
+    _wire.decode(big, storages)
+    with pytest.raises(_wire.ProtocolError, match="more tensor data"):
+        _wire.decode(_wire.encode(torch.ones(16)), storages)
+
+
+# --------------------------------------------------------------------------------------------
+# The worker's copy of `checks` (no worker)
+
+
+def test_the_worker_library_holds_no_answers_of_the_graded_chapter():
+    library = sandbox.WorkerLibrary("04_self_attention", grading.SOURCE_DIR)
+    files = library.files
+    assert "nb04.py" in files and not any(f"nb{n:02d}.py" in files for n in range(5, 14))
+    nb04 = files["nb04.py"].decode()
+    assert "_verdict_check('check_attention')" in nb04 and "ref." not in nb04
+    attention = files["reference/attention.py"].decode()
+    for name in ("attention", "masked_softmax", "multi_head_attention", "repeat_kv",
+                 "torch_mha_reference"):
+        assert f"def {name}(*args, **kwargs):\n    raise RuntimeError" in attention, name
+    assert "scaled_dot_product_attention" not in attention and ".softmax(" not in attention
+    masks = sandbox.PACKAGE / "reference" / "masks.py"
+    assert files["reference/masks.py"] == masks.read_bytes()  # chapter 03's: kept whole
+    for name in files:     # the allow-list: only the worker-side pieces of the grader, no tools
+        assert not name.startswith("tools/") and name != "grader/jail.py", name
+        assert not name.startswith("grader/") or name in sandbox.WORKER_GRADER_MODULES, name
+    assert library.has("checks.reference.masks", "causal_mask")
+    assert not library.has("checks.reference.attention", "attention")
+    assert not library.has("checks.nb04", "check_attention_internals")
+
+
+def test_helpers_the_notebook_imports_travel_without_the_checks():
+    library = sandbox.WorkerLibrary("13_generation_kv_cache", grading.SOURCE_DIR)
+    nb13 = library.files["nb13.py"].decode()
+    assert "def tensor_nbytes" in nb13 and "class _CountingTable" in nb13
+    assert "_SimCache" not in nb13 and "def _check_steps" not in nb13
+    generation = library.files["reference/generation.py"].decode()
+    assert "scaled_dot_product_attention" not in generation
+
+
+# --------------------------------------------------------------------------------------------
+# Memory: counted as memory used, never as address space reserved (one worker each)
+
+# 64 GiB of address space, never touched (as CUDA builds of torch reserve it)
+RESERVE = ("import mmap\n"
+           "reserved = mmap.mmap(-1, 64 << 30, prot=mmap.PROT_READ,\n"
+           "                     flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | 0x4000)")
+
+
+def test_the_reservation_is_what_an_address_space_limit_refuses():
+    """So the test below tells the two mechanisms apart: under `RLIMIT_AS` (the grader's old
+    `--memory`) this reservation fails, as importing PyPI's CUDA build of torch did."""
+    import subprocess
+    import sys
+
+    code = ("import resource\nresource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))\n"
+            + RESERVE)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode != 0 and "Cannot allocate memory" in done.stderr
+
+
+@pytest.mark.parametrize("memory_by, isolation", [("cgroup", "auto"), ("rss", "auto"),
+                                                   ("rss", "none")])
+def test_memory_limit_counts_memory_used_not_address_space(memory_by, isolation):
+    if memory_by == "cgroup":
+        cgroup = sandbox.MemoryCgroup.create(2**30)
+        if cgroup is None:
+            pytest.skip("no memory cgroup can be made here")
+        cgroup.kill_all()
+    limits = sandbox.Limits(memory=900 * 2**20, memory_by=memory_by, cell_timeout=60,
+                            isolation=isolation)
+    library = sandbox.WorkerLibrary("01_notation", grading.SOURCE_DIR)
+    with tempfile.TemporaryDirectory() as tmp:
+        worker = sandbox.Worker(tmp, limits, library)
+        try:
+            assert worker.run_cell(0, RESERVE)["ok"]
+            # 2 GiB touched: over the limit, the worker is killed and the report says why
+            with pytest.raises(sandbox.WorkerGone, match="memory limit"):
+                worker.run_cell(1, "import torch\nhog = torch.ones(2**31, dtype=torch.uint8)")
+        finally:
+            worker.close()
+        assert worker.left_behind == []

@@ -1,0 +1,633 @@
+"""A catalogue of broken and adversarial submissions, each with the points it must get.
+
+`write_catalogue(folder, source_dir, marker)` writes one notebook per case under
+`folder/<case>/` and returns {case: Case}. Cases are named `cK_...` after the attack class they
+belong to (issue 11's eight classes; `c0` are faults and references, `t` tampering made visible,
+`a` what is not protected), and each class ends with a victim, an honest solution graded after
+the attacks, which must keep its full marks. `points=None` means the file cannot be graded at
+all: one line in the report's "errors", and the rest of the folder is still graded.
+
+Notebooks are lean (imports, answers and tests only) so that the whole catalogue grades in about a
+minute. Chapter 01: head_dim 1, kv_group_size 1, validate_config 2, tensor_shape 2 (6 points).
+Chapter 04: project_qkv 1, attention_scores 1, masked_softmax 2, attention 2 (6 points).
+Chapter 10: layer_norm 2, rms_norm 2, pre_norm_residual 1, post_norm_residual 1 (6 points).
+Chapter 13: KVCache 2, forward_with_cache 3, generate 3 (8 points).
+
+`PROTECTED` and `NOT_PROTECTED` are the README's two lists, word for word ("What this protects
+against", "What it does not protect against"); every case names the claim it tests, and
+`tests/grader/test_adversarial.py` checks that the lists and the catalogue match.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+
+from . import submissions as sub
+
+REPO = sub.REPO
+SOLUTIONS = REPO / "solutions"
+CHAPTER_01 = ("head_dim", "kv_group_size", "validate_config", "tensor_shape")  # its exercises
+SECRET = "LLAMA_COURSE_SECRET_TOKEN"  # set in the grader's environment by the test
+
+PROTECTED = {
+    "tests-from-source": "Test cells come from the source notebooks: edited, deleted or added "
+                         "test cells, points in a submission's metadata and cells a submission "
+                         "marks as tests change nothing, and never run in the grader.",
+    "kinds-from-source": "Whether an exercise is a function or a class comes from the source: a "
+                         "function exercise that arrives as a class fails.",
+    "checkers-in-grader": "Redefining or patching a checker, `torch.allclose`, "
+                          "`AssertionError` or anything else in the notebook changes only the "
+                          "worker; the grader's own run decides, and a notebook whose own run "
+                          "passes where the grader's fails is reported as tampering suspected.",
+    "answers-unreachable": "The course's answers are out of the worker's reach: the graded "
+                           "chapter's checkers and reference functions are not in its copy of "
+                           "`checks`, and the repository, the sources, the other submissions and "
+                           "the grader's home are empty in its view of the disk (switching off "
+                           "a profiler, threads, cloned code objects, reading files or walking "
+                           "the garbage collector find nothing).",
+    "hostile-data": "Everything the worker sends is data decoded without running its code: "
+                    "objects that lie about equality, tensor subclasses, oversized or forged "
+                    "messages, colliding dict keys, deep nesting and expanded or out-of-bounds "
+                    "tensors are refused or arrive as plain values, within bounded time and "
+                    "memory.",
+    "inputs-copied": "Expected values come from the inputs as they were before the call: a "
+                     "function that changes its inputs in place fails, saying so.",
+    "walls": "The worker runs as an unprivileged user in its own PID, mount, network and IPC "
+             "namespaces and memory cgroup: it cannot signal the grader or other processes, "
+             "cannot write outside its scratch folder, and every process it starts is gone "
+             "before the next notebook (checked); the course, the sources and every submission "
+             "are hashed and compared after each notebook, and a change stops grading with an "
+             "incident report.",
+    "bounded-grader": "Output, messages, decoded data and the worker's memory, CPU time and file "
+                      "sizes are capped: the grader stays under 1 GiB, and a hang, crash, memory "
+                      "blow-up or `sys.exit` costs the cells from there on.",
+    "minimal-environment": "The worker gets a minimal environment: nothing the instructor has "
+                           "set (secrets included) reaches it.",
+}
+
+NOT_PROTECTED = {
+    "advisory-guard": "Forbidden library functions (for example chapter 04's library softmax) "
+                      "are caught by a guard inside the worker, which the notebook can switch "
+                      "off: a detection fails the test, an evasion is not seen.",
+    "copied-reference": "Copying the reference's code (it ships with the course) is not "
+                        "detected.",
+    "no-root": "Without root (or without Linux namespaces and cgroups) the worker runs as your "
+               "user, with resource limits, its own session and a private folder only: it can "
+               "read the course's files and write wherever you can. The report says so.",
+}
+
+
+@dataclass
+class Case:
+    chapter: str | None  # the chapter the report must show
+    points: float | None  # None: cannot be graded (one line in "errors")
+    why: str
+    claim: str = ""  # the PROTECTED or NOT_PROTECTED entry it tests
+    error: str = ""  # words the notebook's error (or the grading error) must contain
+    statuses: dict[str, str] = field(default_factory=dict)  # exercise: expected status
+    tampering: set[str] = field(default_factory=set)  # exercises flagged "tampering suspected"
+    warning: str = ""  # words a warning must contain
+
+
+def lean(path: Path):
+    """A chapter's solution with only its import cells (whole: they also borrow earlier
+    chapters' functions), answer cells and test cells."""
+    nb = nbformat.read(path, as_version=4)
+    cells = []
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        meta = cell.metadata.get("nbgrader", {})
+        try:
+            tree = ast.parse(cell.source)
+        except SyntaxError:
+            tree = ast.Module(body=[], type_ignores=[])
+        if meta.get("solution") or meta.get("grade"):
+            cells.append(cell)
+        elif any(isinstance(n, (ast.Import, ast.ImportFrom)) for n in tree.body):
+            # Figures are not graded: leave out what only draws them (a second per notebook).
+            tree.body = [n for n in tree.body if not _drawing(n)]
+            cell.source = ast.unparse(tree)
+            cell.outputs = []
+            cells.append(cell)
+    nb.cells = cells
+    return nb
+
+
+def _drawing(node: ast.stmt) -> bool:
+    modules = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
+        [a.name for a in node.names] if isinstance(node, ast.Import) else []
+    return bool(modules) and all(m.split(".")[0] == "matplotlib" or m in (
+        "checks.diagrams", "checks.figures") for m in modules)
+
+
+def _tests(chapter: str) -> list[tuple[str, float]]:
+    """(exercise, points) of the chapter's test cells, in order."""
+    nb = nbformat.read(SOLUTIONS / chapter / f"{chapter}.ipynb", as_version=4)
+    return [(c.metadata["nbgrader"]["grade_id"].removeprefix("check_"),
+             float(c.metadata["nbgrader"].get("points", 0))) for c in nb.cells
+            if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("grade")
+            and not c.metadata["nbgrader"].get("solution")]
+
+
+def full(chapter: str = "01_notation") -> float:
+    return sum(p for _, p in _tests(chapter))
+
+
+def without(*names: str, chapter: str = "01_notation") -> float:
+    """Full marks less the named exercises."""
+    return sum(p for n, p in _tests(chapter) if n not in names)
+
+
+def before(name: str, chapter: str = "01_notation") -> float:
+    """The points of the tests before exercise `name`'s (kept when the worker dies there)."""
+    tests = _tests(chapter)
+    return sum(p for _, p in tests[:[n for n, _ in tests].index(name)])
+
+
+def sol(chapter: str = "01_notation"):
+    return lean(SOLUTIONS / chapter / f"{chapter}.ipynb")
+
+
+def answer(nb, grade_id: str, body: str):
+    """Give answer cell `grade_id` a new source."""
+    sub.cell(nb, grade_id).source = body
+    return nb
+
+
+def extra_cell(nb, after: str, source: str, metadata: dict):
+    cell = nbformat.v4.new_code_cell(source, metadata={"nbgrader": metadata})
+    nb.cells.insert(nb.cells.index(sub.cell(nb, after)) + 1, cell)
+    return nb
+
+
+# The worker's pipe to the grader (the one pipe it holds open for writing), and a message frame.
+PIPE = """import os, fcntl, struct, json
+_fd = next(int(fd) for fd in os.listdir('/proc/self/fd') if int(fd) > 2
+           and os.readlink(f'/proc/self/fd/{fd}').startswith('pipe:')
+           and fcntl.fcntl(int(fd), fcntl.F_GETFL) & os.O_ACCMODE == os.O_WRONLY)
+def _frame(header, blob=b''):
+    payload = struct.pack('>I', len(header)) + header + blob
+    return struct.pack('>Q', len(payload)) + payload
+"""
+
+
+def pipe_attack(payload: str) -> str:
+    return PIPE + f"os.write(_fd, {payload})\n"
+
+
+def write_catalogue(folder: Path, source_dir: Path, marker: Path) -> dict[str, Case]:
+    """`marker`: a file that must never exist (attacks try to create it from the grader)."""
+    cases: dict[str, Case] = {}
+    chapter_01 = source_dir / "01_notation" / "01_notation.ipynb"
+
+    def add(name, nb, case, filename=None):
+        sub.write(nb, folder / name / (filename or f"{case.chapter}.ipynb"))
+        cases[name] = case
+
+    def victim(klass: str):
+        add(f"{klass}_zz_victim", sol(), Case("01_notation", full(),
+                                              "an honest solution graded after "
+                                              "the attacks above keeps its marks", "walls"))
+
+    victim_path = folder / "c0_zz_victim" / "01_notation.ipynb"
+
+    # ---- c0: references and faults -----------------------------------------------------------
+    add("c0_solution_04", sol("04_self_attention"),
+        Case("04_self_attention", full("04_self_attention"),
+             "the instructor's solution", "tests-from-source"))
+    release = sub.release_like(sol("04_self_attention"))
+    add("c0_release_04", release, Case("04_self_attention", 0, "nothing done",
+                                       "tests-from-source", statuses={"attention": "not started"}))
+    add("c0_infinite_loop", sub.prepend(sol(), "tensor_shape", "while True:\n    pass"),
+        Case("01_notation", before("tensor_shape"),
+             "stopped at the time limit; earlier points kept",
+             "bounded-grader", error="ran longer than the"))
+    add("c0_sys_exit", sub.prepend(sol(), "validate_config", "import sys\nsys.exit()"),
+        Case("01_notation", without("validate_config"),
+             "SystemExit ends that cell only", "bounded-grader",
+             statuses={"validate_config": "error", "tensor_shape": "passed"}))
+    add("c0_os_exit", sub.prepend(sol(), "tensor_shape", "import os\nos._exit(1)"),
+        Case("01_notation", before("tensor_shape"),
+             "the worker dies; earlier points kept", "bounded-grader",
+             error="exit status 1"))
+    add("c0_segfault", sub.prepend(sol(), "tensor_shape", "import ctypes\nctypes.string_at(0)"),
+        Case("01_notation", before("tensor_shape"),
+             "a real crash of the worker; earlier points kept",
+             "bounded-grader", error="killed by SIGSEGV"))
+    add("c0_memory_hog", sub.prepend(sol(), "tensor_shape",
+                                     "import torch\nhog = torch.ones(2**31, dtype=torch.uint8)"),
+        Case("01_notation", before("tensor_shape"),
+             "2 GiB touched: over the memory limit, the worker is killed",
+             "bounded-grader", error="memory limit"))
+    add("c0_address_space_reserved", sub.prepend(sol(), "head_dim", (
+        "import mmap\n"
+        "reserved = mmap.mmap(-1, 64 << 30, prot=mmap.PROT_READ,\n"
+        "                     flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | 0x4000)")),
+        Case("01_notation", full(), "64 GiB of address space reserved, never touched (as CUDA "
+             "builds of torch do): the limit counts memory used, so nothing happens",
+             "bounded-grader"))
+    add("c0_syntax_error", sub.prepend(sol(), "head_dim", "def oops(:"),
+        Case("01_notation", without("head_dim"), "the cell with the syntax error defines nothing",
+             "tests-from-source", statuses={"head_dim": "error"}))
+    (folder / "c0_invalid_json").mkdir(parents=True)
+    (folder / "c0_invalid_json" / "01_notation.ipynb").write_text('{"cells": [')
+    cases["c0_invalid_json"] = Case(None, None, "one line in errors", "bounded-grader",
+                                    error="not valid JSON")
+    add("c0_renamed", sol(), Case("01_notation", full(), "recognised by its metadata",
+                                  "tests-from-source"), filename="my homework (final).ipynb")
+    add("c0_wrong_chapter_name", sol(), Case(
+        "01_notation", full(), "a chapter 01 notebook saved as chapter 04 is graded as chapter 01, "
+        "with a warning", "tests-from-source", warning="says 04_self_attention"),
+        filename="04_self_attention.ipynb")
+    moved = sol()
+    moved.cells.append(moved.cells.pop(moved.cells.index(sub.cell(moved, "head_dim"))))
+    add("c0_answer_below_its_test", moved,
+        Case("01_notation", without("head_dim"),
+             "run top to bottom, the test comes before the definition",
+             "tests-from-source", statuses={"head_dim": "error"}))
+    add("c0_zz_victim", sol(), Case("01_notation", full(), "the submission later attacks write to",
+                                    "walls"))
+
+    # ---- c1: extra test cells --------------------------------------------------------------
+    grader_code = (f"open({str(marker)!r}, 'w').write('ran in the grader')\n"
+                   "import torch, checks.nb01\n"
+                   "torch.equal = lambda *a, **k: False\n"
+                   "torch.allclose = lambda *a, **k: False\n"
+                   "checks.nb01.check_tensor_shape = lambda *a, **k: None\n")
+    add("c1_extra_test_cell", extra_cell(sol(), "check_head_dim", grader_code, {
+        "grade": True, "grade_id": "check_bonus", "locked": True, "points": 50,
+        "schema_version": 3, "solution": False}),
+        Case("01_notation", full(), "a cell marked as a test with 50 points of its own runs in the "
+             "worker as plain code and earns nothing", "tests-from-source"))
+    add("c1_extra_test_cell_as_answer", extra_cell(sol(), "head_dim", grader_code, {
+        "grade": True, "grade_id": "tensor_shape_bonus", "locked": False, "points": 10,
+        "schema_version": 3, "solution": True}),
+        Case("01_notation", full(), "a graded answer cell of its own: plain code in the worker",
+             "tests-from-source"))
+    duplicated = answer(sol(), "head_dim", "def head_dim(cfg):\n    return 64")
+    extra_cell(duplicated, "head_dim", "pass  # my own test", {
+        "grade": True, "grade_id": "check_head_dim", "locked": True, "points": 1,
+        "schema_version": 3, "solution": False})
+    add("c1_duplicate_test_id", duplicated,
+        Case("01_notation", without("head_dim"),
+             "a cell claiming a real test's id is replaced by the source's",
+             "tests-from-source", statuses={"head_dim": "failed"}))
+    tampered = sol()
+    sub.delete(tampered, "check_head_dim")
+    answer(tampered, "kv_group_size", "def kv_group_size(cfg):\n    return cfg.n_heads")
+    sub.cell(tampered, "check_kv_group_size").source = "pass  # nothing to see"
+    sub.cell(tampered, "check_tensor_shape").metadata["nbgrader"]["points"] = 20
+    add("c1_tests_edited_and_deleted", tampered,
+        Case("01_notation", without("kv_group_size"), "tests restored from the source (points too)",
+             "tests-from-source", statuses={"head_dim": "passed", "kv_group_size": "failed"}))
+    victim("c1")
+
+    # ---- c2: function or class decided by the worker --------------------------------------
+    add("c2_function_as_class", answer(sol(), "head_dim", (
+        "import sys\n"
+        "class head_dim:\n    def __new__(cls, cfg):\n        return cfg.head_dim\n"
+        "sys.modules['checks.nb01'].check_head_dim = lambda *a, **k: None")),
+        Case("01_notation", without("head_dim"),
+             "a function exercise defined as a class fails (its own patched "
+             "run passes: tampering suspected)", "kinds-from-source",
+             statuses={"head_dim": "failed"}, tampering={"head_dim"}))
+    add("c2_function_as_metaclass", answer(sol(), "kv_group_size", (
+        "class _Meta(type):\n    def __call__(cls, cfg):\n"
+        "        return cfg.n_heads // cfg.n_kv_heads\n"
+        "class kv_group_size(metaclass=_Meta):\n    pass")),
+        Case("01_notation", without("kv_group_size"),
+             "a class whose metaclass computes the answer is still a class",
+             "kinds-from-source", statuses={"kv_group_size": "failed"}))
+    victim("c2")
+
+    # ---- c3: guards in the worker; the answers out of reach --------------------------------
+    add("c3_reference_tricks", answer(answer(answer(answer(sol(), "head_dim", (
+        "import sys, checks\n"
+        "def head_dim(cfg):\n    sys.setprofile(None)\n"
+        "    return checks.reference.head_dim(cfg)")), "kv_group_size", (
+        "import threading\n"
+        "def kv_group_size(cfg):\n    box = []\n"
+        "    t = threading.Thread(target=lambda: box.append(checks.reference.kv_group_size(cfg)))\n"
+        "    t.start(); t.join()\n    return box[0] if box else -1")), "validate_config", (
+        "import types\n"
+        "validate_config = types.FunctionType(checks.reference.validate_config.__code__,\n"
+        "                                     vars(checks.reference.notation))")), "tensor_shape", (
+        "import sys\n"
+        "def tensor_shape(name, cfg, batch, seq_len):\n"
+        "    caller = sys._getframe(1).f_code.co_filename\n"
+        "    if '<cell' not in caller:  # only when the grader calls\n"
+        "        return checks.reference.tensor_shape(name, cfg, batch, seq_len)\n"
+        "    return ()")),
+        Case("01_notation", without(*CHAPTER_01),
+             "the reference's functions of the graded chapter are stubs in the "
+             "worker: profiler off, a thread, a cloned code object, caller inspection all fail",
+             "answers-unreachable", statuses=dict.fromkeys(CHAPTER_01, "failed")))
+    add("c3_answers_from_disk", answer(answer(answer(answer(sol(), "head_dim", (
+        "import glob\n"
+        "def head_dim(cfg):\n"
+        f"    for path in [{str(REPO / 'checks/reference/notation.py')!r}] + glob.glob("
+        "'/**/reference/notation.py', recursive=False):\n"
+        "        try:\n            space = {}\n"
+        "            code = open(path).read().replace('from ..config', 'from checks.config')\n"
+        "            exec(code, space)\n"
+        "            return space['head_dim'](cfg)\n"
+        "        except Exception:\n            pass\n    return -1")), "kv_group_size", (
+        "import json\n"
+        "def kv_group_size(cfg):\n"
+        f"    for path in [{str(chapter_01)!r},\n"
+        f"                 {str(SOLUTIONS / '01_notation/01_notation.ipynb')!r}]:\n"
+        "        try:\n"
+        "            cells = json.load(open(path))['cells']\n"
+        "            source = next(''.join(c['source']) for c in cells if 'def kv_group_size' in "
+        "''.join(c['source']))\n"
+        "            space = {}\n            exec(source, space)\n"
+        "            return space['kv_group_size'](cfg)\n"
+        "        except Exception:\n            pass\n    return -1")), "validate_config", (
+        "import importlib.util, site, glob, re\n"
+        "def validate_config(cfg):\n"
+        "    for finder in glob.glob(site.getsitepackages()[0] + '/__editable__*finder.py'):\n"
+        "        for root in re.findall(r\"'checks': '([^']+)'\", open(finder).read()):\n"
+        "            try:\n"
+        "                spec = importlib.util.spec_from_file_location('stolen', root + "
+        "'/reference/notation.py')\n"
+        "                module = importlib.util.module_from_spec(spec)\n"
+        "                spec.loader.exec_module(module)\n"
+        "                return module.validate_config(cfg)\n"
+        "            except Exception:\n                pass\n"
+        "    raise ValueError('no luck')")), "tensor_shape", (
+        "import gc, types\n"
+        "def tensor_shape(name, cfg, batch, seq_len):\n"
+        "    for obj in gc.get_objects():\n"
+        "        if isinstance(obj, types.FunctionType) and obj.__name__ == 'tensor_shape' and "
+        "obj.__module__ != '__main__':\n"
+        "            try:\n                return obj(name, cfg, batch, seq_len)\n"
+        "            except Exception:\n                pass\n    return ()")),
+        Case("01_notation", without(*CHAPTER_01),
+             "the repository, the sources and the installed package are "
+             "empty in the worker's view; its memory holds stubs only",
+             "answers-unreachable", statuses=dict.fromkeys(CHAPTER_01, "failed")))
+    add("c3_forbidden_function", answer(sol("04_self_attention"), "attention", (
+        "def attention(q, k, v, mask=None):\n"
+        "    weights = masked_softmax(attention_scores(q, k), mask)\n"
+        "    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask), weights")),
+        Case("04_self_attention", without("attention", chapter="04_self_attention"),
+             "scaled_dot_product_attention caught (inside the worker)",
+             "advisory-guard", statuses={"attention": "failed"}))
+    victim("c3")
+
+    # ---- c4: the pipe ---------------------------------------------------------------------
+    pipes = {
+        "huge_frame": ("struct.pack('>Q', 2**40)", "MiB in one answer"),
+        "colliding_keys": ("_frame(json.dumps({'v': {'d': [[k * (2**61 - 1), 0] for k in "
+                           "range(1, 30001)]}, 's': []}).encode())", "protocol"),
+        "deep_nesting": ("_frame(b'{\"v\": ' + b'[' * 200000 + b']' * 200000 + b', \"s\": []}')",
+                         "protocol"),
+        "expanded_tensor": ("_frame(json.dumps({'v': {'d': [['kind', 'callback'], ['ident', 1],"
+                            " ['args', {'t': [{'x': [1, 'float32', 0, [2**28], [0], False]}]}],"
+                            " ['kwargs', {'d': []}]]}, 's': [[1, 4]]}).encode(), b'\\0' * 4)",
+                            "expanded"),
+        "pickle": ("(lambda p: struct.pack('>Q', len(p)) + p)(__import__('pickle').dumps("
+                   f"type('X', (), {{'__reduce__': lambda s: (open, ({str(marker)!r}, 'w'))}})()))",
+                   "protocol"),
+        "forged_reply": ("_frame(json.dumps({'v': {'d': [['kind', 'cell'], ['ok', True]]}, "
+                         "'s': []}).encode())", "protocol"),
+    }
+    for name, (payload, words) in pipes.items():
+        add(f"c4_pipe_{name}", sub.prepend(sol(), "tensor_shape", pipe_attack(payload)),
+            Case("01_notation", before("tensor_shape"),
+                 f"a {name.replace('_', ' ')} written to the grader's pipe ends "
+                 "the worker; earlier points kept", "hostile-data", error=words))
+    add("c4_lying_objects", answer(answer(sol(), "head_dim", (
+        "class Liar(int):\n    def __eq__(self, other):\n        return True\n"
+        "    __hash__ = int.__hash__\n"
+        "def head_dim(cfg):\n    return Liar(0)")), "kv_group_size", (
+        "class Anything:\n    def __eq__(self, other):\n        return True\n"
+        "def kv_group_size(cfg):\n    return Anything()")),
+        Case("01_notation", without("head_dim", "kv_group_size"),
+             "an int subclass arrives as its int value; other objects as "
+             "handles equal to nothing", "hostile-data",
+             statuses={"head_dim": "failed", "kv_group_size": "failed"}))
+    add("c4_lying_tensor_subclass", answer(sol("04_self_attention"), "project_qkv", (
+        "import torch\n"
+        "class Liar(torch.Tensor):\n"
+        "    @classmethod\n"
+        "    def __torch_function__(cls, func, types, args=(), kwargs=None):\n"
+        "        if getattr(func, '__name__', '') in ('allclose', 'equal', 'isclose', 'eq'):\n"
+        "            return True\n"
+        "        return super().__torch_function__(func, types, args, kwargs or {})\n"
+        "def project_qkv(x, w_q, w_k, w_v):\n"
+        "    return tuple(torch.zeros(*x.shape[:-1], w.shape[-1]).as_subclass(Liar)\n"
+        "                 for w in (w_q, w_k, w_v))")),
+        Case("04_self_attention", without("project_qkv", chapter="04_self_attention"),
+             "arrives as a plain tensor of zeros", "hostile-data",
+             statuses={"project_qkv": "failed"}))
+    victim("c4")
+
+    # ---- c5: in-place changes to inputs ------------------------------------------------------
+    add("c5_norm_zeroes_its_weights", answer(sol("10_norm_residual"), "layer_norm", (
+        "def layer_norm(x, gamma, beta, eps=1e-5):\n"
+        "    gamma.zero_()\n    beta.zero_()\n    return x * gamma + beta")),
+        Case("10_norm_residual", without("layer_norm", chapter="10_norm_residual"),
+             "zeroes gamma and beta in place and returns zeros: the "
+             "expected value comes from the inputs before the call", "inputs-copied",
+             statuses={"layer_norm": "failed", "rms_norm": "passed"}))
+    add("c5_in_place_04", answer(answer(sol("04_self_attention"), "project_qkv", (
+        "def project_qkv(x, w_q, w_k, w_v):\n"
+        "    for w in (w_q, w_k, w_v):\n        w.zero_()\n"
+        "    return x @ w_q, x @ w_k, x @ w_v")), "masked_softmax", (
+        "def masked_softmax(scores, mask=None):\n"
+        "    if mask is not None:\n        scores = scores.masked_fill_(~mask, float('-inf'))\n"
+        "    row_max = scores.amax(dim=-1, keepdim=True)\n"
+        "    row_max = torch.where(torch.isinf(row_max), torch.zeros_like(row_max), row_max)\n"
+        "    e = torch.exp(scores - row_max)\n    total = e.sum(dim=-1, keepdim=True)\n"
+        "    return e / torch.where(total == 0, torch.ones_like(total), total)")),
+        Case("04_self_attention",
+             without("project_qkv", "masked_softmax", chapter="04_self_attention"),
+             "weights zeroed in place; a correct softmax that masks "
+             "the caller's scores in place", "inputs-copied",
+             statuses={"project_qkv": "failed", "masked_softmax": "failed",
+                       "attention": "passed"}))
+    victim("c5")
+
+    # ---- c6: escaping the worker ------------------------------------------------------------
+    add("c6_signal_everything", sub.prepend(sol(), "head_dim", (
+        "import os, signal\n"
+        "for pid in range(1, 70000):\n"
+        "    if pid != os.getpid():\n"
+        "        try:\n            os.kill(pid, signal.SIGKILL)\n"
+        "        except OSError:\n            pass\n"
+        "for pid in (os.getppid(), 1):\n"
+        "    try:\n        signal.pidfd_send_signal(os.pidfd_open(pid), signal.SIGKILL)\n"
+        "    except OSError:\n        pass")),
+        Case("01_notation", full(),
+             "signals to the grader (by guessed ids, by pidfd of its parent) "
+             "reach nothing", "walls"))
+    late = (f"import time, os\ntime.sleep(3)\n"
+            f"for target in [{str(victim_path)!r}, {str(chapter_01)!r}, "
+            f"{str(REPO / 'checks' / 'nb01.py')!r}, {str(marker)!r}]:\n"
+            "    try:\n        open(target, 'a').write('# tampered')\n"
+            "    except OSError:\n        pass\n")
+    add("c6_outlive_the_worker", sub.prepend(sol(), "head_dim", (
+        "import os, sys, subprocess, _posixsubprocess\n"
+        f"late = {late!r}\n"
+        "subprocess.Popen([sys.executable, '-c', late], start_new_session=True)\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+        "        exec(late)\n    os._exit(0)\n"
+        "os.waitpid(pid, 0)")),
+        Case("01_notation", full(),
+             "processes started in new sessions (double fork, Popen) die with "
+             "the worker before the next notebook; their late writes never happen", "walls"))
+    add("c6_write_grader_files", sub.prepend(sol(), "head_dim", (
+        "import os, shutil\n"
+        f"for target in [{str(REPO / 'checks' / 'nb01.py')!r}, {str(chapter_01)!r}, "
+        f"{str(victim_path)!r}, {str(marker)!r}]:\n"
+        "    attempts = [lambda: open(target, 'a').write('# tampered'),\n"
+        "                lambda: os.write(os.open(os.path.basename(target), os.O_WRONLY | "
+        "os.O_CREAT | os.O_APPEND, dir_fd=os.open(os.path.dirname(target), os.O_RDONLY)), b'#'),\n"
+        "                lambda: os.rename(target, target + '.bak'),\n"
+        "                lambda: open('/proc/self/root' + target, 'a').write('#')]\n"
+        "    for attempt in attempts:\n"
+        "        try:\n            attempt()\n        except OSError:\n            pass\n"
+        "for path in ['/sys/fs/cgroup/memory/cgroup.procs', '/sys/fs/cgroup/cgroup.procs']:\n"
+        "    try:\n        open(path, 'w').write(str(os.getpid()))\n"
+        "    except OSError:\n        pass")),
+        Case("01_notation", full(),
+             "writes into the course, the sources, another submission (plain, "
+             "dir_fd, /proc/self/root) and out of its cgroup all fail", "walls"))
+    victim("c6")
+
+    # ---- c7: exhausting the grader ----------------------------------------------------------
+    add("c7_flood_stderr", sub.prepend(sol(), "head_dim", (
+        "import os, sys\n"
+        "sys.stderr.write('x' * (200 * 2**20))\n"
+        "try:\n    os.write(2, b'y' * (200 * 2**20))\nexcept OSError:\n    pass")),
+        Case("01_notation", full(),
+             "200 MB to stderr (Python's and the file descriptor) is counted, "
+             "not kept", "bounded-grader"))
+    add("c7_huge_answer", answer(sol(), "tensor_shape", (
+        "import torch\ndef tensor_shape(name, cfg, batch, seq_len):\n"
+        "    return torch.zeros(2**25)")),
+        Case("01_notation", before("tensor_shape"),
+             "a 128 MiB result is refused unread", "bounded-grader",
+             error="MiB in one answer"))
+    many = sol()
+    sub.cell(many, "validate_config").source += (
+        "\n_honest = validate_config\n"
+        "def validate_config(cfg):\n    _honest(cfg)\n    return torch.zeros(12 * 2**20)")
+    add("c7_many_medium_answers", many,
+        Case("01_notation", before("validate_config"), "48 MiB with every call (a return value "
+             "the check ignores): the grader stops accepting tensor data within the test",
+             "bounded-grader", error="more tensor data"))
+    victim("c7")
+
+    # ---- c8: the environment ----------------------------------------------------------------
+    add("c8_secrets", answer(sol(), "head_dim", (
+        "import os\n"
+        "def head_dim(cfg):\n"
+        f"    leaked = [k for k in os.environ if {SECRET!r} in k]\n"
+        "    for pid in os.listdir('/proc'):\n"
+        "        try:\n"
+        f"            leaked += [pid] if {SECRET!r}.encode() in open(f'/proc/{{pid}}/environ', "
+        "'rb').read() else []\n"
+        "        except OSError:\n            pass\n"
+        "    return -1 if leaked else cfg.head_dim")),
+        Case("01_notation", full(), "the grader's secret is in no environment the worker can read",
+             "minimal-environment"))
+    add("c8_environment_size", answer(sol(), "kv_group_size", (
+        "import os\n"
+        "def kv_group_size(cfg):\n"
+        "    extra = set(os.environ) - {'PATH', 'HOME', 'TMPDIR', 'USER', 'LOGNAME', 'LANG', "
+        "'LC_ALL', 'PYTHONDONTWRITEBYTECODE', 'PYTHONNOUSERSITE', 'PYTHONPATH', 'MPLBACKEND', "
+        "'MPLCONFIGDIR', 'CUDA_VISIBLE_DEVICES', 'OMP_NUM_THREADS', 'MKL_NUM_THREADS', "
+        "'OPENBLAS_NUM_THREADS', 'LLAMA_COURSE_THREADS', 'LLAMA_COURSE_GRADING'}\n"
+        "    return -1 if extra else cfg.n_heads // cfg.n_kv_heads")),
+        Case("01_notation", full(),
+             "nothing beyond the minimal environment", "minimal-environment"))
+    victim("c8")
+
+    # ---- t: tampering made visible; classes decided by the grader ---------------------------
+    add("t_redefine_checker", answer(sol(), "head_dim", (
+        "import checks.nb01\n"
+        "checks.nb01.check_head_dim = lambda f, **k: None\n"
+        "check_head_dim = lambda f, **k: None\n"
+        "def head_dim(cfg):\n    return 128  # right for LLaMA-2-7B only")),
+        Case("01_notation", without("head_dim"),
+             "the grader's checkers are its own; the notebook's run passed",
+             "checkers-in-grader", statuses={"head_dim": "failed"}, tampering={"head_dim"}))
+    fake = sol()
+    fake.cells.insert(1, nbformat.v4.new_code_cell(
+        "import sys, types\nfake = types.ModuleType('checks.nb01')\n"
+        "for name in ('head_dim', 'kv_group_size', 'validate_config', 'tensor_shape'):\n"
+        "    setattr(fake, 'check_' + name, lambda *a, **k: None)\n"
+        "sys.modules['checks.nb01'] = fake\n"
+        "import torch\ntorch.allclose = lambda *a, **k: True\n"
+        "import builtins\nbuiltins.AssertionError = type('AssertionError', (Exception,), {})"))
+    for name, value in (("head_dim", 128), ("kv_group_size", 4)):  # right for the examples only
+        answer(fake, name, f"def {name}(cfg):\n    return {value}")
+    add("t_fake_checks_module", fake,
+        Case("01_notation", without("head_dim", "kv_group_size"),
+             "a fake checks module and patched comparisons: the notebook's "
+             "own runs pass, the grader's fail", "checkers-in-grader",
+             statuses={"head_dim": "failed", "kv_group_size": "failed"},
+             tampering={"head_dim", "kv_group_size"}))
+    add("t_kvcache_returns_copies", answer(sol("13_generation_kv_cache"), "KVCache", (
+        "import torch\n"
+        "class KVCache:\n"
+        "    def __init__(self, cfg, batch_size, max_seq_len, dtype=torch.float32, device=None):\n"
+        "        shape = (batch_size, cfg.n_kv_heads, max_seq_len, cfg.head_dim)\n"
+        "        self.max_seq_len = max_seq_len\n"
+        "        self.k = [torch.zeros(shape, dtype=dtype) for _ in range(cfg.n_layers)]\n"
+        "        self.v = [torch.zeros(shape, dtype=dtype) for _ in range(cfg.n_layers)]\n"
+        "    def update(self, layer_idx, k, v, start_pos):\n"
+        "        end = start_pos + k.shape[2]\n"
+        "        if end > self.max_seq_len:\n            raise ValueError('full')\n"
+        "        self.k[layer_idx][:, :, start_pos:end] = k\n"
+        "        self.v[layer_idx][:, :, start_pos:end] = v\n"
+        "        return (self.k[layer_idx][:, :, :end].clone(),\n"
+        "                self.v[layer_idx][:, :, :end].clone())\n"
+        "import checks.nb13\nchecks.nb13.check_KVCache = lambda *a, **k: None")),
+        Case("13_generation_kv_cache", without("KVCache", chapter="13_generation_kv_cache"),
+             "a class exercise is checked in the grader through its "
+             "objects in the worker: results that are copies, not views, fail",
+             "kinds-from-source", statuses={"KVCache": "failed", "generate": "passed"},
+             tampering={"KVCache"}))
+
+    # ---- a: not protected (documented) -----------------------------------------------------
+    add("a_guard_switched_off", answer(sol("04_self_attention"), "attention", (
+        "import checks.engine\n"
+        "checks.engine._Forbid.__torch_function__ = (\n"
+        "    lambda self, func, types, args=(), kwargs=None: func(*args, **(kwargs or {})))\n"
+        "def attention(q, k, v, mask=None):\n"
+        "    weights = masked_softmax(attention_scores(q, k), mask)\n"
+        "    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask), weights")),
+        Case("04_self_attention", full("04_self_attention"),
+             "with the worker's guard switched off, a forbidden "
+             "function is not seen", "advisory-guard"))
+    add("a_copied_reference", answer(sol(), "head_dim", (
+        "def head_dim(cfg):\n    return int(cfg.head_dim)  # the reference's own line")),
+        Case("01_notation", full(), "copied code earns the points", "copied-reference"))
+    return cases
+
+
+def protected_bytes(source_dir: Path, folder: Path) -> dict[Path, bytes]:
+    """Files that grading must leave exactly as they were: those the catalogue attacks (the
+    rest of `checks/` is left out: other work may change it while the catalogue runs)."""
+    files = [REPO / "checks" / "nb01.py"] + list(source_dir.rglob("*.ipynb"))
+    files += [p for p in folder.rglob("*.ipynb")]
+    return {p: p.read_bytes() for p in files}
+
+
+if __name__ == "__main__":  # write the catalogue somewhere to look at it
+    import sys
+
+    out = Path(sys.argv[1])
+    for name, case in write_catalogue(out, SOLUTIONS, out / "marker").items():
+        print(f"{name:34} {case.points!s:>5}  {case.why}")
+    print(json.dumps({"written": str(out)}))
