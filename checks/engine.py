@@ -24,6 +24,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from . import display
+from .context import SEED_ENV
 
 # (exercise, forbidden names and hints) of the Check calling the learner now. The grader's side of
 # a worker (checks.grader.sandbox) reads it to apply the same guards to a call it forwards.
@@ -93,7 +94,7 @@ _open_checks = contextvars.ContextVar("checks_open", default=0)  # how many Chec
 
 def fresh_seed() -> int:
     """A new seed per check, unless CHECKS_SEED pins one (for reproducing a failure)."""
-    pinned = os.environ.get("CHECKS_SEED")
+    pinned = os.environ.get(SEED_ENV)
     return int(pinned) if pinned else secrets.randbelow(2**31)
 
 

@@ -71,6 +71,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..context import AUDIT_ENV, PROTECT_ENV
 from ..engine import calling as engine_calling
 from . import wire as _wire
 from .wire import ProtocolError, RemoteRef, Unsendable
@@ -761,7 +762,7 @@ def worker_environment(threads: int, lib: str, scratch: str, audit: bool = False
            "MKL_NUM_THREADS": str(threads), "OPENBLAS_NUM_THREADS": str(threads),
            THREADS_ENV: str(threads)}
     if audit:
-        env["CHECKS_AUDIT"] = "1"
+        env[AUDIT_ENV] = "1"
     return grading_environment(env)
 
 
@@ -873,7 +874,7 @@ class Worker:
                     scratch = workdir / "cwd"
                     scratch.mkdir(exist_ok=True)
                     env = worker_environment(threads, str(lib), str(scratch), audit=True)
-                    env["CHECKS_PROTECT"] = os.pathsep.join(
+                    env[PROTECT_ENV] = os.pathsep.join(
                         str(Path(p).resolve()) for p in [*hide, PACKAGE.parent])
                     self.process = subprocess.Popen(
                         argv, stdin=null, stdout=log, stderr=log, cwd=scratch, env=env,
@@ -1736,8 +1737,8 @@ def worker_main(read_fd: int, write_fd: int) -> None:
     import checks  # noqa: F401
     import checks.engine  # noqa: F401
 
-    if os.environ.get("CHECKS_AUDIT"):
-        _install_audit_hook(tuple(filter(None, os.environ.get("CHECKS_PROTECT", "").split(
+    if os.environ.get(AUDIT_ENV):
+        _install_audit_hook(tuple(filter(None, os.environ.get(PROTECT_ENV, "").split(
             os.pathsep))))
     side = _WorkerSide(read_fd, write_fd)
     _worker_state["side"] = side

