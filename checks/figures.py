@@ -15,6 +15,7 @@ lacks, so titles and labels with Chinese work without naming the family.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from importlib import util as importlib_util
 from pathlib import Path
@@ -63,13 +64,41 @@ def _register_packaged_font() -> str | None:
     path = packaged_font_path()
     if path is None:
         return None
-    font_manager.fontManager.addfont(str(path))
+    manager = font_manager.fontManager
+    manager.addfont(str(path))
     # matplotlib >= 3.10 registers every face of the collection (SC, TC, JP, KR, HK); older
     # versions only the first (JP), which still has every Chinese glyph the course draws.
-    names = [entry.name for entry in font_manager.fontManager.ttflist
-             if Path(entry.fname) == path]
+    names = [entry.name for entry in manager.ttflist if Path(entry.fname) == path]
+    _stand_in_for_bold(path)
     simplified = [name for name in names if name.endswith(" SC")]
     return (simplified or names or [None])[0]
+
+
+def _stand_in_for_bold(path: Path) -> None:
+    """Let the packaged Regular faces answer for bold too.
+
+    The font package ships one weight, Regular. A bold label (chapter 01's figures have some)
+    looks through every family of `font.family`, the CJK fallback included, and matplotlib,
+    finding no bold face of it, logs "findfont: Failed to find font weight bold for Noto Sans
+    CJK SC, now using 400" to stderr (a pink box in the notebook) before drawing with Regular
+    anyway. Saying ahead of time that Regular is what bold gets draws the same figure without
+    the warning: Latin text stays bold (DejaVu Sans Bold comes first), Chinese is Regular."""
+    from matplotlib import font_manager
+
+    manager = font_manager.fontManager
+    bold = font_manager.weight_dict["bold"]
+
+    def weight(entry) -> int:       # a number, or a name such as "bold"
+        return entry.weight if isinstance(entry.weight, int) else \
+            font_manager.weight_dict.get(entry.weight, 400)
+
+    faces = [entry for entry in manager.ttflist if Path(entry.fname) == path]
+    have_bold = {(entry.name, entry.style) for entry in faces if weight(entry) == bold}
+    for entry in faces:
+        if (entry.name, entry.style) not in have_bold:
+            # Right after addfont, which emptied findfont's memo: no stale answer survives.
+            manager.ttflist.append(dataclasses.replace(entry, weight=bold))
+            have_bold.add((entry.name, entry.style))
 
 
 def _system_cjk_family() -> str | None:

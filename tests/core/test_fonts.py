@@ -1,6 +1,12 @@
-"""Chinese text in figures: the course's font is installed, registered, and has every glyph."""
+"""Chinese text in figures: the course's font is installed, registered, and has every glyph;
+on a fresh machine (an empty matplotlib cache) chapter 01's first figure writes nothing to
+stderr."""
 
+import os
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import matplotlib
 import pytest
@@ -99,3 +105,65 @@ def test_no_font_at_all_says_so_in_one_line(fresh_font_search, monkeypatch, caps
     assert figures.use_cjk_font() is None
     out = capsys.readouterr().out
     assert out.count("\n") == 1 and "No Chinese font found" in out
+
+
+# --------------------------------------------------------------------------------------------
+# A fresh machine: chapter 01's first figure with an empty matplotlib cache, in its own process.
+
+REPO = Path(__file__).resolve().parents[2]
+CHAPTER_01 = REPO / "solutions" / "01_notation" / "01_notation.ipynb"
+
+FIGURE_SCRIPT = """
+import json, sys
+import matplotlib.pyplot as plt
+from checks import figures
+if sys.argv[2] == "without-stand-in":
+    figures._stand_in_for_bold = lambda path: None
+cells = ["".join(c["source"]) for c in json.load(open(sys.argv[1], encoding="utf-8"))["cells"]
+         if c["cell_type"] == "code"]
+imports = next(c for c in cells if "from checks.figures import use_cjk_font" in c)
+figure = next(c for c in cells if "use_cjk_font()" in c)
+plt.show = lambda *args, **kwargs: [plt.figure(n).canvas.draw() for n in plt.get_fignums()]
+namespace = {}
+exec(imports, namespace)
+exec(figure, namespace)
+print(len(plt.get_fignums()), "figure drawn")
+"""
+
+
+def _chapter_01_figure(tmp_path, mode: str) -> subprocess.CompletedProcess:
+    """Chapter 01's import cell and first figure, run as a new learner's machine would: an
+    empty matplotlib cache and config folder (matplotlib rebuilds its font list)."""
+    mpl = tmp_path / f"mpl-{mode}"
+    mpl.mkdir()
+    env = {**os.environ, "MPLCONFIGDIR": str(mpl), "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-c", FIGURE_SCRIPT, str(CHAPTER_01), mode],
+                          capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+
+
+def test_chapter_01s_first_figure_is_silent_with_an_empty_matplotlib_cache(tmp_path):
+    done = _chapter_01_figure(tmp_path, "as-shipped")
+    assert done.returncode == 0, done.stderr
+    assert "1 figure drawn" in done.stdout
+    assert done.stderr == ""
+
+
+def test_without_the_bold_stand_in_the_fresh_machine_warns(tmp_path):
+    # The test above can fail: the packaged font has no bold face, and chapter 01 asks for one.
+    done = _chapter_01_figure(tmp_path, "without-stand-in")
+    assert done.returncode == 0, done.stderr
+    assert "Failed to find font weight bold for Noto Sans CJK SC" in done.stderr
+
+
+def test_bold_chinese_has_every_glyph(fresh_font_search):
+    family = figures.use_cjk_font()
+    path = font_manager.findfont(font_manager.FontProperties(family=family, weight="bold"),
+                                 fallback_to_default=False)
+    assert Path(path) == figures.packaged_font_path()
+
+    def draw():
+        fig, ax = plt.subplots()
+        ax.set_title(SENTENCE, fontweight="bold")
+        fig.canvas.draw()
+
+    assert _missing_glyph_warnings(draw) == []
