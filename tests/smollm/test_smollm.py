@@ -8,6 +8,7 @@ touch the user's cache (each sets LLAMA_COURSE_CACHE to a temporary folder).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import pytest
 import torch
 
 from checks import ModelConfig, smollm
+from checks.smollm import cache, file
 from checks import reference as ref
 
 from ..support.solutions import solution_namespace
@@ -193,8 +195,8 @@ def fake(tmp_path, monkeypatch):
     source.write_bytes(os.urandom(1000))
     calls = []
     monkeypatch.setenv(smollm.CACHE_ENV, str(tmp_path / "cache"))
-    monkeypatch.setattr(smollm, "_convert", lambda path: calls.append(path) or _fake_payload())
-    monkeypatch.setattr(smollm, "_IN_MEMORY", {})
+    monkeypatch.setattr(cache, "convert", lambda path: calls.append(path) or _fake_payload())
+    monkeypatch.setattr(cache, "_IN_MEMORY", {})
     return source, calls
 
 
@@ -221,9 +223,9 @@ def test_prepare_puts_the_cache_where_sandboxed_graders_can_read_it(fake, monkey
     environment's), readable by every user."""
     source, calls = fake
     first, later = tmp_path / "venv-share", tmp_path / "home-cache"
-    monkeypatch.setattr(smollm, "cache_dirs", lambda: [later])
+    monkeypatch.setattr(cache, "cache_dirs", lambda: [later])
     smollm.load(path=source)
-    monkeypatch.setattr(smollm, "cache_dirs", lambda: [first, later])
+    monkeypatch.setattr(cache, "cache_dirs", lambda: [first, later])
     target = smollm.prepare(source)
     assert target.parent == first and len(calls) == 1
     assert target.stat().st_mode & 0o044 == 0o044
@@ -268,8 +270,8 @@ def test_an_unwritable_cache_folder_converts_in_memory(fake, monkeypatch, tmp_pa
 
 
 def test_missing_package_names_the_install_command(monkeypatch):
-    find_spec = smollm.importlib.util.find_spec
-    monkeypatch.setattr(smollm.importlib.util, "find_spec",
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a, **k: None if name == smollm.MODULE
                         else find_spec(name, *a, **k))
     assert not smollm.available()
@@ -308,7 +310,7 @@ def test_a_truncated_file_is_one_clear_error_naming_it(keep, tmp_path, monkeypat
 @needs_model
 def test_a_file_pip_did_not_install_as_recorded_is_refused(monkeypatch, tmp_path):
     monkeypatch.setenv(smollm.CACHE_ENV, str(tmp_path / "cache"))
-    monkeypatch.setattr(smollm, "_recorded_sha256", lambda path: "0" * 64)
+    monkeypatch.setattr(file, "recorded_sha256", lambda path: "0" * 64)
     with pytest.raises(smollm.ModelFileError, match="differs from the one pip recorded"):
         smollm.load()
 
@@ -316,7 +318,7 @@ def test_a_file_pip_did_not_install_as_recorded_is_refused(monkeypatch, tmp_path
 @needs_model
 def test_recorded_hash_is_found_for_the_installed_file():
     path = smollm.model_file()
-    assert smollm._recorded_sha256(path) == smollm._fingerprint(path)[1]
+    assert file.recorded_sha256(path) == file.fingerprint(path)[1]
 
 
 def test_reference_model_runs_on_the_real_weights(model, tok):
