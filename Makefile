@@ -24,13 +24,27 @@ setup: $(STAMP) $(MODEL)
 # uses one thread unless OMP_NUM_THREADS says otherwise: the course's tensors are small, and
 # threads beyond the free cores wait for each other (chapter 13 took 189 s instead of 31 s).
 # Under load: python scripts/with_cpu_hogs.py -n 2 -- make test
+# Each of the two runs starts as a new machine does (FRESH_MACHINE): an empty home (no Jupyter,
+# IPython or matplotlib state; the kernels find theirs in .venv) and an empty matplotlib cache, so
+# a warm cache cannot hide what a new learner sees (it once hid a font warning in chapter 01).
+# pip keeps its settings (the user's pip.conf is copied into the new home: an index or a mirror
+# is the machine's, not a cache); the real model's cache is in $(VENV)/share/llama-course (or
+# LLAMA_COURSE_CACHE), outside the home. The folder is removed when the run ends.
 TEST_JOBS ?= 2
 TEST_ENV  := OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1}
+FRESH_MACHINE = fresh=$$(mktemp -d "$${TMPDIR:-/tmp}/llama-course-test.XXXXXX") && \
+  trap 'rm -rf "$$fresh"' EXIT && mkdir -p "$$fresh/home" "$$fresh/matplotlib" && \
+  for conf in .config/pip/pip.conf .pip/pip.conf "Library/Application Support/pip/pip.conf"; do \
+    if [ -f "$$HOME/$$conf" ]; then mkdir -p "$$fresh/home/$$(dirname "$$conf")" && \
+      cp "$$HOME/$$conf" "$$fresh/home/$$conf"; fi; done && \
+  export HOME="$$fresh/home" MPLCONFIGDIR="$$fresh/matplotlib" && \
+  unset XDG_CACHE_HOME XDG_CONFIG_HOME XDG_DATA_HOME IPYTHONDIR JUPYTER_CONFIG_DIR \
+    JUPYTER_DATA_DIR JUPYTER_RUNTIME_DIR &&
 test: $(STAMP) $(ORACLE) $(MODEL)
 	@command -v chromium >/dev/null || [ "$$(id -u)" != 0 ] || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || echo "chromium could not be installed: the browser test will be skipped"
-	$(TEST_ENV) $(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile tests
-	$(TEST_ENV) LLAMA_COURSE_GRADING=1 $(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile \
-	  --nbval-lax -p no:cacheprovider solutions
+	$(FRESH_MACHINE) $(TEST_ENV) $(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile tests
+	$(FRESH_MACHINE) $(TEST_ENV) LLAMA_COURSE_GRADING=1 $(PY) -m pytest -q -n $(TEST_JOBS) \
+	  --dist loadfile --nbval-lax -p no:cacheprovider solutions
 
 # The environment, rebuilt only when missing or when pyproject.toml changed. torch is pinned in
 # pyproject.toml, so pip installs the normal build for this platform once.
