@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import html
 
+from .i18n import _, ngettext
+
 _GREEN, _RED, _YELLOW, _RESET = "\033[32m", "\033[31m", "\033[33m", "\033[0m"
 
 
@@ -28,19 +30,21 @@ class _PassBlock:
     def _summary(self) -> str:
         shown = self.properties[:3]
         more = len(self.properties) - len(shown)
-        checked = "; ".join(shown) if shown else "output"
+        checked = "; ".join(shown) if shown else _("output")
         if more:
-            checked += f"; and {more} more"
-        calls = f"{self.calls} call{'s' if self.calls != 1 else ''}"
-        return f"{calls}; checked {checked}"
+            checked += _("; and {count} more").format(count=more)
+        calls = ngettext("{count} call", "{count} calls", self.calls).format(count=self.calls)
+        return _("{calls}; checked {checked}").format(calls=calls, checked=checked)
 
     def __repr__(self) -> str:
-        return f"✓ {self.exercise} passed ({self._summary()})"
+        return _("✓ {exercise} passed ({summary})").format(exercise=self.exercise,
+                                                         summary=self._summary())
 
     def _repr_html_(self) -> str:
+        passed = html.escape(_("passed"))
         return ('<div style="border-left:4px solid #2e7d32;background:#e8f5e9;color:#1b5e20;'
                 'padding:4px 10px;font-family:sans-serif">'
-                f'<b>✓ {html.escape(self.exercise)}</b> passed '
+                f'<b>✓ {html.escape(self.exercise)}</b> {passed} '
                 f'<span style="color:#555">({html.escape(self._summary())})</span></div>')
 
 

@@ -25,6 +25,7 @@ from torch.overrides import TorchFunctionMode
 
 from . import display
 from .context import SEED_ENV
+from .i18n import _
 
 # (exercise, forbidden names and hints) of the Check calling the learner now. The grader's side of
 # a worker (checks.grader.sandbox) reads it to apply the same guards to a call it forwards.
@@ -53,13 +54,20 @@ class CheckFailure(AssertionError):
         self.seed = seed
         super().__init__(self._text())
 
+    @property
+    def shown_message(self) -> str:
+        """The message as the learner reads it (in the current language)."""
+        return self.message
+
     def _text(self) -> str:
-        lines = [f"{self.exercise}: {self.message}"]
+        # Messages and hints kept in constants (marked with N_) are translated here, when shown;
+        # a text that is no message id (already translated, or built from values) stays as is.
+        lines = [f"{self.exercise}: {_(self.shown_message)}"]
         if self.hint:
-            lines.append(f"likely mistake: {self.hint}")
+            lines.append(_("likely mistake: {hint}").format(hint=_(self.hint)))
         if self.seed is not None:
-            lines.append(f"(random inputs from seed {self.seed}; pass seed={self.seed} to the "
-                         "check to see the same inputs again)")
+            lines.append(_("(random inputs from seed {seed}; pass seed={seed} to the check to see "
+                           "the same inputs again)").format(seed=self.seed))
         return "\n".join(lines)
 
     def _render_traceback_(self) -> list[str]:
@@ -73,12 +81,57 @@ class NotStarted(CheckFailure):
     status = "not started"
 
     def __init__(self, exercise: str):
-        super().__init__(exercise, "not started yet: replace `raise NotImplementedError()` "
-                                   "with your implementation, then run this cell again.")
+        super().__init__(exercise, _("not started yet: replace `raise NotImplementedError()` "
+                                     "with your implementation, then run this cell again."))
 
 
 class LearnerError(CheckFailure):
-    """The learner's function raised an exception while being checked."""
+    """The learner's function raised an exception while being checked.
+
+    `message` stays in English ("raised ValueError: ...\n  called with (...)"), because
+    checkers read it to recognise an exception (`first.startswith("raised ValueError")`); what
+    the learner reads, `shown_message`, is built from the parts in the current language.
+    `error` is the exception's class name and `error_text` its text (when the engine made it).
+    """
+
+    def __init__(self, exercise: str, message: str, *, hint: str | None = None,
+                 seed: int | None = None, error: str | None = None, error_text: str = "",
+                 called_with: str | None = None, where: tuple[int, str] | None = None):
+        self.error, self.error_text = error, error_text
+        self.called_with, self.where = called_with, where
+        super().__init__(exercise, message, hint=hint, seed=seed)
+
+    @classmethod
+    def from_exception(cls, exercise: str, exc: BaseException, called_with: str,
+                       seed: int | None = None) -> "LearnerError":
+        where = _learner_frame(exc.__traceback__)
+        message = f"raised {type(exc).__name__}: {exc}\n  called with ({called_with})"
+        if where:
+            message += f"\n  at line {where[0]}" + (f": {where[1]}" if where[1] else "")
+        return cls(exercise, message, seed=seed, error=type(exc).__name__, error_text=str(exc),
+                   called_with=called_with, where=where)
+
+    def with_hint(self, hint: str | None) -> "LearnerError":
+        """The same failure naming a likely mistake (what a checker re-raises)."""
+        return LearnerError(self.exercise, self.message, hint=hint, seed=self.seed,
+                            error=self.error, error_text=self.error_text,
+                            called_with=self.called_with, where=self.where)
+
+    def summary(self) -> str:
+        """The first line the learner reads: "raised ValueError: ..." in the current language."""
+        return self.shown_message.splitlines()[0]
+
+    @property
+    def shown_message(self) -> str:
+        if self.error is None:  # made by a checker from a message of its own
+            return self.message
+        lines = [_("raised {error}: {text}").format(error=self.error, text=self.error_text),
+                 "  " + _("called with ({arguments})").format(arguments=self.called_with)]
+        if self.where:
+            line, code = self.where
+            lines.append("  " + (_("at line {line}: {code}").format(line=line, code=code) if code
+                                 else _("at line {line}").format(line=line)))
+        return "\n".join(lines)
 
 
 class ForbiddenCall(CheckFailure):
@@ -120,7 +173,8 @@ def describe(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         if len(value) > 6:
             inner = ", ".join(describe(v) for v in value[:3])
-            return f"{type(value).__name__} of {len(value)} items [{inner}, ...]"
+            return _("{kind} of {count} items [{first}, ...]").format(
+                kind=type(value).__name__, count=len(value), first=inner)
         inner = ", ".join(describe(v) for v in value)
         return f"[{inner}]" if isinstance(value, list) else f"({inner})"
     if isinstance(value, str):
@@ -138,8 +192,9 @@ def _shape_text(shape: Iterable[int], dims: Iterable[str] | None) -> str:
     return "[" + ", ".join(f"{d}={n}" for d, n in zip(dims, shape)) + "]"
 
 
-def _learner_frame(tb) -> str | None:
-    """The last traceback line that sits in the learner's own code (a notebook cell or file)."""
+def _learner_frame(tb) -> tuple[int, str] | None:
+    """(line number, code) of the last traceback line that sits in the learner's own code (a
+    notebook cell or file)."""
     skip = (os.path.dirname(__file__), os.path.dirname(torch.__file__),
             os.path.dirname(os.__file__))
     last = None
@@ -148,8 +203,7 @@ def _learner_frame(tb) -> str | None:
             last = frame
     if last is None:
         return None
-    code = f": {last.line.strip()}" if last.line else ""
-    return f"line {last.lineno}{code}"
+    return last.lineno, (last.line or "").strip()
 
 
 # --------------------------------------------------------------------------------------------
@@ -175,8 +229,9 @@ class _Forbid(TorchFunctionMode):
         # `torch.ops.aten` operators carry an overload suffix ("softmax.int"): match the base too.
         key = name if name in self.forbidden else name.split(".")[0]
         if key in self.forbidden:
-            raise ForbiddenCall(self.check.exercise, f"calls `{name}`, which this exercise asks "
-                                f"you to write yourself.", hint=self.forbidden[key])
+            raise ForbiddenCall(self.check.exercise, _("calls `{name}`, which this exercise asks "
+                                "you to write yourself.").format(name=name),
+                                hint=self.forbidden[key])
         return func(*args, **(kwargs or {}))
 
 
@@ -239,10 +294,11 @@ def changed_inputs(snapshot: list[tuple[str, Any, Any]], allowed: Iterable[str] 
 
 def in_place_failure(exercise: str, changed: list[str], seed: int | None = None) -> "CheckFailure":
     what = ", ".join(changed[:3]) + (" ..." if len(changed) > 3 else "")
-    return CheckFailure(exercise, f"changed its input {what} in place.",
-                        hint="the check computes what it expects from the inputs as they were: "
-                             "build new tensors (or lists) instead of writing into the caller's "
-                             "(`x -= ...`, `x.mul_(...)`, `masked_fill_`, `append`)", seed=seed)
+    return CheckFailure(exercise, _("changed its input {inputs} in place.").format(inputs=what),
+                        hint=_("the check computes what it expects from the inputs as they were: "
+                               "build new tensors (or lists) instead of writing into the "
+                               "caller's (`x -= ...`, `x.mul_(...)`, `masked_fill_`, `append`)"),
+                        seed=seed)
 
 
 # --------------------------------------------------------------------------------------------
@@ -300,7 +356,8 @@ class Check:
     def __init__(self, exercise: str, fn: Callable, *, seed: int | None = None,
                  forbid: Mapping[str, str] | None = None):
         if not callable(fn):
-            raise CheckFailure(exercise, f"expected a function, got {describe(fn)}.")
+            raise CheckFailure(exercise, _("expected a function, got {value}.").format(
+                value=describe(fn)))
         self.exercise = exercise
         self.fn = fn
         self.seed = fresh_seed() if seed is None else seed
@@ -367,11 +424,7 @@ class Check:
         except Exception as exc:  # the learner's bug, reported without a traceback wall
             shown = ", ".join([describe(a) for a in args] +
                               [f"{k}={describe(v)}" for k, v in kwargs.items()])
-            where = _learner_frame(exc.__traceback__)
-            message = f"raised {type(exc).__name__}: {exc}\n  called with ({shown})"
-            if where:
-                message += f"\n  at {where}"
-            raise LearnerError(self.exercise, message, seed=self.seed) from None
+            raise LearnerError.from_exception(self.exercise, exc, shown, seed=self.seed) from None
         finally:
             calling.reset(token)
         changed = changed_inputs(before, allowed=getattr(self, "may_change", ()))
@@ -394,8 +447,9 @@ class Check:
         def profile(frame, event, arg):
             if event == "call" and id(frame.f_code) in codes:
                 name = codes[id(frame.f_code)]
-                raise ForbiddenCall(self.exercise, f"calls checks.reference.{name}, the course's "
-                                    "own answer.", hint=hint.format(name=name))
+                raise ForbiddenCall(self.exercise, _("calls checks.reference.{name}, the "
+                                    "course's own answer.").format(name=name),
+                                    hint=hint.format(name=name))
 
         def guarded(*args, **kwargs):
             previous = sys.getprofile()
@@ -425,34 +479,39 @@ class Check:
             self.headlines.append(prop)
 
     # ---- comparisons ----
-    def expect_tensor(self, got: Any, want: torch.Tensor, *, what: str = "output",
+    def expect_tensor(self, got: Any, want: torch.Tensor, *, what: str | None = None,
                       dims: Iterable[str] | None = None,
                       wrong: Mapping[str, Callable[[], Any] | Any] | None = None,
                       atol: float | None = None, rtol: float | None = None,
                       check_dtype: bool = True) -> None:
         """Compare a tensor with the expected one: type, shape, dtype, then values."""
+        what = _("output") if what is None else what
         dims = list(dims) if dims is not None else None
         if not isinstance(got, torch.Tensor) or type(got) not in (torch.Tensor,
                                                                     torch.nn.Parameter):
-            self.fail(f"{what} should be a torch.Tensor, got {type(got).__name__}.")
+            self.fail(_("{what} should be a torch.Tensor, got {kind}.").format(
+                what=what, kind=type(got).__name__))
         if got.shape != want.shape:
             hint = self.diagnose(got, wrong, atol, rtol)
-            self.fail(f"{what} has shape {_shape_text(got.shape, None)}, expected "
-                      f"{_shape_text(want.shape, dims)}.", hint)
+            self.fail(_("{what} has shape {got}, expected {want}.").format(
+                what=what, got=_shape_text(got.shape, None), want=_shape_text(want.shape, dims)),
+                hint)
         if check_dtype and got.dtype != want.dtype:
-            self.fail(f"{what} has dtype {got.dtype}, expected {want.dtype}.")
+            self.fail(_("{what} has dtype {got}, expected {want}.").format(
+                what=what, got=got.dtype, want=want.dtype))
         default_atol, default_rtol = tolerance(want.dtype)
         atol = default_atol if atol is None else atol
         rtol = default_rtol if rtol is None else rtol
         if not values_close(got, want, atol, rtol):
             hint = self.diagnose(got, wrong, atol, rtol)
-            self.fail(f"{what} has the right shape but wrong values; "
-                      f"{mismatch_text(got, want, atol, rtol, dims)}", hint)
+            self.fail(_("{what} has the right shape but wrong values; {mismatch}").format(
+                what=what, mismatch=mismatch_text(got, want, atol, rtol, dims)), hint)
         self.note(what)
 
-    def expect_equal(self, got: Any, want: Any, *, what: str = "output",
+    def expect_equal(self, got: Any, want: Any, *, what: str | None = None,
                      wrong: Mapping[str, Callable[[], Any] | Any] | None = None) -> None:
         """Exact equality for ints, strings, lists, tuples, dicts (no tensors)."""
+        what = _("output") if what is None else what
         if isinstance(want, int) and not isinstance(want, bool):
             # NumPy integers are fine; floats and bools are not (128.0 is not a size).
             same = (isinstance(got, numbers.Integral) and not isinstance(got, bool)
@@ -461,7 +520,8 @@ class Check:
             same = type(got) is type(want) and got == want
         if not same:
             hint = self.diagnose(got, wrong, 0.0, 0.0)
-            self.fail(f"{what} is {describe(got)}, expected {describe(want)}.", hint)
+            self.fail(_("{what} is {got}, expected {want}.").format(
+                what=what, got=describe(got), want=describe(want)), hint)
         self.note(what)
 
     def diagnose(self, got: Any, wrong, atol, rtol) -> str | None:
@@ -496,8 +556,9 @@ def mismatch_text(got, want, atol, rtol, dims) -> str:
     where = ", ".join(f"{d}={i}" for d, i in zip(dims, index)) if dims and \
         len(dims) == len(index) else ", ".join(map(str, index))
     count = int(bad.sum())
-    return (f"{count} of {bad.numel()} entries differ; first at [{where}]: got "
-            f"{_num(got64[index])}, expected {_num(want64[index])}.")
+    return _("{count} of {total} entries differ; first at [{where}]: got {got}, expected "
+             "{want}.").format(count=count, total=bad.numel(), where=where,
+                               got=_num(got64[index]), want=_num(want64[index]))
 
 
 def _num(t: torch.Tensor) -> str:
@@ -516,17 +577,18 @@ def use_if_passing(fn: Callable, checker: Callable, fallback: Callable, *,
     Later chapters build on earlier exercises; this lets a learner who is stuck on one exercise
     keep going with the course's reference implementation.
     """
-    label = name or getattr(fn, "__name__", "your function")
+    label = name or getattr(fn, "__name__", None) or _("your function")
     try:
         with quiet():
             checker(fn)
     except CheckFailure:
-        print(f"Using the course's reference `{label}` (yours does not pass its check yet).")
+        print(_("Using the course's reference `{name}` (yours does not pass its check yet).")
+              .format(name=label))
         return fallback
     except Exception as exc:  # never stop a notebook because checking went wrong
-        print(f"Using the course's reference `{label}` (checking yours raised "
-              f"{type(exc).__name__}: {exc}).")
+        print(_("Using the course's reference `{name}` (checking yours raised {error}: "
+                "{text}).").format(name=label, error=type(exc).__name__, text=exc))
         return fallback
-    print(f"Using your own `{label}`.")
+    print(_("Using your own `{name}`.").format(name=label))
     return fn
 

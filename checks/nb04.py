@@ -14,17 +14,18 @@ import torch
 
 from . import reference as ref
 from .engine import Check, CheckFailure, LearnerError, NotStarted, matches, quiet
+from .i18n import N_, _
 
 # --------------------------------------------------------------------------------------------
 # Forbidden shortcuts, by torch function name (the engine also catches `torch.ops.aten` overloads
 # such as "softmax.int").
 
 
-_SOFTMAX_HINT = ("write the softmax yourself: subtract each row's max, exponentiate, divide by the "
-                 "row sum (library softmax, log_softmax, softmin and logsumexp are off limits "
-                 "here)")
-_SDPA_HINT = ("build attention from your own pieces: scores = Q K^T / sqrt(D), weights = "
-              "masked_softmax(scores, mask), out = weights @ V")
+_SOFTMAX_HINT = N_("write the softmax yourself: subtract each row's max, exponentiate, divide by the "
+                   "row sum (library softmax, log_softmax, softmin and logsumexp are off limits "
+                   "here)")
+_SDPA_HINT = N_("build attention from your own pieces: scores = Q K^T / sqrt(D), weights = "
+                "masked_softmax(scores, mask), out = weights @ V")
 
 _SOFTMAX_NAMES = ("softmax", "_softmax", "log_softmax", "_log_softmax", "softmin",
                   "special_softmax", "special_log_softmax", "_safe_softmax", "_masked_softmax",
@@ -49,65 +50,76 @@ FORBID_ATTENTION = dict.fromkeys(_ATTENTION_NAMES, _SDPA_HINT)
 # --------------------------------------------------------------------------------------------
 # Diagnoses (shared by the checkers so that the same mistake reads the same everywhere)
 
-NO_SCALE = "forgot the scale: divide the scores by sqrt(D), D = q.shape[-1] (the head dimension)"
-SCALE_BY_D = "divided by D instead of sqrt(D): the scale is 1 / sqrt(D_h)"
-SCALE_BY_H = ("scaled by sqrt(H) = sqrt(N * D), the width of all heads together, instead of "
-              "sqrt(D_h), one head's width (the last dimension of q)")
-SCALE_BY_S = ("scaled by the square root of a sequence length; the scale uses the feature "
-              "dimension D = q.shape[-1]")
-SCALE_MULTIPLIED = "multiplied by sqrt(D) instead of dividing by it"
-QK_SWAPPED = ("Q and K swapped: scores are Q K^T, shape [..., S_q, S_k] (row = query, column = "
-              "key), not K Q^T")
-QT_K = "computed Q^T K ([..., D, D]); the scores are Q K^T: q @ k.transpose(-2, -1)"
-QUERY_AXIS = ("softmax over the query axis (dim=-2): each query's weights over the keys must sum "
-              "to 1, so normalise over the last axis (dim=-1)")
-WHOLE_TENSOR = "normalised over the whole tensor instead of each row (the last axis) separately"
-NOT_NORMALISED = "exponentiated without dividing by the row sum: weights must sum to 1 per row"
-INVERTED = ("mask inverted: True means 'may attend', so fill the scores with -inf where the mask "
-            "is False (`~mask`), not where it is True")
-AFTER_SOFTMAX = ("mask applied after the softmax: zeroing weights afterwards leaves rows that no "
-                 "longer sum to 1; fill masked scores with -inf before normalising")
-IGNORED_MASK = "ignored the mask argument: masked keys must get weight 0"
-NO_DIAGONAL = ("mask off by one: the diagonal was masked too, but a token may attend to its own "
-               "position; use the mask you are given (True = may attend)")
-ONE_AHEAD = "mask off by one: each query also sees the next (future) key"
-TOP_LEFT = ("used a top-left causal mask (`torch.tril(ones(S_q, S_k))`) instead of the mask "
-            "argument; causal masks are bottom-right aligned when S_q != S_k")
-FINITE_FILL = ("filled masked scores with a large finite number (like -1e9): a fully masked row "
-               "then spreads its weight evenly over keys it may not see; such a row must be all "
-               "zeros (fill with -inf and turn the NaN rows into zeros, or zero rows whose mask "
-               "is all False)")
-FULLY_MASKED_NAN = ("a fully masked row gives NaN (its max is -inf, and -inf - (-inf) or 0 / 0 is "
-                    "NaN); return all-zero weights for such rows, e.g. torch.where on the row sum "
-                    "or nan_to_num")
-OVERFLOW = ("exp overflowed or underflowed for large scores (exp(1e4) = inf, exp(-1e4) = 0): "
-            "subtract each row's own max, `scores.amax(dim=-1, keepdim=True)`, before exp")
-MAX_BEFORE_MASK = ("took the row max before masking: a masked key with a huge score makes every "
-                   "visible exp(...) underflow to 0; fill masked scores with -inf first, then take "
-                   "the max over what remains")
-IN_PLACE = ("modified an input in place (`masked_fill_`, `-=`, `add_`, ...): build new tensors "
-            "instead (e.g. the out-of-place `masked_fill`) so the caller's tensors stay unchanged")
-WEIGHTS_T_V = ("used the transposed weights (A^T V): the output is weights @ v, row m mixing the "
-               "values with query m's weights")
-OUT_TRANSPOSED = ("returned the output transposed ([..., D_v, S_q]): out = weights @ v has shape "
-                  "[..., S_q, D_v]")
-WEIGHTS_K = "mixed the keys instead of the values: out = weights @ v, not weights @ k"
-PAIR_ORDER = "returned (weights, out) in the wrong order: return (out, weights)"
-SCORES_STEP = "in the scores (attention_scores): "
-SOFTMAX_STEP = "in the softmax (masked_softmax): "
-UNEXPLAINED = ("the weights are not the masked softmax of Q K^T / sqrt(D) over the keys, and no "
-               "known mistake reproduces them; test the pieces your attention uses by passing "
-               "them in: check_attention(attention, attention_scores=attention_scores, "
-               "masked_softmax=masked_softmax)")
-SHAPES = ("check the shapes: scores = q @ k.transpose(-2, -1) is [..., S_q, S_k] (not k @ q^T), "
-          "and out = weights @ v is [..., S_q, D_v]")
-PROJ_SHAPES = "check the shapes: x [..., H] @ W [H, out] -> [..., out]; no transpose needed"
-W_TRANSPOSED = ("applied the weights transposed (x @ W.T, or F.linear(x, W)): course weights are "
-                "[in_features, out_features], applied as x @ W")
+NO_SCALE = N_("forgot the scale: divide the scores by sqrt(D), D = q.shape[-1] (the head dimension)")
+SCALE_BY_D = N_("divided by D instead of sqrt(D): the scale is 1 / sqrt(D_h)")
+SCALE_BY_H = N_("scaled by sqrt(H) = sqrt(N * D), the width of all heads together, instead of "
+                "sqrt(D_h), one head's width (the last dimension of q)")
+SCALE_BY_S = N_("scaled by the square root of a sequence length; the scale uses the feature "
+                "dimension D = q.shape[-1]")
+SCALE_MULTIPLIED = N_("multiplied by sqrt(D) instead of dividing by it")
+QK_SWAPPED = N_("Q and K swapped: scores are Q K^T, shape [..., S_q, S_k] (row = query, column = "
+                "key), not K Q^T")
+QT_K = N_("computed Q^T K ([..., D, D]); the scores are Q K^T: q @ k.transpose(-2, -1)")
+QUERY_AXIS = N_("softmax over the query axis (dim=-2): each query's weights over the keys must sum "
+                "to 1, so normalise over the last axis (dim=-1)")
+WHOLE_TENSOR = N_("normalised over the whole tensor instead of each row (the last axis) separately")
+NOT_NORMALISED = N_("exponentiated without dividing by the row sum: weights must sum to 1 per row")
+INVERTED = N_("mask inverted: True means 'may attend', so fill the scores with -inf where the mask "
+              "is False (`~mask`), not where it is True")
+AFTER_SOFTMAX = N_("mask applied after the softmax: zeroing weights afterwards leaves rows that no "
+                   "longer sum to 1; fill masked scores with -inf before normalising")
+IGNORED_MASK = N_("ignored the mask argument: masked keys must get weight 0")
+NO_DIAGONAL = N_("mask off by one: the diagonal was masked too, but a token may attend to its own "
+                 "position; use the mask you are given (True = may attend)")
+ONE_AHEAD = N_("mask off by one: each query also sees the next (future) key")
+TOP_LEFT = N_("used a top-left causal mask (`torch.tril(ones(S_q, S_k))`) instead of the mask "
+              "argument; causal masks are bottom-right aligned when S_q != S_k")
+FINITE_FILL = N_("filled masked scores with a large finite number (like -1e9): a fully masked row "
+                 "then spreads its weight evenly over keys it may not see; such a row must be all "
+                 "zeros (fill with -inf and turn the NaN rows into zeros, or zero rows whose mask "
+                 "is all False)")
+FULLY_MASKED_NAN = N_("a fully masked row gives NaN (its max is -inf, and -inf - (-inf) or 0 / 0 is "
+                      "NaN); return all-zero weights for such rows, e.g. torch.where on the row sum "
+                      "or nan_to_num")
+OVERFLOW = N_("exp overflowed or underflowed for large scores (exp(1e4) = inf, exp(-1e4) = 0): "
+              "subtract each row's own max, `scores.amax(dim=-1, keepdim=True)`, before exp")
+MAX_BEFORE_MASK = N_("took the row max before masking: a masked key with a huge score makes every "
+                     "visible exp(...) underflow to 0; fill masked scores with -inf first, then take "
+                     "the max over what remains")
+IN_PLACE = N_("modified an input in place (`masked_fill_`, `-=`, `add_`, ...): build new tensors "
+              "instead (e.g. the out-of-place `masked_fill`) so the caller's tensors stay unchanged")
+WEIGHTS_T_V = N_("used the transposed weights (A^T V): the output is weights @ v, row m mixing the "
+                 "values with query m's weights")
+OUT_TRANSPOSED = N_("returned the output transposed ([..., D_v, S_q]): out = weights @ v has shape "
+                    "[..., S_q, D_v]")
+WEIGHTS_K = N_("mixed the keys instead of the values: out = weights @ v, not weights @ k")
+PAIR_ORDER = N_("returned (weights, out) in the wrong order: return (out, weights)")
+# A mistake named with the step (and so the helper) it belongs to: `_step(SCORES_STEP, NO_SCALE)`.
+SCORES_STEP = N_("in the scores (attention_scores): {mistake}")
+SOFTMAX_STEP = N_("in the softmax (masked_softmax): {mistake}")
+QK_SWAPPED_UNSCALED = N_("Q and K swapped: scores are Q K^T, shape [..., S_q, S_k] (row = query, "
+                         "column = key), not K Q^T (and unscaled)")
+SCALE_BY_H_ITSELF = N_("scaled by sqrt(H) = sqrt(N * D), the width of all heads together, instead "
+                       "of sqrt(D_h), one head's width (the last dimension of q) (and divided by H "
+                       "itself, not its square root)")
+UNEXPLAINED = N_("the weights are not the masked softmax of Q K^T / sqrt(D) over the keys, and no "
+                 "known mistake reproduces them; test the pieces your attention uses by passing "
+                 "them in: check_attention(attention, attention_scores=attention_scores, "
+                 "masked_softmax=masked_softmax)")
+SHAPES = N_("check the shapes: scores = q @ k.transpose(-2, -1) is [..., S_q, S_k] (not k @ q^T), "
+            "and out = weights @ v is [..., S_q, D_v]")
+PROJ_SHAPES = N_("check the shapes: x [..., H] @ W [H, out] -> [..., out]; no transpose needed")
+W_TRANSPOSED = N_("applied the weights transposed (x @ W.T, or F.linear(x, W)): course weights are "
+                  "[in_features, out_features], applied as x @ W")
 
 
 # --------------------------------------------------------------------------------------------
 # Helpers
+
+
+def _step(step: str, mistake: str) -> str:
+    """A mistake named with its step (SCORES_STEP or SOFTMAX_STEP), in the current language."""
+    return _(step).format(mistake=_(mistake))
 
 
 def _summary(c: Check, *props: str) -> None:
@@ -157,12 +169,12 @@ def _call_unchanged(c: Check, args: tuple, *, hint: str | None = None, **kwargs)
     except LearnerError as err:
         if hint is None or err.hint is not None:
             raise
-        raise LearnerError(err.exercise, err.message, hint=hint, seed=err.seed) from None
+        raise err.with_hint(hint) from None
     for a, b in zip(args, before):
         if b is not None and not (a.shape == b.shape and
                                   bool(((a == b) | (a.isnan() & b.isnan())).all())
                                   if a.is_floating_point() else bool((a == b).all())):
-            c.fail("changed one of its input tensors in place.", IN_PLACE)
+            c.fail(_("changed one of its input tensors in place."), IN_PLACE)
     return got
 
 
@@ -261,13 +273,13 @@ def _mask_variants(got, scores, mask) -> dict:
 def _attention_hint(mask, shape, *, large: bool, weights: bool = False):
     """What to say when no known variant reproduces attention's output: instability only where
     the scores are large enough to overflow; otherwise, how to find the broken piece."""
-    nonfinite = _nonfinite_hint(mask, shape, SOFTMAX_STEP + OVERFLOW if large else UNEXPLAINED,
+    nonfinite = _nonfinite_hint(mask, shape, _step(SOFTMAX_STEP, OVERFLOW) if large else UNEXPLAINED,
                                 weights=weights)
 
     def hint(got):
         found = nonfinite(got)
         if found == FULLY_MASKED_NAN:
-            return SOFTMAX_STEP + found
+            return _step(SOFTMAX_STEP, found)
         return UNEXPLAINED if found is None and not large else found
     return hint
 
@@ -292,10 +304,10 @@ def _rows_sum_to_one(c: Check, weights: torch.Tensor, mask) -> None:
     dead = _rows_fully_masked(mask, weights.shape)
     live = torch.ones_like(sums, dtype=torch.bool) if dead is None else ~dead
     if not torch.allclose(sums[live], torch.ones_like(sums[live]), atol=1e-4):
-        c.fail("weights of a query that may see some key must sum to 1 over the keys.")
+        c.fail(_("weights of a query that may see some key must sum to 1 over the keys."))
     if dead is not None and dead.any():
-        c.note("fully masked rows are zero")
-    c.note("rows sum to 1")
+        c.note(_("fully masked rows are zero"))
+    c.note(_("rows sum to 1"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -308,7 +320,7 @@ def check_project_qkv(f, *, seed: int | None = None, thorough: bool = False) -> 
         # the right shapes and wrong values (which names the mistake).
         b, s, h = c.sizes(3, 2, 10)
         cases = [((b, s), h, h, h)]
-        for _ in range(3 if thorough else 1):
+        for _n in range(3 if thorough else 1):
             b, s, h, dqk, dv = c.sizes(5, 2, 12)
             cases.append(((b, s), h, dqk, dv))
         n = c.sizes(1, 2, 6)[0]
@@ -320,10 +332,10 @@ def check_project_qkv(f, *, seed: int | None = None, thorough: bool = False) -> 
             _check_qkv_once(c, x, w_q, w_k, w_v, lead)
         # float64 stays float64
         x = c.randn(2, 3, 4, dtype=torch.float64)
-        ws = [c.randn(4, 4, dtype=torch.float64) for _ in range(3)]
+        ws = [c.randn(4, 4, dtype=torch.float64) for _n in range(3)]
         _check_qkv_once(c, x, *ws, (2, 3))
-        _summary(c, "Q = X W_Q, K = X W_K, V = X W_V with [in, out] weights",
-                 "[B, S, H], [S, H] and extra leading dims", "float64 kept")
+        _summary(c, _("Q = X W_Q, K = X W_K, V = X W_V with [in, out] weights"),
+                 _("[B, S, H], [S, H] and extra leading dims"), _("float64 kept"))
 
 
 def _check_qkv_once(c: Check, x, w_q, w_k, w_v, lead) -> None:
@@ -331,11 +343,13 @@ def _check_qkv_once(c: Check, x, w_q, w_k, w_v, lead) -> None:
     shown = f"x {list(x.shape)}, w_q {list(w_q.shape)}, w_k {list(w_k.shape)}, " \
             f"w_v {list(w_v.shape)}"
     if isinstance(got, torch.Tensor):
-        c.fail(f"returned one tensor {list(got.shape)}; return the tuple (q, k, v).",
-               "return three separate tensors: `return q, k, v`")
-    if not isinstance(got, (tuple, list)) or len(got) != 3:
-        c.fail(f"should return a tuple (q, k, v), got {type(got).__name__}"
-               f"{' of length ' + str(len(got)) if isinstance(got, (tuple, list)) else ''}.")
+        c.fail(_("returned one tensor {shape}; return the tuple (q, k, v).").format(
+            shape=list(got.shape)), _("return three separate tensors: `return q, k, v`"))
+    if isinstance(got, (tuple, list)) and len(got) != 3:
+        c.fail(_("should return a tuple (q, k, v), got {kind} of length {length}.").format(
+            kind=type(got).__name__, length=len(got)))
+    if not isinstance(got, (tuple, list)):
+        c.fail(_("should return a tuple (q, k, v), got {kind}.").format(kind=type(got).__name__))
     weights = {"q": w_q, "k": w_k, "v": w_v}
     lead_dims = [f"L{i}" for i in range(len(lead) - 1)] + ["S"]
     wants = ref.project_qkv(x, w_q, w_k, w_v)
@@ -343,9 +357,10 @@ def _check_qkv_once(c: Check, x, w_q, w_k, w_v, lead) -> None:
         wrong = {W_TRANSPOSED: lambda w=w: x @ w.T}
         for other, w_other in weights.items():
             if other != name:
-                wrong[f"{name} computed with w_{other}: q = x @ w_q, k = x @ w_k, v = x @ w_v, "
-                      f"returned in the order (q, k, v)"] = lambda w_other=w_other: x @ w_other
-        c.expect_tensor(value, want, what=f"{name} for {shown}",
+                wrong[_("{name} computed with w_{other}: q = x @ w_q, k = x @ w_k, v = x @ w_v, "
+                        "returned in the order (q, k, v)").format(name=name, other=other)] = \
+                    lambda w_other=w_other: x @ w_other
+        c.expect_tensor(value, want, what=_("{name} for {inputs}").format(name=name, inputs=shown),
                         dims=lead_dims + ["out"], wrong=wrong)
 
 
@@ -361,7 +376,7 @@ def _scores_wrong(got, q, k) -> dict:
         SCALE_BY_D: lambda: raw / d,
         SCALE_MULTIPLIED: lambda: raw * math.sqrt(d),
         QK_SWAPPED: lambda: k @ q.transpose(-2, -1) / math.sqrt(d),
-        QK_SWAPPED + " (and unscaled)": lambda: k @ q.transpose(-2, -1),
+        QK_SWAPPED_UNSCALED: lambda: k @ q.transpose(-2, -1),
         QT_K: lambda: q.transpose(-2, -1) @ k / math.sqrt(d),
         SCALE_BY_S: lambda: _any_of(got, raw / math.sqrt(q.shape[-2]),
                                     raw / math.sqrt(k.shape[-2])),
@@ -369,13 +384,13 @@ def _scores_wrong(got, q, k) -> dict:
     if q.dim() == 4:
         h = q.shape[-3] * d
         variants[SCALE_BY_H] = lambda: raw / math.sqrt(h)
-        variants[SCALE_BY_H + " (and divided by H itself, not its square root)"] = lambda: raw / h
+        variants[SCALE_BY_H_ITSELF] = lambda: raw / h
     return variants
 
 
 def check_attention_scores(f, *, seed: int | None = None, thorough: bool = False) -> None:
     with Check("attention_scores", f, seed=seed) as c:
-        cases = [_score_sizes(c) for _ in range(3 if thorough else 1)]
+        cases = [_score_sizes(c) for _n in range(3 if thorough else 1)]
         for b, n, sq, sk, d in cases:
             # the article's single head [B, S, D] @ [B, D, S], with S_q != S_k
             _check_scores_once(c, c.randn(b, sq, d), c.randn(b, sk, d), ("B", "S_q", "S_k"))
@@ -386,7 +401,7 @@ def check_attention_scores(f, *, seed: int | None = None, thorough: bool = False
         _check_scores_once(c, c.randn(sq, d), c.randn(sk, d), ("S_q", "S_k"))
         _check_scores_once(c, c.randn(b, n, sq, d, dtype=torch.float64),
                            c.randn(b, n, sk, d, dtype=torch.float64), ("B", "N", "S_q", "S_k"))
-        _summary(c, "Q K^T / sqrt(D)", "S_q != S_k", "[S, D], [B, S, D] and [B, N, S, D] inputs")
+        _summary(c, "Q K^T / sqrt(D)", "S_q != S_k", _("[S, D], [B, S, D] and [B, N, S, D] inputs"))
 
 
 def _score_sizes(c: Check) -> tuple[int, ...]:
@@ -401,7 +416,8 @@ def _score_sizes(c: Check) -> tuple[int, ...]:
 def _check_scores_once(c: Check, q, k, dims) -> None:
     got = _call_unchanged(c, (q, k), hint=SHAPES)
     want = ref.attention_scores(q, k)
-    _expect(c, got, want, what=f"scores for q {list(q.shape)}, k {list(k.shape)}", dims=dims,
+    _expect(c, got, want, what=_("scores for q {q}, k {k}").format(q=list(q.shape), k=list(k.shape)),
+            dims=dims,
             wrong=_scores_wrong(got, q, k))
 
 
@@ -411,52 +427,53 @@ def _check_scores_once(c: Check, q, k, dims) -> None:
 
 def check_masked_softmax(f, *, seed: int | None = None, thorough: bool = False) -> None:
     with Check("masked_softmax", f, seed=seed, forbid=FORBID_SOFTMAX) as c:
-        for _ in range(3 if thorough else 1):
+        for _n in range(3 if thorough else 1):
             # lengths >= 3, so random masks leave rows with a choice among several keys
             b, n, sq, sk = c.sizes(4, 3, 11)
             lo, hi = _query_key_sizes(c)
             # 1. no mask (the default argument): normalise each row over the keys
             scores = c.randn(b, n, sq, sk, scale=2.0)
             got = _call_unchanged(c, (scores,))
-            _expect_weights(c, got, scores, None, what="weights without a mask")
+            _expect_weights(c, got, scores, None, what=_("weights without a mask"))
             _rows_sum_to_one(c, got, None)
             # 2. a bottom-right causal mask, S_q < S_k (queries are the last S_q positions)
             scores = c.randn(b, n, lo, hi, scale=2.0)
-            _softmax_case(c, scores, ref.causal_mask(lo, hi), "a causal mask (S_q < S_k)")
+            _softmax_case(c, scores, ref.causal_mask(lo, hi), _("a causal mask (S_q < S_k)"))
             # 3. a random mask shared by the heads [B, 1, S_q, S_k]
             scores = c.randn(b, n, sq, sk, scale=2.0)
             _softmax_case(c, scores, _random_mask(c, b, 1, sq, sk),
-                          "a random mask [B, 1, S_q, S_k]")
+                          _("a random mask [B, 1, S_q, S_k]"))
             # 4. fully masked rows: a causal mask with S_q > S_k (the first queries sit before
             #    the first key) and a random mask with empty rows
             scores = c.randn(b, n, hi, lo, scale=2.0)
             _softmax_case(c, scores, ref.causal_mask(hi, lo),
-                          "a causal mask with S_q > S_k (its first rows see no key)")
+                          _("a causal mask with S_q > S_k (its first rows see no key)"))
             scores = c.randn(b, n, sq, sk, scale=2.0)
             _softmax_case(c, scores, _random_mask(c, b, n, sq, sk, fully_masked_rows=True),
-                          "a mask with fully masked rows")
+                          _("a mask with fully masked rows"))
             # 5. a padding mask [B, 1, 1, S_k]
             pad = torch.ones(b, 1, 1, sk, dtype=torch.bool)
             for i in range(b):
                 pad[i, ..., c.randint(1, sk + 1):] = False
             _softmax_case(c, c.randn(b, n, sq, sk, scale=2.0), pad,
-                          "a padding mask [B, 1, 1, S_k]")
+                          _("a padding mask [B, 1, 1, S_k]"))
         # 6. scores that already hold -inf (an additive mask), no boolean mask: a row of nothing
         #    but -inf is fully masked too
         keep = _random_mask(c, b, n, sq, sk, fully_masked_rows=True)
         scores = c.randn(b, n, sq, sk, scale=2.0).masked_fill(~keep, float("-inf"))
         got = _call_unchanged(c, (scores,))
         _expect(c, got, ref.masked_softmax(scores), dims=_dims(4, "S_k"),
-                what="weights for scores that hold -inf (an additive mask, scores "
-                     f"{list(scores.shape)})",
+                what=_("weights for scores that hold -inf (an additive mask, scores "
+                       "{shape})").format(shape=list(scores.shape)),
                 fallback=_nonfinite_hint(keep, scores.shape, OVERFLOW, weights=True))
         _large_scores(c)
         # float64 stays float64
         scores = c.randn(3, 4, 5, dtype=torch.float64)
-        _softmax_case(c, scores, _random_mask(c, 3, 4, 5), "float64 scores")
-        _summary(c, "softmax over the keys without a library softmax",
-                 "causal (S_q != S_k), random and padding masks", "fully masked rows are zeros",
-                 "stable for scores ~1e4", "inputs unchanged")
+        _softmax_case(c, scores, _random_mask(c, 3, 4, 5), _("float64 scores"))
+        _summary(c, _("softmax over the keys without a library softmax"),
+                 _("causal (S_q != S_k), random and padding masks"),
+                 _("fully masked rows are zeros"), _("stable for scores ~1e4"),
+                 _("inputs unchanged"))
 
 
 def _expect_weights(c, got, scores, mask, *, what, fallback=None, variants=True) -> None:
@@ -470,7 +487,9 @@ def _expect_weights(c, got, scores, mask, *, what, fallback=None, variants=True)
     if mask is not None:
         wrong.update(_mask_variants(got, scores, mask))
     dims = _dims(scores.dim(), "S_k")
-    _expect(c, got, want, what=f"{what} (scores {list(scores.shape)})", dims=dims,
+    _expect(c, got, want, what=_("{what} (scores {shape})").format(what=what,
+                                                                    shape=list(scores.shape)),
+            dims=dims,
             wrong=wrong if variants else None,
             fallback=fallback or _nonfinite_hint(mask, want.shape, OVERFLOW, weights=True))
 
@@ -482,7 +501,8 @@ def _unnormalised(scores, mask, *, shift: bool):
 
 def _softmax_case(c: Check, scores, mask, what: str, **kwargs) -> torch.Tensor:
     got = _call_unchanged(c, (scores, mask))
-    _expect_weights(c, got, scores, mask, what=f"weights with {what}", **kwargs)
+    _expect_weights(c, got, scores, mask, what=_("weights with {case}").format(case=what),
+                    **kwargs)
     _rows_sum_to_one(c, got, mask)
     return got
 
@@ -495,17 +515,18 @@ def _large_scores(c: Check) -> None:
     # masked keys hold the largest scores: the max must be taken after masking
     mask = _random_mask(c, b, sq, sk)
     scores = c.randn(b, sq, sk).masked_fill(~mask, 1e4)
-    _softmax_case(c, scores, mask, "masked keys scoring 1e4 above the visible ones",
+    _softmax_case(c, scores, mask, _("masked keys scoring 1e4 above the visible ones"),
                   variants=False, fallback=_nonfinite_hint(mask, scores.shape, MAX_BEFORE_MASK,
                                                            weights=True))
     # whole rows near +1e4, -1e4, +3e4 and 0: exp(s) overflows or underflows without the max
     offsets = torch.tensor([1e4, -1e4, 3e4, 0.0])[torch.arange(sq) % 4].view(1, sq, 1)
     scores = offsets + c.randn(b, sq, sk, scale=5.0)
     got = _call_unchanged(c, (scores,))
-    _expect_weights(c, got, scores, None, what="weights for scores near +-1e4", variants=False)
+    _expect_weights(c, got, scores, None, what=_("weights for scores near +-1e4"),
+                    variants=False)
     # a spread of 1e4 within each row: (nearly) one-hot weights, still finite
     scores = c.randn(b, sq, sk, scale=1e4)
-    _softmax_case(c, scores, ref.causal_mask(sq, sk), "a causal mask and scores ~1e4",
+    _softmax_case(c, scores, ref.causal_mask(sq, sk), _("a causal mask and scores ~1e4"),
                   variants=False)
 
 
@@ -547,46 +568,47 @@ def _helper_hint(failure: CheckFailure, **helpers) -> str | None:
         except NotStarted:
             continue
         except CheckFailure as broken:
-            found = broken.hint or broken.message.splitlines()[0]
-            return (f"your {name} does not pass its own check ({found}); attention is built on "
-                    f"it, so fix {name} first, then run this check again")
+            found = _(broken.hint) if broken.hint else broken.shown_message.splitlines()[0]
+            return _("your {name} does not pass its own check ({problem}); attention is built on "
+                     "it, so fix {name} first, then run this check again").format(name=name,
+                                                                                  problem=found)
         passed.append(name)
     if failure.hint == UNEXPLAINED and len(passed) == len(checkers):
-        return ("your attention_scores and masked_softmax pass their own checks, so look at how "
-                "attention puts them together: weights = masked_softmax(attention_scores(q, k), "
-                "mask), out = weights @ v")
+        return _("your attention_scores and masked_softmax pass their own checks, so look at "
+                 "how attention puts them together: weights = masked_softmax(attention_scores(q, "
+                 "k), mask), out = weights @ v")
     return None
 
 
 def _check_attention(f, *, seed: int | None, thorough: bool) -> None:
     with Check("attention", f, seed=seed, forbid=FORBID_ATTENTION) as c:
-        for _ in range(3 if thorough else 1):
+        for _n in range(3 if thorough else 1):
             b, n, sq, sk, d, dv = c.sizes(6, 3, 12)
             lo, hi = _query_key_sizes(c)
             # 1. the article's single head, self-attention (S_q == S_k), no mask, D != D_v
             q, k, v = c.randn(b, sq, d), c.randn(b, sq, d), c.randn(b, sq, dv)
-            _attention_case(c, q, k, v, None, "self-attention [B, S, D], no mask")
+            _attention_case(c, q, k, v, None, _("self-attention [B, S, D], no mask"))
             # 2. heads-first, cached-decoding shapes: S_q < S_k with a bottom-right causal mask
             q, k, v = c.randn(b, n, lo, d), c.randn(b, n, hi, d), c.randn(b, n, hi, dv)
-            _attention_case(c, q, k, v, ref.causal_mask(lo, hi), "a causal mask, S_q < S_k")
+            _attention_case(c, q, k, v, ref.causal_mask(lo, hi), _("a causal mask, S_q < S_k"))
             # 3. a random mask [B, 1, S_q, S_k] with some fully masked rows
             q, k, v = c.randn(b, n, sq, d), c.randn(b, n, sk, d), c.randn(b, n, sk, dv)
             _attention_case(c, q, k, v, _random_mask(c, b, 1, sq, sk, fully_masked_rows=True),
-                            "a mask with fully masked rows")
+                            _("a mask with fully masked rows"))
             # 4. S_q > S_k causal: the first queries see no key at all
             q, k, v = c.randn(b, n, hi, d), c.randn(b, n, lo, d), c.randn(b, n, lo, dv)
-            _attention_case(c, q, k, v, ref.causal_mask(hi, lo), "a causal mask, S_q > S_k")
+            _attention_case(c, q, k, v, ref.causal_mask(hi, lo), _("a causal mask, S_q > S_k"))
         # 5. huge scores (float64, so both sides round the same way): ~1e4 and beyond
         b, n, sq, sk, d, dv = c.sizes(6, 2, 11)
         q = c.randn(b, n, sq, d, dtype=torch.float64, scale=100.0)
         k = c.randn(b, n, sk, d, dtype=torch.float64, scale=100.0)
         v = c.randn(b, n, sk, dv, dtype=torch.float64)
-        _attention_case(c, q, k, v, None, "scores ~1e4 (float64)", large=True)
+        _attention_case(c, q, k, v, None, _("scores ~1e4 (float64)"), large=True)
         _attention_case(c, q, k, v, _random_mask(c, b, n, sq, sk, fully_masked_rows=True),
-                        "scores ~1e4 and fully masked rows (float64)", large=True)
-        _summary(c, "out and weights agree with scaled_dot_product_attention",
-                 "S_q != S_k, D != D_v, causal and random masks", "fully masked rows give zeros",
-                 "stable for scores ~1e4")
+                        _("scores ~1e4 and fully masked rows (float64)"), large=True)
+        _summary(c, _("out and weights agree with scaled_dot_product_attention"),
+                 _("S_q != S_k, D != D_v, causal and random masks"),
+                 _("fully masked rows give zeros"), _("stable for scores ~1e4"))
 
 
 def _attention_case(c: Check, q, k, v, mask, what: str, *, large: bool = False) -> None:
@@ -598,16 +620,17 @@ def _attention_case(c: Check, q, k, v, mask, what: str, *, large: bool = False) 
     shapes = f"q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}" + \
         ("" if mask is None else f", mask {list(mask.shape)}")
     if isinstance(got, torch.Tensor):
-        c.fail(f"returned one tensor {list(got.shape)} for {shapes}; return the pair "
-               "(out, weights).")
+        c.fail(_("returned one tensor {shape} for {inputs}; return the pair (out, weights).")
+               .format(shape=list(got.shape), inputs=shapes))
     if not isinstance(got, (tuple, list)) or len(got) != 2:
-        c.fail(f"should return a pair (out, weights), got {type(got).__name__} for {shapes}.")
+        c.fail(_("should return a pair (out, weights), got {kind} for {inputs}.").format(
+            kind=type(got).__name__, inputs=shapes))
     out, weights = got
     if (isinstance(out, torch.Tensor) and isinstance(weights, torch.Tensor) and
             want_w.shape != want_out.shape and
             out.shape == want_w.shape and weights.shape == want_out.shape):
-        c.fail(f"the first returned tensor has the weights' shape {list(want_w.shape)} for "
-               f"{shapes}.", PAIR_ORDER)
+        c.fail(_("the first returned tensor has the weights' shape {shape} for {inputs}.")
+               .format(shape=list(want_w.shape), inputs=shapes), PAIR_ORDER)
     nd = q.dim()
     w_dims, o_dims = _dims(nd, "S_k"), _dims(nd, "D_v")
 
@@ -643,10 +666,11 @@ def _attention_case(c: Check, q, k, v, mask, what: str, *, large: bool = False) 
         softmax_wrong[MAX_BEFORE_MASK] = lambda: _any_of(weights,
                                                          *_max_before_mask(scaled, mask))
         softmax_wrong.update(_mask_variants(weights, scaled, mask))
-    w_wrong = {**{SCORES_STEP + hint: v for hint, v in scores_wrong.items()},
-               **{SOFTMAX_STEP + hint: v for hint, v in softmax_wrong.items()}}
+    w_wrong = {**{_step(SCORES_STEP, hint): v for hint, v in scores_wrong.items()},
+               **{_step(SOFTMAX_STEP, hint): v for hint, v in softmax_wrong.items()}}
     dead = _rows_fully_masked(mask, want_w.shape)
-    _expect(c, weights, want_w, what=f"weights for {shapes}", dims=w_dims, wrong=w_wrong,
+    _expect(c, weights, want_w, what=_("weights for {inputs}").format(inputs=shapes),
+            dims=w_dims, wrong=w_wrong,
             fallback=_attention_hint(mask, want_w.shape, large=large, weights=True))
 
     o_wrong = {
@@ -657,7 +681,8 @@ def _attention_case(c: Check, q, k, v, mask, what: str, *, large: bool = False) 
     }
     for mistake, variant in w_wrong.items():
         o_wrong.setdefault(mistake, lambda variant=variant: variant() @ v)
-    _expect(c, out, want_out, what=f"out for {shapes}", dims=o_dims, wrong=o_wrong,
+    _expect(c, out, want_out, what=_("out for {inputs}").format(inputs=shapes), dims=o_dims,
+            wrong=o_wrong,
             fallback=_attention_hint(mask, want_w.shape, large=large))
     if dead is not None and dead.any():
-        c.note("fully masked rows give zeros")
+        c.note(_("fully masked rows give zeros"))
