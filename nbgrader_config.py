@@ -41,6 +41,9 @@ c.CourseDirectory.feedback_directory = os.path.join("grading", "feedback")
 c.CourseDirectory.solution_directory = os.path.join("grading", "solution")
 c.CourseDirectory.source_with_tests_directory = os.path.join("grading", "source_with_tests")
 c.CourseDirectory.db_url = "sqlite:///" + os.path.join(HERE, "grading", "gradebook.db")
+# A chapter's Chinese translation (solutions/NN_slug/NN_slug.zh.json) is a source of the Chinese
+# release (notebooks-zh/, made by `make release`), never a file handed to students.
+c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback", "*.zh.json"]
 # sqlite creates the database file but not its folder.
 os.makedirs(os.path.join(HERE, "grading"), exist_ok=True)
 

@@ -1,21 +1,55 @@
-"""Generate the learner release (`notebooks/`) from the instructor notebooks (`solutions/`).
+"""Generate the learner releases from the instructor notebooks (`solutions/`): `notebooks/`
+(English) and `notebooks-zh/` (Chinese).
 
-    python -m checks.tools.release            regenerate notebooks/ (what `make release` runs)
-    python -m checks.tools.release --check    exit 1, naming the chapters, if notebooks/ is out of date
+    python -m checks.tools.release            regenerate both (what `make release` runs)
+    python -m checks.tools.release --check    exit 1 if either is out of date or a translation is
+                                              stale, naming the chapters and the cells
+    python -m checks.tools.release --lang en  only the English release (or `--lang zh`)
 
 Every chapter folder `solutions/NN_slug/` (holding `NN_slug.ipynb`) is one nbgrader assignment.
 `nbgrader generate_assignment` runs in a temporary course directory (its own config, database
 and release folder), because its `--force` deletes the folder it writes to. The generated
-`NN_slug/` folders are then compared with, or copied into, `notebooks/`; chapters that no longer
-exist in `solutions/` are removed from `notebooks/`. Nothing else in `notebooks/` is touched.
+`NN_slug/` folders are then compared with, or copied into, the release folder; chapters that no
+longer exist in `solutions/` are removed from it. Nothing else in the release folder is touched.
 
-Tests use `generate_release(folder)` to build the release somewhere else and `out_of_date()` to
-compare two releases.
+## The Chinese release: one source, a translation beside it
+
+`solutions/NN_slug/NN_slug.zh.json` holds the Chinese of one chapter, keyed by cell id; each entry
+carries the sha256 of the English cell source it translates:
+
+    {"language": "zh", "source": "NN_slug.ipynb",
+     "cells": {"<markdown cell id>": {"sha256": "...", "text": "<the whole cell in Chinese>"},
+               "<code cell id>": {"sha256": "...", "strings": [["English", "中文"], ...]}}}
+
+A markdown cell's "text" replaces it; a code cell that is neither an answer nor a test may carry
+"strings": exact substrings (printed sentences, figure labels) replaced in its code, which is
+otherwise byte-identical to the English. For the zh release each solution notebook is translated
+in a temporary source folder, then generated through nbgrader exactly like the English one, so
+answer cells, test cells, grade ids, points and checksums are the same in both releases. Two
+things mark a Chinese notebook: `metadata.course.lang = "zh"` (the grader reads it to report in
+the submission's language), and a few lines at the end of its first code cell (the imports, after
+the install cell): `os.environ.setdefault("LLAMA_COURSE_LANG", "zh")`, which makes `checks` speak
+Chinese in the learner's kernel unless they set the variable themselves (checks.i18n), and
+`use_cjk_font()`, so that the Chinese figure labels render.
+
+Drift: a translation whose sha256 is not the hash of the English cell's current source is
+*stale*; it is never shipped (the cell stays English in notebooks-zh/) and `--check` fails naming
+it (chapter, cell id, first English words), as does regeneration. So do entries for cells that
+no longer exist, "strings" that no longer occur in their cell, and translations of graded cells.
+A markdown cell without a translation is *missing*: an error once every chapter has its .zh.json,
+a warning while some chapters have none yet (those chapters are released with English text).
+The .zh.json files never reach a release folder (they are left out of the temporary course, and
+nbgrader_config.py's CourseDirectory.ignore leaves them out of an instructor's own runs).
+
+Tests use `generate_release(folder, lang=...)` to build a release somewhere else,
+`out_of_date()` to compare two releases and `translation_status()` for the translations.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
 import re
 import shutil
@@ -23,17 +57,40 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SOLUTIONS = ROOT / "solutions"
 NOTEBOOKS = ROOT / "notebooks"
+NOTEBOOKS_ZH = ROOT / "notebooks-zh"
 CONFIG = ROOT / "nbgrader_config.py"
-
+#: The releases: language -> the folder it is committed in.
+RELEASES = {"en": NOTEBOOKS, "zh": NOTEBOOKS_ZH}
+#: A chapter's translation lies beside its notebook: solutions/NN_slug/NN_slug.zh.json.
+TRANSLATION_SUFFIX = ".zh.json"
+#: The install cell (first in every notebook): the language lines go into the code cell after it.
+INSTALL_CELL = "install-course"
+#: What ends a Chinese notebook's first code cell (its imports): checks.i18n reads the variable
+#: whenever it shows a message; the course's CJK font labels the figures in Chinese.
+LANG_LINES = ('\n\n# 中文版：检查结果用中文显示（想看英文，先把 LLAMA_COURSE_LANG 设为 "en"）；'
+              '图中的中文用课程自带的字体，\n'
+              '# 放在字体列表首位，含公式（$...$）的标签里的中文也能显示\n'
+              'import os\n'
+              '\n'
+              'import matplotlib\n'
+              'from checks.figures import use_cjk_font\n'
+              '\n'
+              'os.environ.setdefault("LLAMA_COURSE_LANG", "zh")\n'
+              'cjk_font = use_cjk_font()\n'
+              'if cjk_font:\n'
+              '    matplotlib.rcParams["font.family"] = [cjk_font, *matplotlib.rcParams["font.family"]]')
 #: A chapter folder: two digits, an underscore, a lower-case slug (`01_notation`).
 CHAPTER_RE = re.compile(r"^[0-9]{2}_[a-z0-9_]+$")
 #: Editor and interpreter droppings that are never part of a chapter.
 JUNK = (".ipynb_checkpoints", "__pycache__", "*.pyc", ".DS_Store")
+#: What is copied from a chapter folder into the temporary course: no junk, no translations.
+NOT_RELEASED = (*JUNK, "*" + TRANSLATION_SUFFIX)
 
 
 class ReleaseError(RuntimeError):
@@ -110,7 +167,7 @@ def run_nbgrader(course_dir: Path, *args: str, timeout: float = 900) -> str:
 
 
 # ------------------------------------------------------------------------------------------------
-# the release
+# the chapters
 
 
 def chapters(solutions: Path = SOLUTIONS) -> list[str]:
@@ -133,12 +190,198 @@ def chapters(solutions: Path = SOLUTIONS) -> list[str]:
     return found
 
 
-def generate_release(dest: Path, solutions: Path = SOLUTIONS) -> list[str]:
-    """Generate the learner release of every chapter in `solutions` into `dest/NN_slug/`.
+# ------------------------------------------------------------------------------------------------
+# translations
+
+
+@dataclass(frozen=True)
+class TranslationProblem:
+    """One cell whose translation cannot ship. `kind`: stale, missing, unknown cell, graded cell,
+    string not found, malformed."""
+
+    chapter: str
+    cell: str
+    kind: str
+    words: str = ""  # the English cell's first words (or what is wrong)
+
+    def __str__(self) -> str:
+        return f"{self.chapter} cell {self.cell}: {self.kind}" + (f" ({self.words})"
+                                                                  if self.words else "")
+
+
+@dataclass
+class TranslationStatus:
+    """What the translations of a source folder say: per chapter, whether a file exists, and every
+    problem. `errors` fail the release; `warnings` (missing cells while some chapters have no
+    file yet) do not."""
+
+    untranslated: list[str] = field(default_factory=list)  # chapters without a .zh.json
+    problems: list[TranslationProblem] = field(default_factory=list)
+
+    @property
+    def errors(self) -> list[TranslationProblem]:
+        return [p for p in self.problems if p.kind != "missing" or not self.untranslated]
+
+    @property
+    def warnings(self) -> list[TranslationProblem]:
+        return [p for p in self.problems if p not in self.errors]
+
+
+def cell_source(cell) -> str:
+    source = cell.get("source", "")
+    return source if isinstance(source, str) else "".join(source)
+
+
+def source_hash(cell) -> str:
+    """The sha256 (hex) of a cell's source as one UTF-8 string: what a translation records."""
+    return hashlib.sha256(cell_source(cell).encode("utf-8")).hexdigest()
+
+
+def translation_path(chapter_dir: Path) -> Path:
+    chapter_dir = Path(chapter_dir)
+    return chapter_dir / f"{chapter_dir.name}{TRANSLATION_SUFFIX}"
+
+
+def read_translation(path: Path) -> dict[str, dict]:
+    """The cells of a translation file ({cell id: entry}); ReleaseError, in one line, when the
+    file is not in the fixed format."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ReleaseError(f"{path}: not a readable JSON file ({exc})") from None
+    cells = data.get("cells") if isinstance(data, dict) else None
+    if not isinstance(cells, dict) or data.get("language") != "zh":
+        raise ReleaseError(f'{path}: expected {{"language": "zh", "source": ..., "cells": {{...}}}}')
+    for cell_id, entry in cells.items():
+        ok = isinstance(entry, dict) and isinstance(entry.get("sha256"), str) and (
+            isinstance(entry.get("text"), str) or (
+                isinstance(entry.get("strings"), list) and all(
+                    isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str)
+                                                                      for x in pair)
+                    and pair[0] for pair in entry["strings"])))
+        if not ok:
+            raise ReleaseError(f'{path}: cell {cell_id}: expected {{"sha256": ..., "text": ...}} '
+                               'or {"sha256": ..., "strings": [["English", "中文"], ...]}')
+    return cells
+
+
+def _first_words(text: str, count: int = 8) -> str:
+    words = text.split()
+    return " ".join(words[:count]) + (" ..." if len(words) > count else "")
+
+
+def _graded(cell) -> bool:
+    meta = cell.get("metadata", {}).get("nbgrader", {})
+    return bool(meta.get("solution") or meta.get("grade") or meta.get("locked"))
+
+
+def translate_notebook(nb: dict, cells: dict[str, dict], chapter: str
+                       ) -> tuple[dict, list[TranslationProblem]]:
+    """The Chinese notebook made from English `nb` (nbformat JSON) and a translation's `cells`,
+    and the problems found. A cell whose translation cannot ship stays English."""
+    import copy
+
+    nb = copy.deepcopy(nb)
+    problems: list[TranslationProblem] = []
+    ids = {cell.get("id") for cell in nb["cells"]}
+    problems += [TranslationProblem(chapter, cell_id, "unknown cell",
+                                    "no cell with this id in the English notebook")
+                 for cell_id in cells if cell_id not in ids]
+    for cell in nb["cells"]:
+        english = cell_source(cell)
+        entry = cells.get(cell.get("id"))
+
+        def problem(kind: str, words: str = _first_words(english)) -> None:
+            problems.append(TranslationProblem(chapter, cell.get("id"), kind, words))
+
+        if entry is None:
+            if cell["cell_type"] == "markdown" and english.strip():
+                problem("missing")
+            continue
+        if entry["sha256"] != source_hash(cell):
+            problem("stale")
+        elif cell["cell_type"] == "markdown":
+            if "text" in entry:
+                cell["source"] = entry["text"]
+            else:
+                problem("malformed", 'a markdown cell needs "text"')
+        elif cell["cell_type"] != "code" or _graded(cell) or "strings" not in entry:
+            problem("graded cell" if _graded(cell) else "malformed",
+                    "answer and test cells are never translated" if _graded(cell)
+                    else 'a code cell takes "strings" only')
+        else:
+            lost = [en for en, _zh in entry["strings"] if en not in english]
+            if lost:
+                problem("string not found", repr(lost[0]))
+                continue
+            for en, zh in entry["strings"]:
+                english = english.replace(en, zh)
+            cell["source"] = english
+    return nb, problems
+
+
+def mark_chinese(nb: dict) -> dict:
+    """Set the notebook's language (metadata.course.lang) and end its first code cell after the
+    install cell (its imports; neither an answer nor a test) with the language lines."""
+    nb["metadata"].setdefault("course", {})["lang"] = "zh"
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "code" and cell.get("id") != INSTALL_CELL and not _graded(cell):
+            cell["source"] = cell_source(cell).rstrip("\n") + LANG_LINES
+            break
+    else:
+        raise ReleaseError(f"{nb['metadata']['course'].get('chapter', 'a notebook')}: no code "
+                           "cell for the language line")
+    return nb
+
+
+def _chapter_translation(chapter_dir: Path) -> tuple[dict, list[TranslationProblem]] | None:
+    """(Chinese notebook, problems) of one chapter folder; None while it has no translation."""
+    path = translation_path(chapter_dir)
+    if not path.is_file():
+        return None
+    notebook = chapter_dir / f"{chapter_dir.name}.ipynb"
+    try:
+        nb = json.loads(notebook.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ReleaseError(f"{notebook}: not a readable notebook ({exc})") from None
+    return translate_notebook(nb, read_translation(path), chapter_dir.name)
+
+
+def translation_status(solutions: Path = SOLUTIONS) -> TranslationStatus:
+    """Every chapter's translation, checked against the English cells it translates."""
+    status = TranslationStatus()
+    for name in chapters(solutions):
+        found = _chapter_translation(Path(solutions) / name)
+        if found is None:
+            status.untranslated.append(name)
+        else:
+            status.problems += found[1]
+    return status
+
+
+def _write_chinese_sources(course: Path, names: list[str], solutions: Path) -> None:
+    """Replace each copied chapter notebook of the temporary course by its Chinese version."""
+    for name in names:
+        found = _chapter_translation(Path(solutions) / name)
+        target = course / "solutions" / name / f"{name}.ipynb"
+        nb = json.loads(target.read_text(encoding="utf-8")) if found is None else found[0]
+        target.write_text(json.dumps(mark_chinese(nb), ensure_ascii=False, indent=1) + "\n",
+                          encoding="utf-8")
+
+
+# ------------------------------------------------------------------------------------------------
+# the release
+
+
+def generate_release(dest: Path, solutions: Path = SOLUTIONS, lang: str = "en") -> list[str]:
+    """Generate the learner release of every chapter in `solutions` into `dest/NN_slug/`, in
+    `lang` ("en", or "zh": each notebook translated first, see the module's docstring).
 
     `dest` is created if needed; chapter folders already in it are replaced, nothing else in it is
     touched. Returns the chapter names. nbgrader itself only ever writes inside a temporary course.
     """
+    if lang not in RELEASES:
+        raise ReleaseError(f"no release in language {lang!r} (one of {', '.join(RELEASES)})")
     dest = Path(dest)
     names = chapters(solutions)
     dest.mkdir(parents=True, exist_ok=True)
@@ -150,7 +393,9 @@ def generate_release(dest: Path, solutions: Path = SOLUTIONS) -> list[str]:
         # The course layout (solutions/ -> notebooks/) comes from the repository's config.
         for name in names:
             shutil.copytree(Path(solutions) / name, course / "solutions" / name,
-                            ignore=shutil.ignore_patterns(*JUNK))
+                            ignore=shutil.ignore_patterns(*NOT_RELEASED))
+        if lang == "zh":
+            _write_chinese_sources(course, names, Path(solutions))
         # One call for all chapters: `*` is one assignment per chapter folder.
         run_nbgrader(course, "generate_assignment", "*", "--force")
         for name in names:
@@ -209,12 +454,14 @@ def out_of_date(fresh: Path, committed: Path) -> dict[str, str]:
     return problems
 
 
-def update(notebooks: Path = NOTEBOOKS, solutions: Path = SOLUTIONS) -> dict[str, str]:
-    """Regenerate `notebooks/` from `solutions/`; return what changed ({chapter: why})."""
+def update(notebooks: Path = NOTEBOOKS, solutions: Path = SOLUTIONS,
+           lang: str = "en") -> dict[str, str]:
+    """Regenerate the `lang` release folder from `solutions/`; return what changed
+    ({chapter: why})."""
     notebooks = Path(notebooks)
     with tempfile.TemporaryDirectory(prefix="course-release-out-") as tmp:
         fresh = Path(tmp)
-        names = generate_release(fresh, solutions)
+        names = generate_release(fresh, solutions, lang=lang)
         changes = out_of_date(fresh, notebooks)
         notebooks.mkdir(parents=True, exist_ok=True)
         for name, why in changes.items():
@@ -225,41 +472,82 @@ def update(notebooks: Path = NOTEBOOKS, solutions: Path = SOLUTIONS) -> dict[str
     return changes
 
 
+def _report_translations(status: TranslationStatus) -> None:
+    """Warnings on stderr: chapters not yet translated, cells not yet translated."""
+    if status.untranslated:
+        print("warning: not yet translated (released with English text): "
+              + ", ".join(status.untranslated), file=sys.stderr)
+    if status.warnings:
+        print(f"warning: {len(status.warnings)} markdown cells not yet translated, the first: "
+              f"{status.warnings[0]}", file=sys.stderr)
+
+
+def _check(folders: dict[str, Path], solutions: Path) -> int:
+    """`--check`: one line per release folder, one per translation error; 1 if anything is off."""
+    failed = False
+    for lang, folder in folders.items():
+        rel = os.path.relpath(folder)
+        with tempfile.TemporaryDirectory(prefix="course-release-out-") as tmp:
+            names = generate_release(Path(tmp), solutions, lang=lang)
+            problems = out_of_date(Path(tmp), folder)
+        if problems:
+            listed = "; ".join(f"{name} ({why})" for name, why in problems.items())
+            print(f"{rel}/ is out of date: {listed}. Run `make release`.")
+            failed = True
+        else:
+            print(f"{rel}/ is up to date ({len(names)} chapters).")
+    return 1 if failed else 0
+
+
+def _translation_errors(status: TranslationStatus) -> int:
+    """Print each translation that cannot ship (one line each); 1 if there is any."""
+    for problem in status.errors:
+        print(f"translation {problem}")
+    if status.errors:
+        print(f"{len(status.errors)} translation(s) cannot ship: update the .zh.json files "
+              "(the sha256 is that of the English cell source; see checks/tools/release.py).")
+    return 1 if status.errors else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m checks.tools.release",
-        description="Generate the learner notebooks (notebooks/) from solutions/ with nbgrader.")
+        description="Generate the learner notebooks (notebooks/, notebooks-zh/) from solutions/ "
+                    "with nbgrader.")
     parser.add_argument("--check", action="store_true",
-                        help="do not write; exit 1 if notebooks/ is out of date")
+                        help="do not write; exit 1 if a release is out of date or a translation "
+                             "is stale")
+    parser.add_argument("--lang", choices=[*RELEASES, "all"], default="all",
+                        help="which release (default: all)")
     parser.add_argument("--solutions", type=Path, default=SOLUTIONS, metavar="DIR",
                         help="source folder (default: the repository's solutions/)")
     parser.add_argument("--notebooks", type=Path, default=NOTEBOOKS, metavar="DIR",
-                        help="release folder (default: the repository's notebooks/)")
+                        help="English release folder (default: the repository's notebooks/)")
+    parser.add_argument("--notebooks-zh", type=Path, default=NOTEBOOKS_ZH, metavar="DIR",
+                        help="Chinese release folder (default: the repository's notebooks-zh/)")
     args = parser.parse_args(argv)
-    rel = os.path.relpath(args.notebooks)
+    folders = {"en": args.notebooks, "zh": args.notebooks_zh}
+    if args.lang != "all":
+        folders = {args.lang: folders[args.lang]}
     try:
+        status = translation_status(args.solutions) if "zh" in folders else TranslationStatus()
+        _report_translations(status)
         if args.check:
-            with tempfile.TemporaryDirectory(prefix="course-release-out-") as tmp:
-                names = generate_release(Path(tmp), args.solutions)
-                problems = out_of_date(Path(tmp), args.notebooks)
-            if problems:
-                listed = "; ".join(f"{name} ({why})" for name, why in problems.items())
-                print(f"{rel}/ is out of date: {listed}. Run `make release`.")
-                return 1
-            print(f"{rel}/ is up to date ({len(names)} chapters).")
-            return 0
-        changes = update(args.notebooks, args.solutions)
+            return max(_check(folders, args.solutions), _translation_errors(status))
+        for lang, folder in folders.items():
+            _print_changes(os.path.relpath(folder), update(folder, args.solutions, lang=lang))
     except ReleaseError as exc:
         print(f"release failed: {exc}", file=sys.stderr)
         return 2
-    if changes:
-        for name, why in changes.items():
-            verb = {"missing": "added"}.get(why, "removed" if why.startswith("no longer")
-                                            else "updated")
-            print(f"{rel}/{name}: {verb} ({why})")
-    else:
+    return _translation_errors(status)
+
+
+def _print_changes(rel: str, changes: dict[str, str]) -> None:
+    if not changes:
         print(f"{rel}/ was already up to date.")
-    return 0
+    for name, why in changes.items():
+        verb = {"missing": "added"}.get(why, "removed" if why.startswith("no longer") else "updated")
+        print(f"{rel}/{name}: {verb} ({why})")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,11 @@
-"""The learner release (notebooks/) is nbgrader's output for solutions/, committed and in sync.
+"""The learner releases (notebooks/, notebooks-zh/) are nbgrader's output for solutions/ (and its
+translations), committed and in sync.
 
-Regenerating into a temporary folder must give the committed notebooks/ byte for byte; the
+Regenerating into a temporary folder must give the committed release byte for byte; the
 release holds no solution code and no hidden tests; every answer cell raises NotImplementedError;
-locked test cells carry checksums that match their text.
+locked test cells carry checksums that match their text. The Chinese release differs from the
+English one only in its markdown, the translated strings of its non-graded code cells, its
+language lines and its metadata; a stale translation is named by `--check` and never shipped.
 """
 
 from __future__ import annotations
@@ -136,7 +139,7 @@ def test_update_replaces_stale_chapters_and_is_reproducible(sources, fresh, tmp_
 def test_check_command_names_the_stale_chapters(fresh, tmp_path, capsys, monkeypatch):
     """`--check`: exit 1 with one line naming each out-of-date chapter; exit 0 when in sync.
     (Generation itself is tested above; here it is replaced by a copy of that release.)"""
-    def generate(dest, solutions=None):
+    def generate(dest, solutions=None, lang="en"):
         shutil.copytree(fresh, dest, dirs_exist_ok=True)
         return CHAPTERS
     monkeypatch.setattr(release, "generate_release", generate)
@@ -149,7 +152,7 @@ def test_check_command_names_the_stale_chapters(fresh, tmp_path, capsys, monkeyp
         nb.write_text(nb.read_text(encoding="utf-8").replace("raise NotImplementedError()", "pass"),
                       encoding="utf-8")
 
-    assert release.main(["--check", "--notebooks", str(target)]) == 1
+    assert release.main(["--check", "--lang", "en", "--notebooks", str(target)]) == 1
     out = capsys.readouterr().out.strip()
     assert "\n" not in out, "the --check message is one line"
     assert "98_extra (no longer in solutions/)" in out
@@ -160,7 +163,7 @@ def test_check_command_names_the_stale_chapters(fresh, tmp_path, capsys, monkeyp
     if CHAPTERS:
         shutil.copyfile(fresh / CHAPTERS[0] / f"{CHAPTERS[0]}.ipynb",
                         target / CHAPTERS[0] / f"{CHAPTERS[0]}.ipynb")
-    assert release.main(["--check", "--notebooks", str(target)]) == 0
+    assert release.main(["--check", "--lang", "en", "--notebooks", str(target)]) == 0
 
 
 def test_chapter_folders_are_found(tmp_path):
@@ -262,3 +265,148 @@ def test_locked_cells_keep_their_checksums(chapter, sources, fresh):
             assert rel["metadata"].get("editable") is False
             assert rel["metadata"].get("deletable") is False
     assert locked > 0
+
+
+# --------------------------------------------------------------------------------------------
+# the Chinese release: the same course, translated text
+
+
+@pytest.fixture(scope="module")
+def sources_zh(tmp_path_factory) -> Path:
+    """A snapshot of the chapter folders with their translations (.zh.json) beside them."""
+    out = tmp_path_factory.mktemp("solutions-zh")
+    for chapter in CHAPTERS:
+        shutil.copytree(release.SOLUTIONS / chapter, out / chapter,
+                        ignore=shutil.ignore_patterns(*release.JUNK))
+    return out
+
+
+@pytest.fixture(scope="module")
+def fresh_zh(tmp_path_factory, sources_zh) -> Path:
+    out = tmp_path_factory.mktemp("release-zh")
+    assert release.generate_release(out, sources_zh, lang="zh") == CHAPTERS
+    return out
+
+
+TRANSLATED = [c for c in CHAPTERS if release.translation_path(release.SOLUTIONS / c).is_file()]
+
+
+def test_chinese_release_is_in_sync(fresh_zh):
+    problems = release.out_of_date(fresh_zh, release.NOTEBOOKS_ZH)
+    assert not problems, (
+        "notebooks-zh/ is out of date: "
+        + "; ".join(f"{k} ({v})" for k, v in problems.items())
+        + ". Run `make release` (python -m checks.tools.release) and commit notebooks-zh/.")
+
+
+def test_no_translation_ships_stale_or_broken():
+    """Every translation entry matches the English cell it translates (its sha256), names a cell
+    that exists, translates no graded cell, and every "strings" entry occurs in its cell."""
+    errors = release.translation_status().errors
+    assert not errors, "translations that cannot ship:\n" + "\n".join(map(str, errors))
+
+
+@pytest.mark.xfail(condition=len(TRANSLATED) < len(CHAPTERS), strict=False,
+                   reason="some chapters have no .zh.json yet: "
+                   + ", ".join(sorted(set(CHAPTERS) - set(TRANSLATED))))
+def test_every_markdown_cell_is_translated():
+    status = release.translation_status()
+    assert not status.untranslated, "chapters without a translation: " + \
+        ", ".join(status.untranslated)
+    missing = [p for p in status.problems if p.kind == "missing"]
+    assert not missing, "markdown cells without a translation:\n" + "\n".join(map(str, missing))
+
+
+def test_translation_files_never_reach_a_release(fresh, fresh_zh):
+    for folder in (fresh, fresh_zh, release.NOTEBOOKS, release.NOTEBOOKS_ZH):
+        leaked = sorted(folder.rglob("*" + release.TRANSLATION_SUFFIX))
+        assert not leaked, f"translation files in a release: {leaked}"
+    config = (release.ROOT / "nbgrader_config.py").read_text(encoding="utf-8")
+    assert '"*.zh.json"' in config, "nbgrader_config.py must ignore the translation files"
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_chinese_release_is_the_english_one_translated(chapter, sources_zh, fresh, fresh_zh):
+    """Same cells in the same order; graded cells (answers, tests, their nbgrader metadata and
+    checksums) byte-identical; other code cells identical apart from their "strings" and, in the
+    first one, the language lines; markdown translated where a translation exists."""
+    english = _load(fresh / chapter / f"{chapter}.ipynb")
+    chinese = _load(fresh_zh / chapter / f"{chapter}.ipynb")
+    path = release.translation_path(sources_zh / chapter)
+    entries = release.read_translation(path) if path.is_file() else {}
+    assert [c.get("id") for c in chinese["cells"]] == [c.get("id") for c in english["cells"]]
+    assert chinese["metadata"]["course"]["lang"] == "zh"
+    assert "lang" not in english["metadata"].get("course", {})
+    marked = False
+    for en, zh in zip(english["cells"], chinese["cells"]):
+        where = f"{chapter}/{en.get('id')}"
+        assert zh["metadata"] == en["metadata"], f"{where}: metadata differs"
+        entry = entries.get(en.get("id"), {})
+        if _nbg(en):
+            assert _src(zh) == _src(en), f"{where}: a graded cell differs between the releases"
+        elif en["cell_type"] == "markdown":
+            assert _src(zh) == entry.get("text", _src(en)), f"{where}: not the translation"
+        else:
+            want = _src(en)
+            for old, new in entry.get("strings", []):
+                want = want.replace(old, new)
+            if not marked and en.get("id") != release.INSTALL_CELL:
+                want = want.rstrip("\n") + release.LANG_LINES
+                marked = True
+            assert _src(zh) == want, f"{where}: code differs beyond its translated strings"
+    assert marked, f"{chapter}: no cell holds the language lines"
+
+
+def test_a_changed_english_cell_makes_its_translation_stale(sources_zh, tmp_path, capsys):
+    """Editing an English cell after it was translated: --check fails naming the chapter, the
+    cell id and its first English words; the Chinese release shows the new English instead of
+    the stale Chinese."""
+    if not TRANSLATED:
+        pytest.skip("no chapter is translated yet")
+    chapter = TRANSLATED[0]
+    source = tmp_path / "solutions"
+    shutil.copytree(sources_zh / chapter, source / chapter)
+    notebook = source / chapter / f"{chapter}.ipynb"
+    nb = _load(notebook)
+    entries = release.read_translation(release.translation_path(source / chapter))
+    cell = next(c for c in nb.cells if c.cell_type == "markdown" and c.get("id") in entries)
+    cell.source = "Edited after translation: " + cell.source
+    nbformat.write(nb, notebook)
+
+    status = release.translation_status(source)
+    assert [(p.chapter, p.cell, p.kind) for p in status.errors] == [(chapter, cell.id, "stale")]
+    assert release.main(["--check", "--lang", "zh", "--solutions", str(source),
+                         "--notebooks-zh", str(tmp_path / "zh")]) == 1
+    out = capsys.readouterr().out
+    assert f"translation {chapter} cell {cell.id}: stale (Edited after translation:" in out
+
+    built = tmp_path / "built"
+    release.generate_release(built, source, lang="zh")
+    shipped = next(c for c in _load(built / chapter / f"{chapter}.ipynb").cells
+                   if c.get("id") == cell.id)
+    assert _src(shipped) == cell.source, "a stale translation was shipped"
+
+
+def test_translation_problems_are_named(tmp_path):
+    """An entry for a cell that is gone, a translated graded cell, a string no longer in its
+    cell, a markdown cell without a translation: each is one named problem."""
+    chapter = CHAPTERS[0]
+    nb = _load(release.SOLUTIONS / chapter / f"{chapter}.ipynb")
+    graded = next(c for c in nb.cells if _nbg(c).get("solution"))
+    code = next(c for c in nb.cells if c.cell_type == "code" and not _nbg(c))
+    markdown = [c for c in nb.cells if c.cell_type == "markdown"]
+    cells = {"gone-cell": {"sha256": "0" * 64, "text": "x"},
+             graded.id: {"sha256": release.source_hash(graded), "strings": [["def", "定义"]]},
+             code.id: {"sha256": release.source_hash(code), "strings": [["no such text", "无"]]},
+             markdown[0].id: {"sha256": release.source_hash(markdown[0]), "text": "中文"}}
+    translated, problems = release.translate_notebook(nb, cells, chapter)
+    kinds = {(p.cell, p.kind) for p in problems}
+    assert {("gone-cell", "unknown cell"), (graded.id, "graded cell"),
+            (code.id, "string not found")} <= kinds
+    assert {(c.id, "missing") for c in markdown[1:] if c.source.strip()} <= kinds
+    assert translated["cells"][nb.cells.index(markdown[0])]["source"] == "中文"
+    assert _src(translated["cells"][nb.cells.index(graded)]) == graded.source
+    bad = tmp_path / "bad.zh.json"
+    bad.write_text('{"language": "zh", "cells": {"a": {"text": "no hash"}}}', encoding="utf-8")
+    with pytest.raises(release.ReleaseError, match="cell a: expected"):
+        release.read_translation(bad)
