@@ -52,10 +52,10 @@ import torch
 import torch.nn.functional as F
 
 from . import reference as ref
-from . import timing
 from .config import LLAMA2_7B, ModelConfig
 from .engine import Check, CheckFailure, LearnerError, NotStarted
 from .reference import generation as gen
+from .reference import roofline
 
 # --------------------------------------------------------------------------------------------
 # The mistakes this chapter diagnoses, in the words a failure shows.
@@ -1030,7 +1030,7 @@ def _check_sampling(c: Check) -> None:
 # defines what each count includes, and `checks.reference.generation` holds the answers.
 
 _COUNT_HINT = ("this exercise asks you to write the formula yourself; the course's {name} (in "
-               "checks.reference or checks.timing) is what your answer is compared with")
+               "checks.reference) is what your answer is compared with")
 
 
 def _roofline_cfg(c: Check) -> ModelConfig:
@@ -1161,7 +1161,7 @@ def _decode_mixups(cfg: ModelConfig, b: int, c_len: int, s: int, want: int) -> d
 @_one_thread
 def check_prefill_flops(f, *, seed: int | None = None, thorough: bool = False) -> None:
     with Check("prefill_flops", f, seed=seed) as c:
-        c.forbid_functions([gen.prefill_flops, timing.prefill_flops], _COUNT_HINT)
+        c.forbid_functions([gen.prefill_flops, roofline.prefill_flops], _COUNT_HINT)
         cases = [_distinct(c, lambda: (_roofline_cfg(c), c.randint(2, 7), c.randint(7, 40)),
                            gen.prefill_flops, _prefill_mixups)
                  for _ in range(3 if thorough else 2)]
@@ -1184,7 +1184,8 @@ def check_prefill_flops(f, *, seed: int | None = None, thorough: bool = False) -
 @_one_thread
 def check_decode_step_bytes(f, *, seed: int | None = None, thorough: bool = False) -> None:
     with Check("decode_step_bytes", f, seed=seed) as c:
-        c.forbid_functions([gen.decode_step_bytes, timing.decode_bytes], _COUNT_HINT)
+        c.forbid_functions([gen.decode_step_bytes, roofline.decode_bytes,
+                            roofline.prefill_bytes], _COUNT_HINT)
         cases = []
         # 1 and 4 bytes first (int8, fp32): a hard-coded 2 then stands out.
         for s in [1, 4] + [c.choice([1, 2, 4]) for _ in range(2 if thorough else 0)]:
@@ -1229,7 +1230,7 @@ def check_arithmetic_intensity(f, *, seed: int | None = None, thorough: bool = F
         # LLaMA-2-7B in bf16: a 512-token prefill, and a decode step after 511 cached positions
         # (the prefill writes K and V for 512 positions: the same bytes as that decode step).
         cases += [(gen.prefill_flops(cfg, 1, 512), gen.decode_step_bytes(cfg, 1, 511, 2)),
-                  (timing.decode_flops(cfg, 1, 511), gen.decode_step_bytes(cfg, 1, 511, 2))]
+                  (roofline.decode_flops(cfg, 1, 511), gen.decode_step_bytes(cfg, 1, 511, 2))]
         for flops, nbytes in cases:
             got = c.call(flops, nbytes)
             want = flops / nbytes

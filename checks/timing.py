@@ -1,41 +1,61 @@
-"""Prefill vs decode, timed: FLOPs and bytes from the config, measured against the device's peaks.
+"""Prefill vs decode, timed: FLOPs and bytes beside the times, against the device's own peaks.
 
-    python -m checks.timing [--json FILE] [--device cpu|cuda] [--size tiny|small|7b]
+    python -m checks.timing [--json FILE] [--device cpu|cuda|mps] [--size tiny|small|7b]
                             [--model random|smollm] [--budget SECONDS] [--figure PNG]
 
-prints a table and (with --json) writes every number. On a CUDA GPU the default is LLaMA-2-7B's
-shapes in bf16 (all 32 layers, random weights); on a CPU a scaled-down configuration in fp32,
-labelled as such, that finishes in seconds. `--model smollm` times the course's real model,
-SmolLM2-135M-Instruct (`checks.smollm`), instead: fp32 on a CPU, bf16 on a GPU (`--size tiny`:
-the smallest run, one prefill and one decode point). Chapter 13's notebook calls the same functions.
+prints a table and (with --json) writes every number. What runs is chosen from the device found
+(`describe_device`: its kind, name, memory and, on CUDA, compute capability), by plain functions
+of that description (`timing_dtype`, `plan_for`, `fit_points`), so they are tested without a GPU
+(tests/core/test_devices.py):
+
+- the device: CUDA when available, else Apple's MPS, else the CPU;
+- the dtype: bf16 on GPUs that compute it fast (compute capability 8.0 and later: A100, H100,
+  H200, RTX 30xx and later), fp16 on older GPUs (a T4 or a V100 has no fast bf16) and on MPS,
+  fp32 on the CPU;
+- the sizes: on a GPU, LLaMA-2-7B's shapes with random weights (`--size 7b`), as many of its 32
+  layers as fit in the free memory (`torch.cuda.mem_get_info`: a 16 GB T4 cannot hold 13.5 GB of
+  weights and a cache), and only the points whose KV cache and activations fit beside them; on a
+  CPU a scaled-down configuration in fp32 that finishes in seconds (`--size small`). Every table
+  says what was chosen and why. `--model smollm` times the course's real model,
+  SmolLM2-135M-Instruct (`checks.smollm`), instead, on the GPU in the GPU's dtype (`--size tiny`:
+  the smallest run, one prefill and one decode point). Chapter 13's notebook calls the same
+  functions.
 
 What is measured, and how:
 - The device's peaks, by the device itself: FLOP/s of one large square matmul, and bytes/s of one
   large device-to-device copy (each byte read once and written once); the fastest repeat counts.
+  The roofline is drawn from these, so it is that device's roofline.
 - Prefill: one forward call over B prompts of P tokens at start_pos 0, filling the KV cache
   (LM head on the last position only, as generation needs): tokens/s and achieved FLOP/s.
 - Decode: one forward call with one new token per sequence at position C, reading a cache that
   already holds C positions (filled with random numbers: the cost does not depend on them):
   latency per step, tokens/s (B per step) and achieved bytes/s (weights + KV read per step).
 - Timing: warm-up calls first, then repeats, each bracketed by a device synchronisation
-  (`torch.cuda.synchronize()` on CUDA: kernels run asynchronously, so a clock read without it
-  would time the kernel launches only); the median of the repeats is reported for prefill and
-  decode. The repeats are a fixed number (the plan's, or `--repeats`), or, with `--budget`, as
-  many as fit in that many seconds per point (`checks.context.time_budget`, at least 3): a busy
-  machine then costs precision, not time. Every row records its number of repeats.
+  (`torch.cuda.synchronize()` on CUDA, `torch.mps.synchronize()` on MPS: kernels run
+  asynchronously, so a clock read without it would time the kernel launches only); the median of
+  the repeats is reported for prefill and decode. The repeats are a fixed number (the plan's, or
+  `--repeats`), or, with `--budget`, as many as fit in that many seconds per point
+  (`checks.context.time_budget`, at least 3): a busy machine then costs precision, not time.
+  Every row records its number of repeats.
 The model is the course's reference (`checks.reference.generation`) under `torch.inference_mode`.
-The FLOP and byte counts are those of chapter 13's exercises (`prefill_flops`, `decode_step_bytes`;
-the reference writes them per operation, this module per token, and the tests compare the two).
+The FLOP and byte counts are chapter 13's exercises, so this module holds none of them: `run`
+takes them as arguments (`Counts`; the notebook passes the learner's own), and the command line
+uses the course's (`reference_counts`, from `checks.reference.roofline`, which the grader
+withholds from a worker grading chapter 13 like every other answer).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
+import os
 import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -43,60 +63,189 @@ import torch
 from . import context
 from .config import LLAMA2_7B, ModelConfig
 from .reference import generation as gen
+# Kept importable from here for the maintainers' benchmark and chapter 13's tests, which still
+# name them `timing.*`: the counts themselves live in (and are withheld with) the reference.
+from .reference.roofline import (decode_bytes, decode_flops, prefill_flops,  # noqa: F401
+                                 weight_bytes)
+
+MiB, GiB = 2**20, 2**30
 
 # --------------------------------------------------------------------------------------------
-# The arithmetic, from the config (a multiply-add counts as 2 FLOPs)
+# The counts beside the measurements: chapter 13's answers, passed in
 
 
-def matmul_params(cfg: ModelConfig) -> int:
-    """Weights that every token multiplies: per layer W_qkv, W_O and the three FFN matrices, plus
-    the LM head. (The embedding table is a lookup, not a product; the norms are tiny.)"""
-    h, d = cfg.hidden_size, cfg.head_dim
-    attention = h * (cfg.n_heads + 2 * cfg.n_kv_heads) * d + cfg.n_heads * d * h
-    ffn = 3 * h * cfg.ffn_hidden_size
-    return cfg.n_layers * (attention + ffn) + h * cfg.vocab_size
+@dataclass(frozen=True)
+class Counts:
+    """The FLOPs and bytes a timing table puts beside each measured time (a multiply-add is 2
+    FLOPs): chapter 13's `prefill_flops(cfg, batch, seq_len)`, a decode step's
+    `decode_flops(cfg, batch, context_len)`, and `decode_step_bytes(cfg, batch, context_len,
+    bytes_per_elem)`. A prefill of P tokens moves what a decode step after P - 1 cached positions
+    moves (every weight once, K and V of P positions), so one byte count serves both."""
+
+    prefill_flops: Callable[..., int]
+    decode_flops: Callable[..., int]
+    decode_step_bytes: Callable[..., int]
+
+    def prefill_bytes(self, cfg: ModelConfig, batch: int, prompt_len: int,
+                      bytes_per_elem: int) -> int:
+        return self.decode_step_bytes(cfg, batch, prompt_len - 1, bytes_per_elem)
 
 
-def weight_bytes(cfg: ModelConfig, bytes_per_param: int) -> int:
-    """Bytes of weights one forward call reads: every matrix once, and the norm scales."""
-    norms = (2 * cfg.n_layers + 1) * cfg.hidden_size
-    return (matmul_params(cfg) + norms) * bytes_per_param
+def reference_counts() -> Counts:
+    """The course's own counts (`checks.reference.roofline`), for the command line."""
+    from .reference import roofline
+
+    return Counts(roofline.prefill_flops, roofline.decode_flops, roofline.decode_bytes)
 
 
-def kv_bytes(cfg: ModelConfig, batch: int, positions: int, bytes_per_elem: int) -> int:
-    """K and V of `positions` tokens in every layer: 2 L B S N_kv D_h s (chapter 06)."""
-    return 2 * cfg.n_layers * batch * positions * cfg.n_kv_heads * cfg.head_dim * bytes_per_elem
+# --------------------------------------------------------------------------------------------
+# The device, described; what to run on it, chosen from that description alone
 
 
-def attention_flops(cfg: ModelConfig, batch: int, new_tokens: int, cached: int) -> int:
-    """Q K^T and the weighted sum of V for `new_tokens` queries after `cached` positions, causal:
-    query i sees cached + i + 1 keys; each (query, key) pair costs 2 D_h FLOPs twice, per head."""
-    pairs = new_tokens * cached + new_tokens * (new_tokens + 1) // 2
-    return cfg.n_layers * batch * cfg.n_heads * 4 * cfg.head_dim * pairs
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What the choices below need to know about a device. Memory in bytes; `free_memory` is
+    what this process may still allocate; `capability` is CUDA's compute capability."""
+
+    kind: str                                  # "cuda", "mps" or "cpu"
+    name: str
+    total_memory: int
+    free_memory: int
+    capability: tuple[int, int] | None = None
 
 
-def prefill_flops(cfg: ModelConfig, batch: int, prompt_len: int) -> int:
-    """The whole prompt through every matrix (the LM head for the last position only)."""
-    lm_head = cfg.hidden_size * cfg.vocab_size
-    per_token = 2 * (matmul_params(cfg) - lm_head)
-    return (batch * prompt_len * per_token + batch * 2 * lm_head
-            + attention_flops(cfg, batch, prompt_len, 0))
+def default_kind() -> str:
+    """CUDA when available, else Apple's MPS, else the CPU."""
+    if torch.cuda.is_available():
+        return "cuda"
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        return "mps"
+    return "cpu"
 
 
-def prefill_bytes(cfg: ModelConfig, batch: int, prompt_len: int, bytes_per_elem: int) -> int:
-    """Weights read once, K and V written for every prompt token (activations left out)."""
-    return weight_bytes(cfg, bytes_per_elem) + kv_bytes(cfg, batch, prompt_len, bytes_per_elem)
+def _cpu_name() -> str:
+    n = torch.get_num_threads()
+    return f"{platform.processor() or platform.machine()} CPU, {n} thread{'s' if n > 1 else ''}"
 
 
-def decode_flops(cfg: ModelConfig, batch: int, context_len: int) -> int:
-    """One new token per sequence, attending to `context_len` cached positions and itself."""
-    return batch * 2 * matmul_params(cfg) + attention_flops(cfg, batch, 1, context_len)
+def _host_memory() -> tuple[int, int]:
+    """(total, available) bytes of the machine's memory: /proc/meminfo where there is one."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f if ":" in line}
+        return info["MemTotal"], info.get("MemAvailable", info["MemTotal"])
+    except (OSError, KeyError, ValueError, IndexError):
+        pass
+    try:
+        page = os.sysconf("SC_PAGE_SIZE")
+        total = page * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return 0, 0
+    try:
+        free = page * os.sysconf("SC_AVPHYS_PAGES")
+    except (ValueError, OSError):
+        free = total // 2                      # macOS has no such count: assume half
+    return total, free
 
 
-def decode_bytes(cfg: ModelConfig, batch: int, context_len: int, bytes_per_elem: int) -> int:
-    """Every weight read once, the whole cache read, the new token's K and V written."""
-    return (weight_bytes(cfg, bytes_per_elem)
-            + kv_bytes(cfg, batch, context_len + 1, bytes_per_elem))
+def describe_device(kind: str | None = None) -> DeviceInfo:
+    """The device of `kind` ("cuda", "mps", "cpu"; default: `default_kind()`), as found now."""
+    kind = kind or default_kind()
+    if kind == "cuda":
+        index = torch.cuda.current_device()
+        free, total = torch.cuda.mem_get_info(index)
+        major, minor = torch.cuda.get_device_capability(index)
+        return DeviceInfo("cuda", torch.cuda.get_device_name(index), total, free, (major, minor))
+    if kind == "mps":
+        total = torch.mps.recommended_max_memory()    # what Metal lets one process use
+        free = max(total - torch.mps.driver_allocated_memory(), 0)
+        return DeviceInfo("mps", f"Apple GPU (MPS, {platform.machine()})", total, free)
+    if kind != "cpu":
+        raise ValueError(f"device {kind!r}: expected 'cuda', 'mps' or 'cpu'")
+    total, free = _host_memory()
+    return DeviceInfo("cpu", _cpu_name(), total, free)
+
+
+def torch_device(dev: DeviceInfo) -> torch.device:
+    if dev.kind == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(dev.kind)
+
+
+def timing_dtype(dev: DeviceInfo) -> torch.dtype:
+    """bf16 where the GPU computes it fast (compute capability 8.0 and later); fp16 on older
+    GPUs (a T4 is 7.5: bf16 runs there, emulated, far slower than fp16) and on MPS; fp32 on the
+    CPU (whose fp16/bf16 matmuls are slower than fp32 on most CPUs)."""
+    if dev.kind == "cuda":
+        return torch.bfloat16 if (dev.capability or (0, 0)) >= (8, 0) else torch.float16
+    if dev.kind == "mps":
+        return torch.float16
+    return torch.float32
+
+
+def usable_memory(dev: DeviceInfo) -> int:
+    """What a plan may fill: 90% of the free memory, less 512 MiB for the allocator's rounding,
+    the library workspaces and the peak measurements' buffers."""
+    return max(int(dev.free_memory * 0.9) - 512 * MiB, 0)
+
+
+def _bytes(tensors) -> int:
+    seen, total = set(), 0
+    for t in tensors:
+        key = (t.device.type, t.untyped_storage().data_ptr())
+        if key not in seen:                    # a tied LM head shares the embedding's memory
+            seen.add(key)
+            total += t.numel() * t.element_size()
+    return total
+
+
+def _param_tensors(params: dict):
+    yield from (v for k, v in params.items() if isinstance(v, torch.Tensor))
+    for layer in params.get("layers", ()):
+        yield from layer.values()
+
+
+def params_bytes(params: dict) -> int:
+    """Bytes the weights occupy (a tied LM head counted once)."""
+    return _bytes(_param_tensors(params))
+
+
+def _activation_bytes(cfg: ModelConfig, tokens: int, batch: int) -> int:
+    """An upper bound on the working memory of one forward call over `tokens` new tokens: per
+    token a few hidden vectors, the fused Q | K | V and its rotated copy (RoPE works in float32),
+    SwiGLU's three intermediate vectors, all taken at 4 bytes; plus B rows of float32 logits."""
+    per_token = (4 * cfg.hidden_size + 3 * (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim
+                 + 3 * cfg.ffn_hidden_size)
+    return 4 * (tokens * per_token + batch * cfg.vocab_size)
+
+
+def weights_needed(cfg: ModelConfig, dtype: torch.dtype) -> int:
+    """Bytes `random_params(cfg, dtype, ...)` allocates (from its shapes, `param_shapes`)."""
+    shapes = param_shapes(cfg)
+    every = [*shapes["layers"][0].values()] * cfg.n_layers + \
+        [v for k, v in shapes.items() if k != "layers"]
+    return sum(math.prod(shape) for shape in every) * torch.finfo(dtype).bits // 8
+
+
+def memory_needed(cfg: ModelConfig, dtype: torch.dtype, phase: str, batch: int,
+                  length: int) -> int:
+    """Bytes one measured point allocates: the weights, its KV cache and its activations (the
+    cache made on the "meta" device and counted)."""
+    meta = torch.device("meta")
+    weights = weights_needed(cfg, dtype)
+    positions = length if phase == "prefill" else length + 1
+    cache = gen.KVCache(cfg, batch, positions, dtype=dtype, device=meta).nbytes
+    tokens = batch * length if phase == "prefill" else batch
+    return weights + cache + _activation_bytes(cfg, tokens, batch)
+
+
+def fit_points(cfg: ModelConfig, dtype: torch.dtype, dev: DeviceInfo, prefill, decode
+               ) -> tuple[tuple, tuple]:
+    """The (batch, length) points of each phase that fit in `usable_memory(dev)`."""
+    room = usable_memory(dev)
+    return (tuple(p for p in prefill if memory_needed(cfg, dtype, "prefill", *p) <= room),
+            tuple(p for p in decode if memory_needed(cfg, dtype, "decode", *p) <= room))
 
 
 # --------------------------------------------------------------------------------------------
@@ -104,9 +253,11 @@ def decode_bytes(cfg: ModelConfig, batch: int, context_len: int, bytes_per_elem:
 
 
 def synchronize(device: torch.device) -> None:
-    """Wait until the device has finished everything queued (CUDA runs kernels asynchronously)."""
+    """Wait until the device has finished everything queued (GPUs run kernels asynchronously)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
 
 
 def time_it(fn, device: torch.device, *, warmup: int, repeats: int) -> list[float]:
@@ -169,24 +320,31 @@ def measure_peak_bandwidth(device: torch.device, nbytes: int, *, warmup: int = 2
     return 2 * nbytes / timed.fastest
 
 
+def param_shapes(cfg: ModelConfig) -> dict:
+    """The shapes of the course's parameter layout: {"embed", "layers": [one dict per layer],
+    "final_norm", "lm_head"}."""
+    h, d, h_ff = cfg.hidden_size, cfg.head_dim, cfg.ffn_hidden_size
+    layer = {"attn_norm": (h,), "wqkv": (h, (cfg.n_heads + 2 * cfg.n_kv_heads) * d),
+             "wo": (cfg.n_heads * d, h), "ffn_norm": (h,), "w_gate": (h, h_ff),
+             "w_up": (h, h_ff), "w_down": (h_ff, h)}
+    return {"embed": (cfg.vocab_size, h), "layers": [layer] * cfg.n_layers,
+            "final_norm": (h,), "lm_head": (h, cfg.vocab_size)}
+
+
 def random_params(cfg: ModelConfig, dtype: torch.dtype, device: torch.device,
                   seed: int = 0) -> dict:
     """Random weights in the course's layout, drawn directly on the device (values do not matter
-    for timing; N(0, 0.02^2) keeps the activations finite)."""
+    for timing; N(0, 0.02^2) keeps the activations finite; the norm scales are ones)."""
     g = torch.Generator(device=device).manual_seed(seed)
-    h, d, h_ff = cfg.hidden_size, cfg.head_dim, cfg.ffn_hidden_size
 
-    def w(*shape):
+    def make(name, shape):
+        if name.endswith("norm"):
+            return torch.ones(shape, dtype=dtype, device=device)
         return torch.empty(shape, dtype=dtype, device=device).normal_(0.0, 0.02, generator=g)
 
-    def ones(n):
-        return torch.ones(n, dtype=dtype, device=device)
-
-    layers = [{"attn_norm": ones(h), "wqkv": w(h, (cfg.n_heads + 2 * cfg.n_kv_heads) * d),
-               "wo": w(cfg.n_heads * d, h), "ffn_norm": ones(h), "w_gate": w(h, h_ff),
-               "w_up": w(h, h_ff), "w_down": w(h_ff, h)} for _ in range(cfg.n_layers)]
-    return {"embed": w(cfg.vocab_size, h), "layers": layers, "final_norm": ones(h),
-            "lm_head": w(h, cfg.vocab_size)}
+    shapes = param_shapes(cfg)
+    return {**{k: make(k, v) for k, v in shapes.items() if k != "layers"},
+            "layers": [{k: make(k, v) for k, v in layer.items()} for layer in shapes["layers"]]}
 
 
 def _row(batch, length, timed: Measured, flops, nbytes, tokens) -> dict:
@@ -199,9 +357,9 @@ def _row(batch, length, timed: Measured, flops, nbytes, tokens) -> dict:
 
 
 def time_prefill(params: dict, cfg: ModelConfig, batch: int, prompt_len: int, *,
-                 dtype: torch.dtype, device: torch.device, warmup: int, repeats: int,
-                 budget: float | None = None) -> dict:
-    """One prefill call of B prompts of P tokens, timed."""
+                 counts: Counts, dtype: torch.dtype, device: torch.device, warmup: int,
+                 repeats: int, budget: float | None = None) -> dict:
+    """One prefill call of B prompts of P tokens, timed; FLOPs and bytes from `counts`."""
     ids = torch.randint(0, cfg.vocab_size, (batch, prompt_len), device=device)
     cache = gen.KVCache(cfg, batch, prompt_len, dtype=dtype, device=device)
 
@@ -210,14 +368,13 @@ def time_prefill(params: dict, cfg: ModelConfig, batch: int, prompt_len: int, *,
 
     timed = measure(call, device, warmup=warmup, repeats=repeats, budget=budget)
     s = torch.finfo(dtype).bits // 8
-    return _row(batch, prompt_len, timed,
-                prefill_flops(cfg, batch, prompt_len), prefill_bytes(cfg, batch, prompt_len, s),
-                batch * prompt_len)
+    return _row(batch, prompt_len, timed, counts.prefill_flops(cfg, batch, prompt_len),
+                counts.prefill_bytes(cfg, batch, prompt_len, s), batch * prompt_len)
 
 
 def time_decode(params: dict, cfg: ModelConfig, batch: int, context_len: int, *,
-                dtype: torch.dtype, device: torch.device, warmup: int, repeats: int,
-                budget: float | None = None) -> dict:
+                counts: Counts, dtype: torch.dtype, device: torch.device, warmup: int,
+                repeats: int, budget: float | None = None) -> dict:
     """One decode step (one new token per sequence at position C after C cached), timed. Every
     repeat is the same step: it writes the same slot C and reads the same C + 1 positions."""
     cache = gen.KVCache(cfg, batch, context_len + 1, dtype=dtype, device=device)
@@ -229,9 +386,8 @@ def time_decode(params: dict, cfg: ModelConfig, batch: int, context_len: int, *,
 
     timed = measure(call, device, warmup=warmup, repeats=repeats, budget=budget)
     s = torch.finfo(dtype).bits // 8
-    row = _row(batch, context_len, timed,
-               decode_flops(cfg, batch, context_len),
-               decode_bytes(cfg, batch, context_len, s), batch)
+    row = _row(batch, context_len, timed, counts.decode_flops(cfg, batch, context_len),
+               counts.decode_step_bytes(cfg, batch, context_len, s), batch)
     row["ms_per_step"] = 1000 * row["seconds"]
     return row
 
@@ -251,9 +407,9 @@ class Plan:
     copy_bytes: int                        # size of the peak-bandwidth copy
     warmup: int = 2
     repeats: int = 5
+    choice: str = ""                       # why this plan, on this device (a line of the table)
 
 
-MiB = 2**20
 SIZES = {
     "tiny": Plan(
         "tiny scaled-down config (H=64, L=2, |V|=512), fp32: a demonstration, not a benchmark",
@@ -277,80 +433,160 @@ SIZES = {
         matmul_n=8192, copy_bytes=2048 * MiB),
 }
 
+# At most this share of the usable memory goes to the weights: the rest is for the caches and
+# activations of the points, so that a device too small for all 32 layers still runs most of them.
+WEIGHT_SHARE = 0.6
+# Apple's GPUs compute about a tenth of a data-centre GPU's FLOP/s: fewer layers and shorter
+# prompts keep the chapter's run to about a minute there.
+MPS_LIMITS = dict(layers=8, prefill=((1, 128), (1, 512), (1, 1024)),
+                  decode=((1, 512), (8, 512), (32, 512)))
 
-def _device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    n = torch.get_num_threads()
-    return f"{platform.processor() or platform.machine()} CPU, {n} thread{'s' if n > 1 else ''}"
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}.get(
+        dtype, str(dtype).removeprefix("torch."))
 
 
-# The real model: SmolLM2-135M-Instruct's weights (checks.smollm), CPU fp32 or GPU bf16.
+def _why_dtype(dev: DeviceInfo, dtype: torch.dtype) -> str:
+    if dev.kind == "cuda":
+        cap = ".".join(map(str, dev.capability or (0, 0)))
+        fast = "fast bf16" if dtype == torch.bfloat16 else "no fast bf16"
+        return f"compute capability {cap}, {fast}: {_dtype_name(dtype)}"
+    return f"{_dtype_name(dtype)} on {'MPS' if dev.kind == 'mps' else 'the CPU'}"
+
+
+def _layers_that_fit(dtype: torch.dtype, dev: DeviceInfo, most: int) -> int:
+    """The most LLaMA-2-7B layers (up to `most`) whose weights take at most WEIGHT_SHARE of the
+    usable memory; 0 when not even one does."""
+    room = WEIGHT_SHARE * usable_memory(dev)
+    fits = [n for n in range(1, most + 1)
+            if weights_needed(dataclasses.replace(LLAMA2_7B, n_layers=n), dtype) <= room]
+    return max(fits, default=0)
+
+
+def fitted_7b_plan(dev: DeviceInfo) -> Plan:
+    """LLaMA-2-7B's shapes in the device's dtype: as many of its 32 layers as fit, and the
+    points whose cache and activations fit beside them. A device too small for even one layer
+    and one point of each phase gets the small plan instead (in fp32, as labelled)."""
+    base = SIZES["7b"]
+    dtype = timing_dtype(dev)
+    limits = MPS_LIMITS if dev.kind == "mps" else dict(layers=32, prefill=base.prefill,
+                                                       decode=base.decode)
+    n = _layers_that_fit(dtype, dev, limits["layers"])
+    cfg = dataclasses.replace(LLAMA2_7B, n_layers=max(n, 1))
+    prefill, decode = fit_points(cfg, dtype, dev, limits["prefill"], limits["decode"])
+    free = f"{dev.free_memory / 1e9:.1f} GB free"
+    if n == 0 or not prefill or not decode:
+        small = SIZES["small"]
+        return dataclasses.replace(small, choice=f"{dev.name}: LLaMA-2-7B's layers do not fit "
+                                                 f"in {free}; the small plan instead")
+    layers = "all 32 layers" if n == 32 else f"{n} of its 32 layers"
+    label = f"LLaMA-2-7B shapes ({layers}, random weights), {_dtype_name(dtype)}"
+    left_out = (len(limits["prefill"]) - len(prefill)) + (len(limits["decode"]) - len(decode))
+    choice = (f"{dev.name}: {_why_dtype(dev, dtype)}; {layers} in {free}"
+              + (f", {left_out} point{'s' if left_out > 1 else ''} left out (too big for it)"
+                 if left_out else ""))
+    copy_bytes = min(base.copy_bytes, usable_memory(dev) // 8 // MiB * MiB)
+    return Plan(label, cfg, dtype, prefill=prefill, decode=decode, matmul_n=base.matmul_n,
+                copy_bytes=copy_bytes, choice=choice)
+
+
+def plan_for(dev: DeviceInfo, size: str | None = None) -> Plan:
+    """The random-weights plan for `dev`: `size` "tiny" and "small" as they are (fp32, a few MB);
+    "7b" fitted to the device (`fitted_7b_plan`). Default: "7b" on a GPU, "small" on a CPU."""
+    why = "as asked" if size else "the CPU's default"
+    size = size or ("small" if dev.kind == "cpu" else "7b")
+    if size not in SIZES:
+        raise ValueError(f"size {size!r}: expected one of {', '.join(SIZES)}")
+    if size == "7b":
+        return fitted_7b_plan(dev)
+    plan = SIZES[size]
+    return dataclasses.replace(plan, choice=f"{dev.name}: the {size} plan, {why} "
+                                            f"({_dtype_name(plan.dtype)})")
+
+
+# The real model: SmolLM2-135M-Instruct's weights (checks.smollm), CPU fp32, GPU in its dtype.
 SMOLLM_POINTS = {
     "cpu": dict(prefill=((1, 16), (1, 64), (1, 256), (4, 64)),
                 decode=((1, 64), (1, 256), (4, 256), (16, 256)), matmul_n=1024,
                 copy_bytes=128 * MiB),
-    "cuda": dict(prefill=((1, 128), (1, 512), (1, 2048), (8, 2048)),
-                 decode=((1, 512), (8, 512), (64, 512), (256, 512), (1, 2048)), matmul_n=8192,
-                 copy_bytes=2048 * MiB),
+    "gpu": dict(prefill=((1, 128), (1, 512), (1, 2048), (8, 2048)),
+                decode=((1, 512), (8, 512), (64, 512), (256, 512), (1, 2048)), matmul_n=8192,
+                copy_bytes=2048 * MiB),
     "tiny": dict(prefill=((1, 8),), decode=((1, 8),), matmul_n=256, copy_bytes=8 * MiB),
 }
 
 
-def smollm_plan(device: torch.device, size: str | None = None) -> tuple[Plan, dict]:
-    """The plan and the weights for the real model on `device` (size "tiny": the smallest run).
-    Raises checks.smollm.ModelUnavailable when its package is missing."""
-    from . import smollm
+def smollm_dtype(dev: DeviceInfo) -> torch.dtype:
+    return torch.float32 if dev.kind == "cpu" else timing_dtype(dev)
 
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    params, cfg = smollm.load(dtype=dtype, device=device)
-    points = SMOLLM_POINTS["tiny" if size == "tiny" else device.type]
+
+def smollm_plan(dev: DeviceInfo, cfg: ModelConfig, size: str | None = None) -> Plan:
+    """The plan for the real model (of config `cfg`) on `dev` (size "tiny": the smallest run);
+    on a GPU only the points that fit its memory."""
+    dtype = smollm_dtype(dev)
+    points = dict(SMOLLM_POINTS["tiny" if size == "tiny" else
+                                ("cpu" if dev.kind == "cpu" else "gpu")])
+    points["prefill"], points["decode"] = fit_points(cfg, dtype, dev, points["prefill"],
+                                                     points["decode"])
     label = (f"SmolLM2-135M-Instruct, its real weights (H={cfg.hidden_size}, L={cfg.n_layers}, "
              f"N_h={cfg.n_heads}, N_kv={cfg.n_kv_heads}, |V|={cfg.vocab_size}, tied LM head), "
-             f"{str(dtype).removeprefix('torch.')}")
-    return Plan(label, cfg, dtype, warmup=1, repeats=3, **points), params
+             f"{_dtype_name(dtype)}")
+    return Plan(label, cfg, dtype, warmup=1, repeats=3,
+                choice=f"{dev.name}: {_why_dtype(dev, dtype)}", **points)
 
 
-def _device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    n = torch.get_num_threads()
-    return f"{platform.processor() or platform.machine()} CPU, {n} thread{'s' if n > 1 else ''}"
+def _device_info(device) -> DeviceInfo:
+    if isinstance(device, DeviceInfo):
+        return device
+    return describe_device(torch.device(device).type if device is not None else None)
 
 
-def run(device: str | torch.device | None = None, size: str | None = None, *,
-        repeats: int | None = None, budget: float | None = None, model: str = "random",
-        progress=None) -> dict:
-    """Measure the peaks, then prefill and decode for the plan `size` on `device` (defaults:
-    CUDA if available, with the 7b plan; else the CPU with the small plan). Returns plain data.
-
-    `budget`: seconds per measured point (as many repeats as fit, at least 3) instead of a fixed
-    number of repeats. `model="smollm"`: the real model's weights and shapes (`size` "tiny" or
-    None); raises checks.smollm.ModelUnavailable when its package is missing."""
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
+def _plan_and_params(dev: DeviceInfo, size: str | None, model: str):
+    """(plan, weights or None: drawn after the peaks, size label) for `run`."""
     if model == "smollm":
-        plan, params = smollm_plan(device, size)
-        size = f"smollm{'-tiny' if size == 'tiny' else ''}"
-    elif model == "random":
-        size = size or ("7b" if device.type == "cuda" else "small")
-        plan, params = SIZES[size], None
-    else:
-        raise ValueError(f"model {model!r}: expected 'random' or 'smollm'")
+        from . import smollm
+
+        params, cfg = smollm.load(dtype=smollm_dtype(dev), device=torch_device(dev))
+        return smollm_plan(dev, cfg, size), params, f"smollm{'-tiny' if size == 'tiny' else ''}"
+    if model == "random":
+        plan = plan_for(dev, size)
+        return plan, None, size or ("small" if dev.kind == "cpu" else "7b")
+    raise ValueError(f"model {model!r}: expected 'random' or 'smollm'")
+
+
+def run(device: str | torch.device | DeviceInfo | None = None, size: str | None = None, *,
+        counts: Counts | None = None, repeats: int | None = None, budget: float | None = None,
+        model: str = "random", progress=None) -> dict:
+    """Measure the peaks, then prefill and decode for the plan `size` on `device` (default: the
+    device found, `describe_device()`, and the plan chosen for it, `plan_for`). Returns plain data.
+
+    `counts`: the FLOPs and bytes set beside each time (`Counts`; default: the course's,
+    `reference_counts()`). `budget`: seconds per measured point (as many repeats as fit, at
+    least 3) instead of a fixed number of repeats. `model="smollm"`: the real model's weights
+    and shapes (`size` "tiny" or None); raises checks.smollm.ModelUnavailable when its package
+    is missing."""
+    dev = _device_info(device)
+    where = torch_device(dev)
+    counts = counts or reference_counts()
+    plan, params, size = _plan_and_params(dev, size, model)
     reps = plan.repeats if repeats is None else repeats
     warm = min(plan.warmup, reps) if budget is None else max(plan.warmup, 1)
     say = progress or (lambda text: None)
-    timing = dict(dtype=plan.dtype, device=device, warmup=warm, repeats=reps, budget=budget)
+    timing = dict(counts=counts, dtype=plan.dtype, device=where, warmup=warm, repeats=reps,
+                  budget=budget)
     started = time.perf_counter()
     with torch.inference_mode():
-        say("measuring the peaks")
-        peak_flops = measure_peak_flops(device, plan.dtype, plan.matmul_n, warmup=warm,
+        say(f"measuring the peaks ({plan.choice})")
+        peak_flops = measure_peak_flops(where, plan.dtype, plan.matmul_n, warmup=warm,
                                         repeats=reps, budget=budget)
-        peak_bw = measure_peak_bandwidth(device, plan.copy_bytes, warmup=warm, repeats=reps,
+        peak_bw = measure_peak_bandwidth(where, plan.copy_bytes, warmup=warm, repeats=reps,
                                          budget=budget)
+        if where.type == "cuda":
+            torch.cuda.empty_cache()            # the peaks' buffers, before the weights
         if params is None:
-            params = random_params(plan.cfg, plan.dtype, device)
+            params = random_params(plan.cfg, plan.dtype, where)
+        weights = params_bytes(params)
         prefill = []
         for batch, prompt_len in plan.prefill:
             say(f"prefill B={batch} P={prompt_len}")
@@ -363,11 +599,12 @@ def run(device: str | torch.device | None = None, size: str | None = None, *,
     cfg = plan.cfg
     return {
         "size": size, "model": model,
-        "label": plan.label,
-        "device": device.type, "device_name": _device_name(device),
+        "label": plan.label, "choice": plan.choice,
+        "device": dev.kind, "device_name": dev.name,
+        "device_info": dataclasses.asdict(dev),
         "torch": torch.__version__, "dtype": str(plan.dtype).removeprefix("torch."),
         "config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__},
-        "weight_bytes": weight_bytes(cfg, torch.finfo(plan.dtype).bits // 8),
+        "weight_bytes": weights,
         "peaks": {"flop_per_s": peak_flops, "bytes_per_s": peak_bw,
                   "ridge_flop_per_byte": peak_flops / peak_bw, "matmul_n": plan.matmul_n,
                   "copy_bytes": plan.copy_bytes},
@@ -401,6 +638,7 @@ def format_table(result: dict) -> str:
     peaks = result["peaks"]
     lines = [
         f"{result['label']}",
+        *([f"chosen for this device: {result['choice']}"] if result.get("choice") else []),
         f"device: {result['device_name']} (torch {result['torch']}), {result['dtype']}; "
         f"{_how_timed(result)} (peaks: the fastest repeat)",
         f"peaks measured here: matmul {_si(peaks['flop_per_s'], 'FLOP/s')} "
@@ -514,11 +752,12 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m checks.timing",
         description="Time prefill and decode of the course's reference model against this "
                     "device's measured peaks; print a table, optionally write JSON and a figure.")
-    parser.add_argument("--device", choices=["cpu", "cuda"],
-                        help="default: cuda when available, else cpu")
+    parser.add_argument("--device", choices=["cpu", "cuda", "mps"],
+                        help="default: cuda when available, else mps, else cpu")
     parser.add_argument("--size", choices=list(SIZES),
-                        help="random weights: default 7b on cuda, small on cpu; with --model "
-                             "smollm only tiny (the smallest run) is accepted")
+                        help="random weights: default 7b (as many layers as fit) on a GPU, "
+                             "small on a CPU; with --model smollm only tiny (the smallest run) "
+                             "is accepted")
     parser.add_argument("--model", choices=["random", "smollm"], default="random",
                         help="random weights in the shape of --size (default), or the real "
                              "SmolLM2-135M-Instruct (needs its package: see checks.smollm)")
@@ -531,6 +770,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available here")
+    if args.device == "mps" and default_kind() != "mps":
+        parser.error("--device mps: no Apple MPS device is available here")
     if args.repeats is not None and args.repeats < 1:
         parser.error("--repeats must be at least 1")
     if args.budget is not None and args.budget <= 0:

@@ -84,10 +84,14 @@ class KVCache:
 
 def _rope_rotors(positions: torch.Tensor, cfg) -> torch.Tensor:
     """e^{i m theta_i} [T, D_r/2] (complex64) for the given positions m: the angles formed in
-    float64 and rounded once to float32, as in chapter 08."""
+    float64 and rounded once to float32, as in chapter 08. Apple's GPUs (MPS) have no float64:
+    there the angles are formed on the CPU."""
+    device = positions.device
+    if device.type == "mps":
+        positions = positions.cpu()
     freqs = rope_frequencies(cfg.rotary_dim, cfg.rope_base).to(positions.device)
     angles = (positions.to(torch.float64)[:, None] * freqs.to(torch.float64)).to(torch.float32)
-    return torch.polar(torch.ones_like(angles), angles)
+    return torch.polar(torch.ones_like(angles), angles).to(device)
 
 
 def _rotate(x: torch.Tensor, rotors: torch.Tensor) -> torch.Tensor:
@@ -221,8 +225,9 @@ def kv_cache_nbytes(cfg, batch: int, seq_len: int, bytes_per_elem: int) -> int:
 
 # --------------------------------------------------------------------------------------------
 # The roofline's arithmetic (chapter 13's last three exercises). A multiply-add is 2 FLOPs.
-# Written per layer and per operation here; `checks.timing` has the same counts written per
-# token (its tests hold them to PyTorch's FlopCounterMode), and the tests compare the two.
+# Written per layer and per operation here; `checks.reference.roofline` has the same counts
+# written per token (its tests hold them to PyTorch's FlopCounterMode), and the tests compare
+# the two.
 
 
 def _layer_matmul_flops(cfg, tokens: int) -> int:

@@ -1,11 +1,14 @@
-"""The prefill/decode timing module: its formulas, and the headless command run once, tiny.
+"""The prefill/decode timing module and the counts it sets beside its times, and the headless
+command run once, tiny.
 
-Not a benchmark: nothing here asserts a speed. The FLOP formulas are compared with PyTorch's own
-FLOP counter (`torch.utils.flop_counter.FlopCounterMode`) on the reference model (the causal
-triangle of attention query by query), and the byte formulas with chapter 06's KV-cache size and
-chapter 12's parameter count; chapter 13's graded `prefill_flops` and `decode_step_bytes` are
-compared with these in tests/checkers/test_nb13.py. The command runs once on random weights and,
-where its package is installed, once on SmolLM2 (the smallest run, with a time budget).
+Not a benchmark: nothing here asserts a speed. The per-token counts (`checks.reference.roofline`,
+which `checks.timing` takes as arguments) are compared with PyTorch's own FLOP counter
+(`torch.utils.flop_counter.FlopCounterMode`) on the reference model (the causal triangle of
+attention query by query), and the byte counts with chapter 06's KV-cache size and chapter 12's
+parameter count; chapter 13's graded `prefill_flops` and `decode_step_bytes` are compared with
+these in tests/checkers/test_nb13.py. The command runs once on random weights and, where its
+package is installed, once on SmolLM2 (the smallest run, with a time budget). What runs on which
+device is tested in tests/core/test_devices.py.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,8 +26,10 @@ from torch.utils.flop_counter import FlopCounterMode
 from checks import LLAMA2_7B, ModelConfig, timing
 from checks import reference as ref
 from checks.reference import generation as gen
+from checks.reference import roofline
 from checks.reference.model import model_param_count
 
+REPO = Path(__file__).resolve().parents[2]
 CFG = ModelConfig(vocab_size=97, hidden_size=24, n_heads=6, n_kv_heads=2, ffn_hidden_size=40,
                   n_layers=3, max_seq_len=64)
 
@@ -46,10 +52,10 @@ def test_matmul_flops_match_pytorchs_counter(batch, prompt_len):
                                                           last_only=True))
         decode = _counted(lambda: gen.forward_with_cache(ids[:, :1], params, CFG, cache,
                                                          prompt_len))
-    assert prefill == (timing.prefill_flops(CFG, batch, prompt_len)
-                       - timing.attention_flops(CFG, batch, prompt_len, 0))
-    assert decode == (timing.decode_flops(CFG, batch, prompt_len)
-                      - timing.attention_flops(CFG, batch, 1, prompt_len))
+    assert prefill == (roofline.prefill_flops(CFG, batch, prompt_len)
+                       - roofline.attention_flops(CFG, batch, prompt_len, 0))
+    assert decode == (roofline.decode_flops(CFG, batch, prompt_len)
+                      - roofline.attention_flops(CFG, batch, 1, prompt_len))
 
 
 def test_attention_flops_of_a_decode_step_match_the_counter():
@@ -57,19 +63,22 @@ def test_attention_flops_of_a_decode_step_match_the_counter():
     q = torch.randn(b, CFG.n_heads, 1, CFG.head_dim)
     k = torch.randn(b, CFG.n_heads, c + 1, CFG.head_dim)
     per_layer = _counted(lambda: torch.softmax(q @ k.transpose(-1, -2), -1) @ k)
-    assert per_layer * CFG.n_layers == timing.attention_flops(CFG, b, 1, c)
+    assert per_layer * CFG.n_layers == roofline.attention_flops(CFG, b, 1, c)
 
 
 def test_byte_formulas_agree_with_the_earlier_chapters():
     s = 2
     embed = LLAMA2_7B.vocab_size * LLAMA2_7B.hidden_size
-    assert timing.weight_bytes(LLAMA2_7B, s) == (model_param_count(LLAMA2_7B) - embed) * s
-    assert timing.kv_bytes(LLAMA2_7B, 3, 4096, s) == ref.kv_cache_bytes(32, 3, 4096, 32, 128, s)
-    assert timing.decode_bytes(LLAMA2_7B, 1, 511, s) == (timing.weight_bytes(LLAMA2_7B, s)
-                                                         + ref.kv_cache_bytes(32, 1, 512, 32,
-                                                                              128, s))
+    assert roofline.weight_bytes(LLAMA2_7B, s) == (model_param_count(LLAMA2_7B) - embed) * s
+    assert roofline.kv_bytes(LLAMA2_7B, 3, 4096, s) == ref.kv_cache_bytes(32, 3, 4096, 32, 128,
+                                                                          s)
+    assert roofline.decode_bytes(LLAMA2_7B, 1, 511, s) == (
+        roofline.weight_bytes(LLAMA2_7B, s) + ref.kv_cache_bytes(32, 1, 512, 32, 128, s))
+    assert roofline.prefill_bytes(LLAMA2_7B, 2, 512, s) == roofline.decode_bytes(LLAMA2_7B, 2,
+                                                                                 511, s)
     # Decode at batch 1 is about one FLOP per byte in bf16 (2 FLOPs per 2-byte weight).
-    intensity = timing.decode_flops(LLAMA2_7B, 1, 511) / timing.decode_bytes(LLAMA2_7B, 1, 511, s)
+    intensity = roofline.decode_flops(LLAMA2_7B, 1, 511) / roofline.decode_bytes(LLAMA2_7B, 1,
+                                                                                 511, s)
     assert 0.9 < intensity < 1.0
 
 
@@ -109,7 +118,7 @@ def test_attention_flops_of_a_prefill_count_the_causal_triangle():
     k = torch.randn(b, CFG.n_heads, p, CFG.head_dim)
     per_layer = sum(_counted(lambda i=i: torch.softmax(q[:, :, i:i + 1] @ k[:, :, :i + 1].mT, -1)
                              @ k[:, :, :i + 1]) for i in range(p))
-    assert per_layer * CFG.n_layers == timing.attention_flops(CFG, b, p, 0)
+    assert per_layer * CFG.n_layers == roofline.attention_flops(CFG, b, p, 0)
 
 
 def test_budget_mode_times_every_point_at_least_three_times():
@@ -190,3 +199,79 @@ def test_command_refuses_a_random_size_for_the_real_model(capsys):
     with pytest.raises(SystemExit) as info:
         timing.main(["--model", "smollm", "--size", "small"])
     assert info.value.code == 2 and "--size tiny" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------------------
+# The counts are arguments: timing holds none of chapter 13's answers
+
+COUNT_NAMES = ("matmul_params", "weight_bytes", "kv_bytes", "attention_flops", "prefill_flops",
+               "prefill_bytes", "decode_flops", "decode_bytes")
+
+
+def test_run_sets_the_counts_it_is_given_beside_the_times():
+    """The notebook hands `run` the learner's own counts: every row carries those numbers."""
+    calls = []
+
+    def flops(cfg, batch, length):
+        calls.append(("flops", batch, length))
+        return 1000 * batch + length
+
+    def step_bytes(cfg, batch, context_len, bytes_per_elem):
+        calls.append(("bytes", batch, context_len, bytes_per_elem))
+        return 10 * (context_len + 1) * bytes_per_elem
+
+    counts = timing.Counts(prefill_flops=flops, decode_flops=lambda cfg, b, c: 7 * b,
+                           decode_step_bytes=step_bytes)
+    result = timing.run("cpu", "tiny", repeats=1, counts=counts)
+    for r in result["prefill"]:
+        assert r["flops"] == 1000 * r["batch"] + r["length"]
+        assert r["bytes"] == 10 * r["length"] * 4          # the K/V of P positions, fp32
+        assert r["intensity"] == pytest.approx(r["flops"] / r["bytes"])
+        assert r["flop_per_s"] == pytest.approx(r["flops"] / r["seconds"])
+    for r in result["decode"]:
+        assert r["flops"] == 7 * r["batch"] and r["bytes"] == 10 * (r["length"] + 1) * 4
+    assert ("bytes", 4, 127, 4) in calls                 # prefill B=4, P=128: 127 cached
+
+
+def test_without_counts_run_uses_the_courses():
+    result = timing.run("cpu", "tiny", repeats=1)
+    cfg = ModelConfig(**result["config"])
+    for r in result["prefill"]:
+        assert r["flops"] == roofline.prefill_flops(cfg, r["batch"], r["length"])
+        assert r["bytes"] == roofline.prefill_bytes(cfg, r["batch"], r["length"], 4)
+    for r in result["decode"]:
+        assert r["flops"] == roofline.decode_flops(cfg, r["batch"], r["length"])
+        assert r["bytes"] == roofline.decode_bytes(cfg, r["batch"], r["length"], 4)
+    assert result["weight_bytes"] == roofline.weight_bytes(cfg, 4) + cfg.vocab_size * \
+        cfg.hidden_size * 4                              # allocated: the embedding table too
+
+
+def test_the_timing_module_defines_no_count_of_its_own():
+    """Its names for the counts are the reference's own objects (kept for older callers), so a
+    worker whose reference has them withheld has none."""
+    import ast
+
+    source = Path(timing.__file__).read_text(encoding="utf-8")
+    defined = {node.name for node in ast.parse(source).body
+               if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    assert defined.isdisjoint(COUNT_NAMES)
+    for name in ("prefill_flops", "decode_flops", "decode_bytes", "weight_bytes"):
+        assert getattr(timing, name) is getattr(roofline, name)
+
+
+def _worker_library(chapter: str):
+    try:
+        from checks.grader.library import WorkerLibrary
+    except ImportError:                                 # before the grader's split into modules
+        from checks.grader.sandbox import WorkerLibrary
+    return WorkerLibrary(chapter, REPO / "solutions")
+
+
+def test_a_worker_grading_chapter_13_gets_no_count():
+    library = _worker_library("13_generation_kv_cache")
+    for name in COUNT_NAMES:
+        assert not library.has("checks.reference.roofline", name), name
+    assert library.has("checks.timing", "run")          # the module itself is there, unchanged
+    stubbed = library.files["reference/roofline.py"].decode()
+    assert "def prefill_flops(*args, **kwargs):" in stubbed and "withheld" in stubbed
+    assert "4 * cfg.head_dim" not in stubbed
