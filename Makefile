@@ -46,13 +46,15 @@ test: $(STAMP) $(ORACLE) $(MODEL)
 	$(FRESH_MACHINE) $(TEST_ENV) LLAMA_COURSE_GRADING=1 $(PY) -m pytest -q -n $(TEST_JOBS) \
 	  --dist loadfile --nbval-lax -p no:cacheprovider solutions
 
-# The environment, rebuilt only when missing or when pyproject.toml changed. torch is pinned in
-# pyproject.toml, so pip installs the normal build for this platform once.
-$(STAMP): pyproject.toml
+# The environment, rebuilt only when missing or when pyproject.toml or constraints.txt changed: the
+# course package with JupyterLab, nbgrader and the test tools (its extras lab, grader, test), every
+# package at the exact version constraints.txt pins (torch==2.13.0: pip installs the normal build
+# for this platform once).
+$(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else \
 	  "Python 3.10 or newer is needed (found " + sys.version.split()[0] + "); set PYTHON=...")'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e .
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[lab,grader,test]"
 	touch $(STAMP)
 
 # The test-only extras: Hugging Face transformers for the oracle tests (no weights are downloaded),

@@ -44,8 +44,12 @@ Where the notebooks are, and what runs
 --------------------------------------
 
 Jupyter runs a notebook in its own folder, so the earlier chapter's notebook is found next to the
-current one: `../08_rope/08_rope.ipynb` (pass `root=` to look elsewhere). The notebook is read as
-last saved. Its code cells run in a fresh namespace, in order, up to its last answer cell, with
+current one: `../08_rope/08_rope.ipynb`. Elsewhere, `root=` or `$LLAMA_COURSE_NOTEBOOKS` names the
+folder that holds them (in Colab, a Drive folder such as `/content/drive/MyDrive/Colab Notebooks`),
+as chapter folders (`08_rope/08_rope.ipynb`) or as files side by side (`08_rope.ipynb`, or Colab's
+`Copy of 08_rope.ipynb`; the newest such copy counts). A notebook opened by itself (Colab, a
+download) finds none of them: the line then says so in one sentence, that the course's reference
+stands in, and how to point it at yours. The notebook is read as last saved. Its code cells run in a fresh namespace, in order, up to its last answer cell, with
 all output swallowed:
 
 - answer cells (nbgrader `solution`) run whole; one that raises is skipped and reported if it is
@@ -90,7 +94,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import reference
-from .context import grading
+from .context import NOTEBOOKS_ENV, grading
 from .engine import CheckFailure, NotStarted, quiet
 
 BORROWING_CALLS = frozenset({"own_functions", "own_or_reference"})
@@ -171,7 +175,8 @@ def own_functions(wanted: Mapping[str, str], *, root: str | os.PathLike | None =
             chosen[name] = fallbacks[name]
             whose[name], why[name], short = "reference", str(exc), exc.short
         shown.append((name, _chapter_number(chapter), short))
-    line = _summary_line(shown)
+    alone = all(short == "no notebook" for _, _, short in shown)
+    line = _alone_line(shown, root) if alone else _summary_line(shown)
     print(line)
     return Borrowed(chosen, whose, why, line)
 
@@ -289,6 +294,24 @@ def _checker(chapter: str, name: str) -> Callable:
     return check
 
 
+def _alone_line(shown: list[tuple[str, str, str | None]], root) -> str:
+    """None of the earlier notebooks is there: one sentence that says so, that the reference
+    stands in, and how to point borrowing at the learner's own notebooks."""
+    numbers = list(dict.fromkeys(number for _, number, _ in shown))
+    chapters = f"chapter{'s' if len(numbers) > 1 else ''} {', '.join(numbers)}"
+    names = ", ".join(name for name, _, _ in shown)
+    return (f"Your notebooks of {chapters} are not {_where(root)}: the course's reference "
+            f"stands in for {names}. To use yours, point {NOTEBOOKS_ENV} at the folder that "
+            "holds them (in Colab, a Drive folder such as /content/drive/MyDrive/Colab "
+            "Notebooks) or pass root=... to own_functions.")
+
+
+def _where(root) -> str:
+    """Where borrowing looked, in words: 'beside this one', or 'in FOLDER (what chose it)'."""
+    bases, how = _search_bases(root)
+    return "beside this one" if how == "default" else f"in {bases[0]} ({how})"
+
+
 def _summary_line(shown: list[tuple[str, str, str | None]]) -> str:
     """'Yours: a (10), b (08) · the course's reference: c, d (05: not started)'."""
     yours = [f"{name} ({number})" for name, number, short in shown if short is None]
@@ -319,20 +342,44 @@ def _chapter_number(chapter: str) -> str:
     return str(chapter)[:2]
 
 
-def _notebook_path(chapter: str, root) -> Path:
+def _search_bases(root) -> tuple[list[Path], str]:
+    """The folders that may hold the learner's notebooks, and what chose them: `root=`, the
+    folder of the notebook being borrowed from (nested borrowing), $LLAMA_COURSE_NOTEBOOKS, else
+    the parent of the working directory (Jupyter runs a notebook in its own chapter folder) and
+    the working directory itself (notebooks side by side, as in Colab's /content)."""
     if root is not None:
-        base = Path(root)
-    else:
-        base = _current_root.get() or Path.cwd().parent
+        return [Path(root).expanduser()], "root="
+    nested = _current_root.get()
+    if nested is not None:
+        return [nested], "the borrowing notebook's folder"
+    configured = os.environ.get(NOTEBOOKS_ENV, "").strip()
+    if configured:
+        return [Path(configured).expanduser()], NOTEBOOKS_ENV
+    return [Path.cwd().parent, Path.cwd()], "default"
+
+
+def _notebook_path(chapter: str, root) -> Path:
+    """The chapter's notebook in the search folder: its chapter folder (`08_rope/08_rope.ipynb`),
+    else a file side by side (`08_rope.ipynb`, else the newest copy: Colab's `Copy of 08_rope.ipynb`).
+    `chapter` is a folder name or just its number ("08")."""
+    bases, _ = _search_bases(root)
     if "_" in chapter:
-        path = base / chapter / f"{chapter}.ipynb"
-    else:  # "04": the one folder 04_* that holds a notebook of its own name
-        found = sorted(p for p in base.glob(f"{chapter}_*/{chapter}_*.ipynb")
-                       if p.stem == p.parent.name)
-        path = found[0] if found else base / f"{chapter}_*" / f"{chapter}_*.ipynb"
-    if not path.is_file():
-        raise _Unavailable("no notebook", f"no notebook at {_shown_path(path)}")
-    return path
+        named = re.compile(rf"(.*\s)?{re.escape(chapter)}")
+    else:  # "04": the one chapter 04_* there
+        named = re.compile(rf"(.*\s)?{re.escape(chapter)}_\w+")
+    for base in bases:
+        try:
+            in_folders = sorted(p for p in base.glob(f"{chapter.split('_')[0]}_*/*.ipynb")
+                                if p.stem == p.parent.name and named.fullmatch(p.stem))
+            side_by_side = sorted((p for p in base.glob("*.ipynb") if named.fullmatch(p.stem)),
+                                  key=lambda p: (named.fullmatch(p.stem).group(1) is not None,
+                                                 -p.stat().st_mtime))   # its own name first
+        except OSError:
+            continue
+        if in_folders or side_by_side:
+            return (in_folders + side_by_side)[0]
+    raise _Unavailable("no notebook", f"no notebook of chapter {chapter} {_where(root)}; "
+                       f"{NOTEBOOKS_ENV} can name the folder of yours")
 
 
 def _file_state(path: Path) -> tuple:
@@ -382,7 +429,8 @@ def _notebook(path: Path) -> _Notebook:
                                f"{path.name} borrows from itself through other chapters")
         files = {_file_state(path)}
         loading = _loading.set(_loading.get() + ((resolved, files),))
-        here = _current_root.set(path.parent.parent)
+        here = _current_root.set(path.parent.parent if path.parent.name == path.stem
+                                 else path.parent)
         try:
             cached = _execute(path)
         finally:

@@ -49,6 +49,9 @@ ENVIRONMENT = (
            "the Chinese release's notebooks; anyone to override"),
     EnvVar("LLAMA_COURSE_PIP", "what a notebook's install cell installs (a wheel, a git URL)",
            "tests, mirrors"),
+    EnvVar("LLAMA_COURSE_NOTEBOOKS", "the folder that holds the learner's own notebooks, for a "
+           "later chapter's borrowing (a notebook opened alone, as in Colab: a Drive folder)",
+           "the learner (optional)"),
     EnvVar("CHECKS_SEED", "pins the checks' random seed, to reproduce a failure",
            "the learner (optional)"),
     EnvVar("CHECKS_AUDIT", "the worker installs its audit hook", "the grader, for its workers"),
@@ -64,6 +67,7 @@ THREADS_ENV = ENV["LLAMA_COURSE_THREADS"].name
 CACHE_ENV = ENV["LLAMA_COURSE_CACHE"].name
 LANG_ENV = ENV["LLAMA_COURSE_LANG"].name
 PIP_ENV = ENV["LLAMA_COURSE_PIP"].name
+NOTEBOOKS_ENV = ENV["LLAMA_COURSE_NOTEBOOKS"].name
 SEED_ENV = ENV["CHECKS_SEED"].name
 AUDIT_ENV = ENV["CHECKS_AUDIT"].name
 PROTECT_ENV = ENV["CHECKS_PROTECT"].name

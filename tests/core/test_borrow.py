@@ -13,7 +13,8 @@ import torch
 from checks import borrow
 from checks import reference as ref
 from checks.borrow import own_functions, own_or_reference
-from checks.context import GRADING_ENV
+from checks.context import GRADING_ENV, NOTEBOOKS_ENV
+from checks.install import CELL_ID
 
 COURSE = Path(__file__).resolve().parents[2]
 SOLUTIONS, RELEASE = COURSE / "solutions", COURSE / "notebooks"
@@ -37,6 +38,7 @@ def learner(monkeypatch):
     """A learner's JupyterLab: not a grading run (the test suite itself may be one)."""
     monkeypatch.delenv(GRADING_ENV, raising=False)
     monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
+    monkeypatch.delenv(NOTEBOOKS_ENV, raising=False)
 
 
 def _chapters(source: Path, dest: Path, *numbers: str) -> Path:
@@ -222,7 +224,9 @@ def test_only_imports_definitions_and_answers_run(tmp_path, capsys):
     write = f"open({str(marker)!r}, 'a').write"
     path = _path(root, "04")
     nb = _read(path)
-    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    # The install cell stays as it is (its imports run, its body never does); the import cell
+    # is the first code cell after it.
+    code = [c for c in nb["cells"] if c["cell_type"] == "code" and c.get("id") != CELL_ID]
     code[0]["source"] = ["%matplotlib inline\n", f"{write}('import cell ran')\n",
                          *code[0]["source"]]
     for cell in code[1:]:
@@ -348,3 +352,87 @@ def test_borrowed_namespace(tmp_path, capsys):
     assert len(borrowed) == 2 and repr(borrowed) == _one_line(capsys)
     with pytest.raises(AttributeError):
         borrowed.apply_rope
+
+
+# --------------------------------------------------------------------------------------------
+# A notebook alone in a folder (Colab, a download), and pointing it at the learner's own
+
+
+ALONE = ("Your notebooks of chapters 10, 08 are not beside this one: the course's reference "
+         "stands in for rms_norm, apply_rope. To use yours, point LLAMA_COURSE_NOTEBOOKS at the "
+         "folder that holds them (in Colab, a Drive folder such as /content/drive/MyDrive/Colab "
+         "Notebooks) or pass root=... to own_functions.")
+
+
+def test_alone_in_a_folder_says_so_in_one_line(tmp_path, capsys, monkeypatch):
+    here = tmp_path / "content"          # Colab: the notebook alone in /content
+    here.mkdir()
+    _chapters(RELEASE, here, "12")       # a later chapter beside it is no earlier notebook
+    monkeypatch.chdir(here)
+    borrowed = own_functions({"rms_norm": "10_norm_residual", "apply_rope": "08"})
+    assert _one_line(capsys) == ALONE
+    assert borrowed.rms_norm is ref.rms_norm and borrowed.apply_rope is ref.apply_rope
+    assert "LLAMA_COURSE_NOTEBOOKS can name the folder" in borrowed.why["rms_norm"]
+
+
+def test_a_folder_named_by_the_variable_that_has_none_of_them(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(NOTEBOOKS_ENV, str(tmp_path / "drive"))
+    own_functions({"rms_norm": "10"})
+    assert _one_line(capsys).startswith(
+        f"Your notebooks of chapter 10 are not in {tmp_path / 'drive'} (LLAMA_COURSE_NOTEBOOKS): "
+        "the course's reference stands in for rms_norm.")
+
+
+def test_the_variable_points_at_chapter_folders(tmp_path, capsys, monkeypatch):
+    drive = _chapters(SOLUTIONS, tmp_path / "drive", "04")
+    elsewhere = tmp_path / "content"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.setenv(NOTEBOOKS_ENV, str(drive))
+    assert own_functions({"attention": "04"}).attention is not ref.attention
+    assert _one_line(capsys) == "Yours: attention (04)"
+
+
+def test_notebooks_side_by_side_and_colab_copies(tmp_path, capsys, monkeypatch):
+    """A Drive folder of notebooks saved from Colab: files side by side, named "Copy of ...";
+    the newest copy counts, and borrowing nests through them (chapter 11's import cell borrows
+    chapter 10's rms_norm from the same folder)."""
+    drive = tmp_path / "Colab Notebooks"
+    drive.mkdir()
+    for number, name in [("03", "03_architectures.ipynb"), ("04", "Copy of 04_self_attention.ipynb"),
+                         ("05", "05_multi_head.ipynb"), ("06", "06_gqa_mqa.ipynb"),
+                         ("08", "Copy of 08_rope.ipynb"), ("09", "09_ffn_swiglu.ipynb"),
+                         ("10", "Copy of 10_norm_residual.ipynb"),
+                         ("11", "11_decoder_block.ipynb")]:
+        shutil.copy(_path(SOLUTIONS, number), drive / name)
+    older = drive / "Copy of 10_norm_residual (old).ipynb"   # not a name borrowing takes
+    shutil.copy(_path(RELEASE, "10"), older)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(NOTEBOOKS_ENV, str(drive))
+    borrowed = own_functions({"rms_norm": "10_norm_residual", "decoder_block": "11"})
+    assert _one_line(capsys) == "Yours: rms_norm (10), decoder_block (11)"
+    nested = borrowed.decoder_block.__globals__["attention_sublayer"].__globals__["rms_norm"]
+    assert nested is not ref.rms_norm
+
+
+def test_the_newest_colab_copy_counts(tmp_path, capsys, monkeypatch):
+    import os
+    drive = tmp_path / "drive"
+    drive.mkdir()
+    solved, unstarted = drive / "Copy of 04_self_attention.ipynb", drive / "Copy 2 of 04_self_attention.ipynb"
+    shutil.copy(_path(SOLUTIONS, "04"), solved)
+    shutil.copy(_path(RELEASE, "04"), unstarted)
+    os.utime(unstarted, (1, 1))                                     # older: the solved one counts
+    monkeypatch.setenv(NOTEBOOKS_ENV, str(drive))
+    assert own_or_reference("04_self_attention", "attention") is not ref.attention
+    os.utime(solved, (0, 0))                                        # now the unstarted is newer
+    assert own_or_reference("04", "attention") is ref.attention
+    shutil.copy(_path(SOLUTIONS, "04"), drive / "04_self_attention.ipynb")
+    os.utime(drive / "04_self_attention.ipynb", (0, 0))             # its own name beats copies
+    assert own_or_reference("04", "attention") is not ref.attention
+
+
+def test_the_variable_is_in_the_environment_table():
+    from checks.context import ENV
+    assert "notebooks" in ENV[NOTEBOOKS_ENV].meaning
