@@ -1,7 +1,14 @@
-"""`python -m checks`: see `checks.grader.cli`."""
+"""`python -m checks`: `doctor` (what a bug report needs: `checks.doctor`), else the grader's
+commands, `status` and `grade` (`checks.grader.cli`). The grader is imported only for those:
+`doctor` must run where the grader's own needs are missing."""
 
 import sys
 
-from .grader.cli import main
+if sys.argv[1:2] == ["doctor"]:
+    from .doctor import main as doctor
+
+    sys.exit(doctor(sys.argv[2:]))
+
+from .grader.cli import main  # noqa: E402  (after the doctor's own way out)
 
 sys.exit(main())
