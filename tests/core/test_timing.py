@@ -275,3 +275,27 @@ def test_a_worker_grading_chapter_13_gets_no_count():
     stubbed = library.files["reference/roofline.py"].decode()
     assert "def prefill_flops(*args, **kwargs):" in stubbed and "withheld" in stubbed
     assert "4 * cfg.head_dim" not in stubbed
+
+
+def test_the_notebooks_decode_flops_is_the_courses():
+    """Chapter 13 builds a decode step's FLOPs on the learner's prefill_flops (a one-token
+    prefill plus attention to the cached keys) and hands it to `run`: with the reference's
+    prefill count it must give the reference's decode count."""
+    import ast
+
+    nb = json.loads((REPO / "solutions" / "13_generation_kv_cache" /
+                     "13_generation_kv_cache.ipynb").read_text(encoding="utf-8"))
+    cells = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
+    cell = next(c for c in cells if "def decode_flops(" in c)
+    definition = next(node for node in ast.parse(cell).body
+                      if isinstance(node, ast.FunctionDef) and node.name == "decode_flops")
+    namespace = {"count_flops": ref.prefill_flops}
+    exec(compile(ast.Module([definition], []), "chapter 13", "exec"), namespace)
+    timing_cell = next(c for c in cells if "timing.run(" in c)
+    assert "decode_flops=decode_flops" in timing_cell and "counts=counts" in timing_cell
+    for cfg in (CFG, LLAMA2_7B, ModelConfig(vocab_size=300, hidden_size=40, n_heads=4,
+                                            n_kv_heads=2, head_dim=14, ffn_hidden_size=100,
+                                            n_layers=3, max_seq_len=64)):
+        for batch, context in ((1, 0), (3, 17), (64, 4095)):
+            assert namespace["decode_flops"](cfg, batch, context) == \
+                roofline.decode_flops(cfg, batch, context)
