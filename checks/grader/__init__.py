@@ -1,8 +1,34 @@
-"""The grader: instructors only, never imported by a notebook.
+"""The grader: instructors only, never imported by a notebook. It may import the learner-facing
+core and the model loader, never `checks.tools`.
 
-`python -m checks status|grade` (`cli`), the grading pipeline (read a submission, identify its
-chapter, rebuild it from the source's test cells, run it in a walled-in worker, score it), and the
-trust boundary around the worker (`sandbox`, `wire`, `jail`). It may import the learner-facing core
-and the model loader, never `checks.tools`. Only the worker-side pieces listed in
-`sandbox.WORKER_GRADER_MODULES` are copied into a worker's library.
+The modules, in the order a notebook meets them (`python -m checks grade`):
+
+- `cli`: `python -m checks status|grade`: arguments, finding notebooks, grading them N at a time.
+- `grading`: `grade_notebook`, the pipeline: the five stages below, in order, and the tripwire.
+- `read`: stage 1, a notebook file -> a tree of nodes (or one readable line); cells' metadata.
+- `identify`: stage 2, which chapter (and student) a notebook is; its source notebook.
+- `build`: stage 3, the submission's code cells + the source's test cells -> the notebook to run.
+- `run`: stage 4, its cells in a worker; each test cell decided here, on the worker's functions.
+- `score`: stage 5, nbgrader's rule for each test cell -> exercise results.
+- `results`: what grading produces (exercise and notebook results, errors, incidents).
+- `tripwire`: the files no notebook may change, hashed before and compared after each notebook.
+- `worker`: the grader's side of one worker process: starting it, the protocol, closing it.
+- `remote`: the learner's functions and objects as the grader sees them; their exceptions.
+- `library`: the worker's copy of `checks` (an allow-list; answers and checkers withheld).
+- `isolation`: the walls (namespaces, the worker's user, environment, view of the files).
+- `memory`: the worker's memory limit (a cgroup, or a watch on resident memory).
+- `limits`: the worker's budgets (time, CPU, output, threads) and resource limits.
+- `zygote`: a torch-loaded process that forks walled-in workers quickly.
+- `jail`: the walled-in worker's start, standard library only (run as a script).
+
+In the worker's library, and only these of grader/ (`library.WORKER_GRADER_MODULES`):
+
+- `worker_side`: the worker's main loop; the graded chapter's check stubs (`verdict_check`).
+- `channel`: framing between the two processes; `WorkerGone`.
+- `wire`: the worker's replies, encoded so that the grader can decode them safely.
+- `tensors`: tensors and gradients across the channel (both sides).
+- `audit`: the audit hook of a worker without walls.
+
+Nothing here imports a module outside these lists' order of trust: the worker-side modules import
+only each other and the learner-facing core.
 """

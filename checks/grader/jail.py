@@ -1,6 +1,6 @@
 """Start a grading worker behind operating-system walls (Linux, run as root).
 
-`checks.grader.sandbox` runs this file as `python -I -S jail.py CONFIG_JSON` (standard library only: it
+`checks.grader.worker` runs this file as `python -I -S jail.py CONFIG_JSON` (standard library only: it
 must not import the course's `checks`, which holds the answers). It
 
 1. joins the worker's memory cgroup (so everything below is counted and limited),
@@ -147,7 +147,7 @@ def become_worker(cfg: dict) -> None:
         os.environ.update(cfg["env"])
         sys.argv = ["-c"]
         sys.path.insert(0, cfg["lib_target"])
-        from checks.grader.sandbox import worker_main
+        from checks.grader.worker_side import worker_main
 
         worker_main(*cfg["keep_fds"])
         os._exit(0)

@@ -760,7 +760,7 @@ def test_recorders_stay_in_the_grading_process():
     and called back: the cache handle's `update` and the counting table's log must be such."""
     import io
 
-    from checks.grader import sandbox
+    from checks.grader import worker as sandbox  # Worker and its pickler: worker.py
 
     class Library:                      # the worker's copy of `checks` has every module
         def has(self, module, qualname):

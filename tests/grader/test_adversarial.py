@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from checks.grader import sandbox
+from checks.grader import isolation as sandbox  # isolation_mode
 
 from ..support import adversarial
 

@@ -170,7 +170,7 @@ def test_a_changed_file_stops_grading_with_an_incident_report(tmp_path):
 def _worker_running(grader: int) -> bool:
     """A worker of the grader process `grader` runs (a descendant running as a worker's user,
     or running `worker_main` when workers are not walled in)."""
-    from checks.grader import sandbox
+    from checks.grader import isolation
 
     parent, workers = {}, []
     for name in os.listdir("/proc"):
@@ -183,7 +183,7 @@ def _worker_running(grader: int) -> bool:
                     command = f.read()
             except (OSError, IndexError, ValueError):
                 continue
-            if sandbox.WORKER_UID_BASE <= uid < sandbox.WORKER_UID_BASE + 4000 or \
+            if isolation.WORKER_UID_BASE <= uid < isolation.WORKER_UID_BASE + 4000 or \
                     b"worker_main" in command:
                 workers.append(int(name))
     for pid in workers:

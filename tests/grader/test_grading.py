@@ -16,9 +16,13 @@ import pytest
 import torch
 from nbformat.v4 import new_code_cell, new_notebook, new_output
 
-from checks.grader import grading, sandbox
+from checks.grader import build, grading, identify, library, read, results, score
 from checks.grader import wire as _wire
-from checks.grader.grading import GradingError
+from checks.grader.channel import WorkerGone
+from checks.grader.limits import Limits
+from checks.grader.memory import MemoryCgroup
+from checks.grader.results import GradingError
+from checks.grader.worker import Worker
 
 from ..support import submissions as sub
 
@@ -28,14 +32,14 @@ def snapshot(path: Path) -> tuple[bytes, list[str]]:
     return path.read_bytes(), sorted(os.listdir(path.parent))
 
 
-def grade_untouched(path: Path, **kwargs) -> grading.NotebookResult:
+def grade_untouched(path: Path, **kwargs) -> results.NotebookResult:
     before = snapshot(path)
     result = grading.grade_notebook(path, **kwargs)
     assert snapshot(path) == before, "grading changed the input file or its folder"
     return result
 
 
-def by_name(result: grading.NotebookResult) -> dict[str, grading.ExerciseResult]:
+def by_name(result: results.NotebookResult) -> dict[str, results.ExerciseResult]:
     return {e.name: e for e in result.exercises}
 
 
@@ -57,7 +61,7 @@ def test_unreadable_notebooks_raise_one_line(tmp_path, name, content, problem):
     if content is not None:
         path.write_text(content)
     with pytest.raises(GradingError) as info:
-        grading.read_notebook(path)
+        read.read_notebook(path)
     assert problem in str(info.value) and "\n" not in str(info.value)
 
 
@@ -70,7 +74,7 @@ def test_unreadable_notebooks_raise_one_line(tmp_path, name, content, problem):
 def test_chapter_from_metadata_then_file_then_folder(tmp_path, where, chapter_metadata):
     nb = new_notebook(metadata={"course": {"chapter": chapter_metadata}} if chapter_metadata
                       else {})
-    assert grading.identify_chapter(nb, tmp_path / where) == "01_notation"
+    assert identify.identify_chapter(nb, tmp_path / where) == "01_notation"
 
 
 @pytest.mark.parametrize("where, chapter_metadata, problem", [
@@ -82,7 +86,7 @@ def test_unknown_chapter_is_a_grading_error(tmp_path, where, chapter_metadata, p
     nb = new_notebook(metadata={"course": {"chapter": chapter_metadata}} if chapter_metadata
                       else {})
     with pytest.raises(GradingError, match=problem):
-        grading.identify_chapter(nb, tmp_path / where)
+        identify.identify_chapter(nb, tmp_path / where)
 
 
 # --------------------------------------------------------------------------------------------
@@ -90,7 +94,7 @@ def test_unknown_chapter_is_a_grading_error(tmp_path, where, chapter_metadata, p
 
 
 def grade_ids(nb) -> list[str | None]:
-    return [grading.grade_id(c) for c in nb.cells]
+    return [read.grade_id(c) for c in nb.cells]
 
 
 def test_test_cells_come_from_the_source_and_deleted_ones_return():
@@ -103,7 +107,7 @@ def test_test_cells_come_from_the_source_and_deleted_ones_return():
     sub.cell(submission, "check_tensor_shape").outputs = [
         new_output("stream", name="stdout", text="✓ tensor_shape passed")]  # a faked output
 
-    built = grading.build_graded_notebook(submission, source)
+    built = build.build_graded_notebook(submission, source)
 
     assert all(c.cell_type == "code" and not c.outputs for c in built.cells)
     ids = grade_ids(built)
@@ -122,17 +126,17 @@ def test_cells_a_submission_marks_as_tests_are_plain_code():
         "grade": True, "grade_id": "check_bonus", "points": 50, "locked": True,
         "solution": False}})
     submission.cells.append(extra)
-    built = grading.build_graded_notebook(submission, source)
-    tests = [grading.grade_id(c) for c in built.cells if grading.is_graded_test(c)]
+    built = build.build_graded_notebook(submission, source)
+    tests = [read.grade_id(c) for c in built.cells if build.is_graded_test(c)]
     assert tests == [f"check_{name}" for name in sub.EXERCISES_01]
     bonus = next(c for c in built.cells if c.source == "import os")
-    assert not grading.is_graded_test(bonus) and "grade" not in bonus.metadata["nbgrader"]
+    assert not build.is_graded_test(bonus) and "grade" not in bonus.metadata["nbgrader"]
 
 
 def test_a_test_whose_answer_cell_is_gone_goes_before_the_next_exercise():
     source = sub.solution()
     submission = sub.delete(sub.delete(sub.solution(), "check_head_dim"), "head_dim")
-    ids = grade_ids(grading.build_graded_notebook(submission, source))
+    ids = grade_ids(build.build_graded_notebook(submission, source))
     assert ids.index("check_head_dim") == ids.index("kv_group_size") - 1
 
 
@@ -167,7 +171,7 @@ def error(ename, evalue):
      "NameError: name 'head_dim' is not defined"),
 ])
 def test_scoring_rule(outputs, ran, status, points, message):
-    result = grading.score_test_cell(graded_cell(*outputs), ran=ran, max_points=2)
+    result = score.score_test_cell(graded_cell(*outputs), ran=ran, max_points=2)
     assert (result.name, result.status, result.points, result.max_points) == \
         ("head_dim", status, points, 2)
     assert message in result.message and "\n" not in result.message
@@ -309,8 +313,8 @@ def test_tensor_data_per_test_is_capped():
 
 
 def test_the_worker_library_holds_no_answers_of_the_graded_chapter():
-    library = sandbox.WorkerLibrary("04_self_attention", grading.SOURCE_DIR)
-    files = library.files
+    copy = library.WorkerLibrary("04_self_attention", identify.SOURCE_DIR)
+    files = copy.files
     assert "nb04.py" in files and not any(f"nb{n:02d}.py" in files for n in range(5, 14))
     nb04 = files["nb04.py"].decode()
     assert "_verdict_check('check_attention')" in nb04 and "ref." not in nb04
@@ -319,22 +323,82 @@ def test_the_worker_library_holds_no_answers_of_the_graded_chapter():
                  "torch_mha_reference"):
         assert f"def {name}(*args, **kwargs):\n    raise RuntimeError" in attention, name
     assert "scaled_dot_product_attention" not in attention and ".softmax(" not in attention
-    masks = sandbox.PACKAGE / "reference" / "masks.py"
+    masks = library.PACKAGE / "reference" / "masks.py"
     assert files["reference/masks.py"] == masks.read_bytes()  # chapter 03's: kept whole
-    for name in files:     # the allow-list: only the worker-side pieces of the grader, no tools
-        assert not name.startswith("tools/") and name != "grader/jail.py", name
-        assert not name.startswith("grader/") or name in sandbox.WORKER_GRADER_MODULES, name
-    assert library.has("checks.reference.masks", "causal_mask")
-    assert not library.has("checks.reference.attention", "attention")
-    assert not library.has("checks.nb04", "check_attention_internals")
+    assert copy.has("checks.reference.masks", "causal_mask")
+    assert not copy.has("checks.reference.attention", "attention")
+    assert not copy.has("checks.nb04", "check_attention_internals")
+
+
+# What of grader/ the worker may have: its main loop and what that imports. Named here, not read
+# from the code, so that adding a grader-side module to the library fails this file.
+WORKER_SIDE = {"grader/__init__.py", "grader/worker_side.py", "grader/channel.py",
+               "grader/wire.py", "grader/tensors.py", "grader/audit.py"}
+
+
+def _grader_modules_imported(rel: str) -> set[str]:
+    """The grader/ modules that checks/`rel` imports (relative or absolute, anywhere in it)."""
+    import ast
+
+    found = set()
+    for node in ast.walk(ast.parse((library.PACKAGE / rel).read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level == 1:                      # from .x import y / from . import x
+                names = [module] if module else [a.name for a in node.names]
+                found |= {f"grader/{n}.py" for n in names}
+            elif module.startswith("checks.grader."):
+                found.add(f"grader/{module.split('.')[2]}.py")
+        elif isinstance(node, ast.Import):
+            found |= {f"grader/{a.name.split('.')[2]}.py" for a in node.names
+                      if a.name.startswith("checks.grader.")}
+    return found
+
+
+@pytest.mark.parametrize("chapter", ["01_notation", "04_self_attention", "13_generation_kv_cache"])
+def test_the_worker_library_holds_only_allow_listed_files(chapter):
+    import fnmatch
+
+    files = set(library.WorkerLibrary(chapter, identify.SOURCE_DIR).files)
+    assert not [n for n in files if n.startswith("tools/")]
+    assert {n for n in files if n.startswith("grader/")} == WORKER_SIDE
+    assert set(library.WORKER_GRADER_MODULES) == WORKER_SIDE
+    for name in files:
+        assert any(fnmatch.fnmatch(name, pattern)
+                   for pattern in library.WORKER_MODULES + library.WORKER_DATA), name
+    # The worker side imports nothing of grader/ beyond itself, and needs all of it.
+    reached, todo = {"grader/__init__.py"}, ["grader/worker_side.py"]
+    while todo:
+        rel = todo.pop()
+        reached.add(rel)
+        todo += [m for m in _grader_modules_imported(rel) if m not in reached]
+    assert reached == WORKER_SIDE
+
+
+def test_the_worker_side_imports_from_its_library_alone(tmp_path):
+    """A fresh Python with only the built library on its path imports the worker's main loop,
+    and every `checks` module it loads comes from the library (none from the grader's copy)."""
+    import subprocess
+    import sys
+
+    lib = library.WorkerLibrary("04_self_attention", identify.SOURCE_DIR).build(tmp_path)
+    code = (f"import sys; sys.path.insert(0, {str(lib)!r})\n"
+            "from checks.grader.worker_side import worker_main\n"
+            "outside = [m for m, mod in sys.modules.items() if m.split('.')[0] == 'checks'\n"
+            f"           and not (getattr(mod, '__file__', None) or '').startswith({str(lib)!r})]\n"
+            "print('outside:', sorted(outside))\n")
+    done = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "outside: []", done.stdout
 
 
 def test_helpers_the_notebook_imports_travel_without_the_checks():
-    library = sandbox.WorkerLibrary("13_generation_kv_cache", grading.SOURCE_DIR)
-    nb13 = library.files["nb13.py"].decode()
+    copy = library.WorkerLibrary("13_generation_kv_cache", identify.SOURCE_DIR)
+    nb13 = copy.files["nb13.py"].decode()
     assert "def tensor_nbytes" in nb13 and "class _CountingTable" in nb13
     assert "_SimCache" not in nb13 and "def _check_steps" not in nb13
-    generation = library.files["reference/generation.py"].decode()
+    generation = copy.files["reference/generation.py"].decode()
     assert "scaled_dot_product_attention" not in generation
 
 
@@ -363,19 +427,19 @@ def test_the_reservation_is_what_an_address_space_limit_refuses():
                                                    ("rss", "none")])
 def test_memory_limit_counts_memory_used_not_address_space(memory_by, isolation):
     if memory_by == "cgroup":
-        cgroup = sandbox.MemoryCgroup.create(2**30)
+        cgroup = MemoryCgroup.create(2**30)
         if cgroup is None:
             pytest.skip("no memory cgroup can be made here")
         cgroup.kill_all()
-    limits = sandbox.Limits(memory=900 * 2**20, memory_by=memory_by, cell_timeout=60,
-                            isolation=isolation)
-    library = sandbox.WorkerLibrary("01_notation", grading.SOURCE_DIR)
+    limits = Limits(memory=900 * 2**20, memory_by=memory_by, cell_timeout=60,
+                    isolation=isolation)
+    copy = library.WorkerLibrary("01_notation", identify.SOURCE_DIR)
     with tempfile.TemporaryDirectory() as tmp:
-        worker = sandbox.Worker(tmp, limits, library)
+        worker = Worker(tmp, limits, copy)
         try:
             assert worker.run_cell(0, RESERVE)["ok"]
             # 2 GiB touched: over the limit, the worker is killed and the report says why
-            with pytest.raises(sandbox.WorkerGone, match="memory limit"):
+            with pytest.raises(WorkerGone, match="memory limit"):
                 worker.run_cell(1, "import torch\nhog = torch.ones(2**31, dtype=torch.uint8)")
         finally:
             worker.close()

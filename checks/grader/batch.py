@@ -1,0 +1,127 @@
+"""Grading many notebooks: `grade_each` grades them `--jobs` at a time (each in its own grading
+process with its share of the cores, and its own worker), shows each result in the order given
+as soon as it and those before it are done, and stops at the first incident. One notebook that
+cannot be graded is one line; one that hangs, crashes or misbehaves never stops the others."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from pathlib import Path
+
+import torch
+
+from ..context import GRADING_ENV, THREADS_ENV
+from .grading import grade_notebook
+from .limits import Limits, cores
+from .report import progress_line, report_problem
+from .results import GradingError, GradingIncident, NotebookResult
+from .tripwire import Tripwire, course_files, short_path
+
+
+def grade_each(paths: list[Path], args, show: Callable[[NotebookResult], None], *,
+               progress: bool = True
+               ) -> tuple[list[NotebookResult], list[GradingError], GradingIncident | None]:
+    """Grade notebooks, `args.jobs` at a time, showing each result in the order of `paths` as
+    soon as it and those before it are done, and a progress line on stderr as each finishes.
+    One that cannot be graded is reported in one line and skipped. A notebook that hangs,
+    crashes or misbehaves scores zero where it must and never stops the others.
+
+    The course's code, the sources and every notebook in `paths` are hashed first and compared
+    after each notebook: a change stops grading (no notebook starts after it) and is returned
+    as the incident, naming the notebooks that were being graded."""
+    tripwire = Tripwire([*course_files(args.source), *paths])
+    jobs = max(1, min(args.jobs, len(paths)))
+    options = _options(args, paths, threads=max(1, cores() // jobs))
+    outcomes: dict[int, tuple] = {}
+    results: list[NotebookResult] = []
+    problems: list[GradingError] = []
+    shown = 0
+
+    def finished(index: int, outcome: tuple, running: list[Path]) -> GradingIncident | None:
+        nonlocal shown
+        outcomes[index] = outcome
+        changed = tripwire.changed()
+        if outcome[0] == "incident":
+            return GradingIncident([*outcome[1], *map(str, running)], outcome[2], outcome[3])
+        if changed:
+            return GradingIncident([str(paths[index]), *map(str, running)],
+                                   [short_path(p) for p in changed])
+        if progress:
+            progress_line(len(outcomes), len(paths), paths[index], outcome)
+        while shown in outcomes:
+            kind, *rest = outcomes[shown]
+            if kind == "result":
+                results.append(rest[0])
+                show(rest[0])
+            else:
+                problem = GradingError(paths[shown], rest[0])
+                report_problem(problem)
+                problems.append(problem)
+            shown += 1
+        return None
+
+    if jobs == 1:
+        for index, path in enumerate(paths):
+            incident = finished(index, _grade_one(path, options), [])
+            if incident:
+                return results, problems, incident
+        return results, problems, None
+    return _grade_in_parallel(paths, options, jobs, finished, results, problems)
+
+
+def _grade_in_parallel(paths, options, jobs, finished, results, problems):
+    pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_child_setup, initargs=(options["threads"],))
+    incident = None
+    try:
+        futures = {pool.submit(_grade_one, path, options): i for i, path in enumerate(paths)}
+        pending = set(futures)
+        while pending and incident is None:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in sorted(done, key=futures.get):
+                index = futures[future]
+                try:
+                    outcome = future.result()
+                except Exception as exc:  # noqa: BLE001 - a grading process that died
+                    outcome = ("problem", f"could not be graded ({type(exc).__name__}: {exc})")
+                running = [paths[futures[f]] for f in pending if f.running()]
+                incident = incident or finished(index, outcome, running)
+    finally:
+        if incident is not None:
+            for process in list(getattr(pool, "_processes", {}).values()):
+                process.kill()
+        pool.shutdown(wait=True, cancel_futures=True)
+    return results, problems, incident
+
+
+def _child_setup(threads: int) -> None:
+    """A grading process of `--jobs`: the grading flag and its share of the cores."""
+    os.environ[GRADING_ENV] = "1"
+    os.environ[THREADS_ENV] = str(threads)
+    torch.set_num_threads(threads)
+
+
+def _options(args, paths: list[Path], threads: int) -> dict:
+    roots = list(getattr(args, "paths", None) or [getattr(args, "dir", Path("."))])
+    hide = [p if p.is_dir() else p.parent for p in roots] + list(args.hide)
+    return {"source": args.source, "threads": threads, "hide": [p.resolve() for p in hide],
+            "limits": Limits(cell_timeout=args.timeout, memory=args.memory, cpu=args.cpu_time,
+                             output=args.max_output, threads=threads,
+                             memory_by=args.memory_by)}
+
+
+def _grade_one(path: Path, options: dict) -> tuple:
+    """("result", NotebookResult) | ("problem", text) | ("incident", notebooks, files, what)."""
+    try:
+        return ("result", grade_notebook(
+            path, source_dir=options["source"], limits=options["limits"], hide=options["hide"],
+            tripwire=Tripwire([*course_files(options["source"]), path])))
+    except GradingError as problem:
+        return ("problem", problem.problem)
+    except GradingIncident as incident:
+        return ("incident", incident.notebooks, incident.changed, incident.what)
+    except Exception as exc:  # noqa: BLE001 - a bug of ours must not stop a class's grading
+        return ("problem", f"could not be graded ({type(exc).__name__}: {exc})")

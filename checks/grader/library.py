@@ -1,0 +1,293 @@
+"""The worker's copy of `checks`, built per graded chapter from an allow-list (`WORKER_MODULES`):
+a module added to the package later stays with the grader until it is named here.
+
+In the copy, the graded chapter's checkers are stubs that repeat the grader's verdict
+(`checks.grader.worker_side.verdict_check`), later chapters' checkers are absent, and every
+`checks.reference` function or class of the graded chapter and of the later ones is withheld (a
+stub that raises): neither the checkers nor the answers are in the worker's memory. Modules that
+hold answers must therefore live in `checks/reference/`. `WorkerLibrary.has` tells the grader
+which of its objects the worker could import (what it cannot stays in the grader when handed to
+the learner's code)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1]  # checks/
+
+
+# What the worker may import, by path under checks/ (an allow-list: a module added later stays
+# with the grader until it is named here). The learner-facing core, the reference (answers of the
+# graded chapter and later ones withheld), the model loader, and the worker's side of the grader:
+# its main loop and what that imports (the channel, the wire encoding, tensors across the
+# channel, the audit hook). Nothing else of grader/ (tests/grader/test_grading.py holds to it).
+WORKER_GRADER_MODULES = ("grader/__init__.py", "grader/worker_side.py", "grader/channel.py",
+                         "grader/wire.py", "grader/tensors.py", "grader/audit.py")
+WORKER_MODULES = ("__init__.py", "config.py", "context.py", "display.py", "engine.py",
+                  "i18n.py", "borrow.py", "figures.py", "diagrams.py", "timing.py",
+                  "nb[0-9][0-9].py", "reference/*.py", "smollm/*.py", *WORKER_GRADER_MODULES)
+WORKER_DATA = ("locale/*/LC_MESSAGES/*.mo",)  # copied as they are: the messages' translations
+_library_plans: dict[tuple, tuple[dict[str, bytes], dict[str, set[str] | None]]] = {}
+
+
+def _chapter_number(chapter: str) -> int:
+    return int(chapter[:2])
+
+
+def _answer_names(source_dir: Path) -> dict[str, int]:
+    """Every exercise name (answer cells' grade_ids and the functions and classes they
+    define) with the chapter that asks for it."""
+    names: dict[str, int] = {}
+    for path in sorted(Path(source_dir).glob("[0-9][0-9]_*/*.ipynb")):
+        if path.stem != path.parent.name:
+            continue
+        number = _chapter_number(path.stem)
+        for cell in json.loads(path.read_text(encoding="utf-8")).get("cells", []):
+            meta = cell.get("metadata", {}).get("nbgrader") or {}
+            if cell.get("cell_type") != "code" or not meta.get("solution"):
+                continue
+            found = {meta.get("grade_id")} | set(defined_names("".join(cell.get("source", ""))))
+            for name in filter(None, found):
+                names[name] = min(number, names.get(name, number))
+    return names
+
+
+def defined_names(source: str) -> dict[str, str]:
+    """Top-level functions and classes a cell defines: {name: "function" | "class"}."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return {}
+    return {node.name: "class" if isinstance(node, ast.ClassDef) else "function"
+            for node in tree.body
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+
+
+def _imported_from(source_dir: Path, chapter: str, module: str) -> set[str]:
+    """Names the chapter's source notebook imports from `module` outside its test cells."""
+    path = Path(source_dir) / chapter / f"{chapter}.ipynb"
+    names: set[str] = set()
+    for cell in json.loads(path.read_text(encoding="utf-8")).get("cells", []):
+        meta = cell.get("metadata", {}).get("nbgrader") or {}
+        if cell.get("cell_type") != "code" or meta.get("grade"):
+            continue
+        try:
+            tree = ast.parse("".join(cell.get("source", "")))
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module == module:
+                names |= {alias.name for alias in node.names}
+    return names
+
+
+def _top_defs(tree: ast.Module) -> dict[str, ast.stmt]:
+    defs: dict[str, ast.stmt] = {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defs[node.name] = node
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                for name in ast.walk(target):
+                    if isinstance(name, ast.Name):
+                        defs[name.id] = node
+    return defs
+
+
+def _names_used(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+def _withheld_reference(answers: dict[str, int], graded: int
+                        ) -> tuple[dict[str, bytes], dict[str, set[str]]]:
+    """checks/reference/*.py for a worker grading chapter `graded`: every function or class of
+    that chapter and of the later ones replaced by a stub that raises.
+
+    A definition's chapter: an exercise's own; a helper's, the earliest chapter whose exercise
+    uses it (directly or through other helpers); a helper no exercise uses, the latest chapter
+    its module serves (a module serving none counts as beyond every chapter)."""
+    folder = PACKAGE / "reference"
+    trees = {p.stem: ast.parse(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("*.py"))
+             if p.stem != "__init__"}
+    defs = {(m, n): node for m, tree in trees.items() for n, node in _top_defs(tree).items()
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    aliases: dict[tuple[str, str], tuple[str, str]] = {}
+    for m, tree in trees.items():
+        for node in tree.body:
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module in trees:
+                for alias in node.names:
+                    aliases[(m, alias.asname or alias.name)] = (node.module, alias.name)
+    uses = {}
+    for (m, n), node in defs.items():
+        found = set()
+        for name in _names_used(node):
+            target = (m, name) if (m, name) in defs else aliases.get((m, name))
+            if target in defs and target != (m, n):
+                found.add(target)
+        uses[(m, n)] = found
+    chapter: dict[tuple[str, str], int] = {key: answers[key[1]] for key in defs
+                                           if key[1] in answers}
+    module_last = {m: max([c for (mm, _), c in chapter.items() if mm == m], default=99)
+                   for m in trees}
+    for key in defs:
+        if key in chapter:
+            continue
+        reached = [c for start, c in chapter.items() if key in _closure(start, uses)]
+        chapter[key] = min(reached) if reached else module_last[key[0]]
+    files: dict[str, bytes] = {}
+    withheld: dict[str, set[str]] = {}
+    for m, tree in trees.items():
+        names = {n for (mm, n), c in chapter.items() if mm == m and c >= graded}
+        withheld[f"checks.reference.{m}"] = names
+        if names:
+            body = tree.body[1:] if tree.body and isinstance(tree.body[0], ast.Expr) and \
+                isinstance(tree.body[0].value, ast.Constant) else tree.body  # no docstring
+            tree.body = [_stub(node, graded) if getattr(node, "name", None) in names else node
+                         for node in body]
+            files[f"reference/{m}.py"] = (ast.unparse(tree) + "\n").encode()
+    return files, withheld
+
+
+def _closure(start, uses) -> set:
+    seen, todo = set(), [start]
+    while todo:
+        for nxt in uses.get(todo.pop(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+def _stub(node: ast.stmt, graded: int) -> ast.stmt:
+    message = (f"checks.reference.{node.name} is withheld while chapter {graded:02d} is graded: "
+               "the grader keeps the course's answers to itself")
+    raise_ = ast.Raise(exc=ast.Call(func=ast.Name("RuntimeError", ast.Load()),
+                                    args=[ast.Constant(message)], keywords=[]), cause=None)
+    args = ast.arguments(posonlyargs=[], args=[], vararg=ast.arg("args"), kwonlyargs=[],
+                         kw_defaults=[], kwarg=ast.arg("kwargs"), defaults=[])
+    if isinstance(node, ast.ClassDef):
+        init = ast.FunctionDef(name="__init__", args=ast.arguments(
+            posonlyargs=[], args=[ast.arg("self")], vararg=ast.arg("args"), kwonlyargs=[],
+            kw_defaults=[], kwarg=ast.arg("kwargs"), defaults=[]), body=[raise_],
+            decorator_list=[], returns=None, type_comment=None)
+        return ast.fix_missing_locations(ast.ClassDef(
+            name=node.name, bases=[], keywords=[], body=[init], decorator_list=[]))
+    return ast.fix_missing_locations(ast.FunctionDef(
+        name=node.name, args=args, body=[raise_], decorator_list=[], returns=None,
+        type_comment=None))
+
+
+def _checker_stub(module: str, graded_chapter: str, source_dir: Path) -> tuple[bytes, set[str]]:
+    """checks/nbNN.py for the worker grading chapter NN: each `check_*` repeats the grader's
+    verdict (`verdict_check`); the helpers the notebook imports from the module, and tensor
+    subclasses the checkers hand to the learner's functions, are copied with what they use."""
+    tree = ast.parse((PACKAGE / f"{module}.py").read_text(encoding="utf-8"))
+    defs = _top_defs(tree)
+    checks = [n for n, node in defs.items() if n.startswith("check_")
+              and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    wanted = {n for n in _imported_from(source_dir, graded_chapter, f"checks.{module}")
+              if n in defs and not n.startswith("check_")}
+    wanted |= {n for n, node in defs.items() if isinstance(node, ast.ClassDef) and any(
+        ast.unparse(b).endswith("Tensor") for b in node.bases)}
+    keep = set(wanted)
+    todo = list(wanted)
+    while todo:
+        for name in _names_used(defs[todo.pop()]):
+            if name in defs and name not in keep and not name.startswith("check_"):
+                keep.add(name)
+                todo.append(name)
+    body = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    seen: set[int] = set()
+    for node in tree.body:
+        names = [n for n, d in defs.items() if d is node]
+        if any(n in keep for n in names) and id(node) not in seen:
+            seen.add(id(node))
+            body.append(node)
+    lines = [f'"""Chapter {graded_chapter[:2]}\'s checks, withheld from the worker that runs a '
+             f'chapter {graded_chapter[:2]} notebook for the grader: each check repeats the '
+             'grader\'s verdict."""', "from __future__ import annotations",
+             ast.unparse(ast.Module(body=body, type_ignores=[])),
+             "from checks.grader.worker_side import verdict_check as _verdict_check"]
+    lines += [f"{name} = _verdict_check({name!r})" for name in checks]
+    return ("\n".join(lines) + "\n").encode(), keep | set(checks)
+
+
+def worker_module_paths() -> list[Path]:
+    """The modules of `checks` that the worker's copy is built from (WORKER_MODULES)."""
+    found = {path for pattern in WORKER_MODULES for path in PACKAGE.glob(pattern)}
+    return sorted(found)
+
+
+def worker_data_paths() -> list[Path]:
+    """The data files of `checks` the worker's copy holds unchanged (WORKER_DATA)."""
+    return sorted({path for pattern in WORKER_DATA for path in PACKAGE.glob(pattern)})
+
+
+class WorkerLibrary:
+    """The worker's copy of `checks` for one chapter (see the module docstring).
+
+    `build(folder)` writes it to `folder/checks`; `has(module, name)` says whether the worker can
+    import `module.name` (what cannot stays in the grader when it is handed to the learner)."""
+
+    def __init__(self, chapter: str, source_dir: str | os.PathLike):
+        self.chapter = chapter
+        self.source_dir = Path(source_dir)
+        stamp = tuple(sorted((str(p), p.stat().st_mtime_ns) for p in [
+            *PACKAGE.rglob("*.py"), *worker_data_paths(), *self.source_dir.glob("*/*.ipynb")]))
+        key = (chapter, str(self.source_dir), stamp)
+        if key not in _library_plans:
+            _library_plans.clear()
+            _library_plans[key] = self._plan()
+        self.files, self.available = _library_plans[key]
+
+    def _plan(self) -> tuple[dict[str, bytes], dict[str, set[str] | None]]:
+        graded = _chapter_number(self.chapter)
+        # Which chapter asks for which function: from every chapter's source (a --source folder
+        # may hold only some chapters; the course's own solutions/ fill in the rest).
+        answers = _answer_names(PACKAGE.parent / "solutions")
+        for name, number in _answer_names(self.source_dir).items():
+            answers[name] = min(number, answers.get(name, number))
+        files: dict[str, bytes] = {}
+        available: dict[str, set[str] | None] = {}
+        reference, withheld = _withheld_reference(answers, graded)
+        for path in worker_module_paths():
+            rel = path.relative_to(PACKAGE).as_posix()
+            module = "checks." + rel.removesuffix(".py").replace("/", ".").removesuffix(
+                ".__init__")
+            if rel.startswith("nb") and rel[2:4].isdigit() and "/" not in rel:
+                number = int(rel[2:4])
+                if number > graded:
+                    continue
+                if number == graded:
+                    files[rel], names = _checker_stub(rel[:-3], self.chapter, self.source_dir)
+                    available[module] = names
+                    continue
+            files[rel] = reference.get(rel, path.read_bytes())
+            available[module] = None
+            if module in withheld:
+                available[module] = {n for n in _top_defs(ast.parse(path.read_bytes()))
+                                     if n not in withheld[module]}
+        for path in worker_data_paths():
+            files[path.relative_to(PACKAGE).as_posix()] = path.read_bytes()
+        return files, available
+
+    def has(self, module: str, name: str) -> bool:
+        if module not in self.available:
+            return not module.startswith("checks.") and module != "checks"
+        names = self.available[module]
+        return names is None or name.split(".")[0] in names
+
+    def build(self, folder: Path) -> Path:
+        for rel, data in self.files.items():
+            target = folder / "checks" / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.chmod(target.parent, 0o755)
+            target.write_bytes(data)
+            os.chmod(target, 0o644)
+        os.chmod(folder, 0o755)
+        return folder
+

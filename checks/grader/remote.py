@@ -1,0 +1,119 @@
+"""The learner's code, seen from the grader: `RemoteFunction` (a learner's function or class,
+called in the worker), `RemoteObject` (an object that stays in the worker: attributes and methods
+are fetched and called there), the rebuilding of a decoded reply into those, and the rebuilding of
+the learner's exceptions as plain exceptions of the grader (never a BaseException, never a
+`CheckFailure`). A test cell's exercise names are `RemoteFunction`s; what they return crosses as
+data that `wire` decodes without running any of the worker's code.
+
+`Worker` (in `worker.py`) is only named here: these proxies call its `call`, `getattr` and `vars`."""
+
+from __future__ import annotations
+
+import builtins
+from typing import Any
+
+from . import wire
+from .tensors import map_leaves
+from .wire import RemoteRef
+
+MAX_TEXT = 64 * 1024  # characters of any text the grader keeps from one reply
+
+
+def capped_text(value: Any, limit: int) -> str:
+    """A text from the worker, at most `limit` characters; anything else reads as ""."""
+    return value[:limit] if isinstance(value, str) else ""
+
+
+def grader_value(value: Any, worker: "Worker") -> Any:
+    """A decoded value with the worker's object references turned into `RemoteObject`s."""
+    def leaf(x):
+        if isinstance(x, RemoteRef):
+            return RemoteObject(worker, x.handle, x.type_name, worker.session.deadline)
+        return x
+
+    return map_leaves(value, leaf, wire.MAX_DEPTH + 2)
+
+
+class RemoteFunction:
+    """A learner's function (or class) living in the worker, callable from the grader."""
+
+    _checks_remote = True  # checks.engine.is_remote
+
+    def __init__(self, worker: "Worker", name: str, deadline: float):
+        self._worker = worker
+        self._name = name
+        self.deadline = deadline
+        self.__name__ = self.__qualname__ = name
+
+    def __call__(self, *args, **kwargs):
+        return self._worker.call(("name", self._name), args, kwargs, self.deadline)
+
+    def __repr__(self) -> str:
+        return f"<your function {self._name}>"
+
+
+class RemoteObject:
+    """An object that lives in the worker (an instance of the learner's class, a bound method):
+    attribute reads and calls go to the worker; equal only to itself."""
+
+    __slots__ = ("_worker", "_handle", "_type", "_deadline")
+
+    def __init__(self, worker: "Worker", handle: int, type_name: str, deadline: float):
+        object.__setattr__(self, "_worker", worker)
+        object.__setattr__(self, "_handle", handle)
+        object.__setattr__(self, "_type", type_name)
+        object.__setattr__(self, "_deadline", deadline)
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return self._worker.getattr(self._handle, name, self._deadline)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("objects in the worker are read-only from the grader")
+
+    @property
+    def __dict__(self):  # noqa: PLE0237 - vars(obj) reads the worker's object's attributes
+        return self._worker.vars(self._handle, self._deadline)
+
+    def __call__(self, *args, **kwargs):
+        return self._worker.call(("object", self._handle), args, kwargs, self._deadline)
+
+    def __repr__(self) -> str:
+        return f"<{self._type} object in the worker>"
+
+    def __eq__(self, other):
+        return other is self
+
+    def __hash__(self):
+        return id(self)
+
+    def __bool__(self):
+        return True
+
+
+_EXCEPTIONS: dict[str, type] = {}
+
+
+def rebuild_exception(error: Any) -> Exception:
+    """An exception of the same built-in class (ValueError, KeyError, NotImplementedError ...),
+    or of a new class with the learner's class name. Never a BaseException or a CheckFailure."""
+    if not isinstance(error, dict):
+        return RuntimeError("an error the grader could not read")
+    name = capped_text(error.get("type"), 100) or "Exception"
+    args = error.get("args") if isinstance(error.get("args"), tuple) else ()
+    args = tuple(a[:2000] if isinstance(a, str) else a if type(a) in (int, float, bool)
+                 or a is None else "?" for a in args[:4])
+    cls = getattr(builtins, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, Exception)) or name in (
+            "StopIteration", "StopAsyncIteration"):
+        key = name if name.isidentifier() else "LearnerException"
+        cls = _EXCEPTIONS.setdefault(key, type(key, (Exception,), {"__module__": "learner"}))
+    try:
+        exc = cls(*args)
+    except Exception:  # noqa: BLE001
+        exc = cls(str(args))
+    where = capped_text(error.get("where"), 300)
+    if where:
+        exc.add_note(f"at {where}")
+    return exc

@@ -1,0 +1,238 @@
+"""Stage 4 of grading: run the built notebook's cells, in order, in a walled-in worker
+(`worker.Worker`). Each test cell runs twice: first here, in the grading process, with the
+grader's own checkers and torch, on the worker's functions (`remote.RemoteFunction`): this run
+decides the points. Then in the worker, in the notebook's namespace, as Jupyter would: there the
+graded chapter's `check_*` functions repeat this run's verdict, so an honest notebook gets the same
+outcome, and one whose own run passes while the grader's failed has tampered with something
+(`tampering suspected` in the report).
+
+Watching from inside the worker is advice only: the forbidden-library-function guard (chapter
+04's "no library softmax") runs in the worker, where the notebook could switch it off; a detection
+still fails the test, marked "seen inside the worker"."""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import contextlib
+import io
+import os
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..borrow import BORROWING_CALLS
+from ..context import GRADING_ENV
+from .build import is_graded_test
+from .channel import WorkerGone
+from .identify import SOURCE_DIR
+from .library import WorkerLibrary, defined_names
+from .read import Node, grade_id, is_test_cell
+from .remote import RemoteFunction
+from .results import GradingIncident
+from .worker import Worker
+
+
+@dataclass
+class Execution:
+    completed: set[int]  # indices of the cells that ran to the end
+    error: str | None  # why the notebook stopped early, or None
+    isolation: str = ""
+    worker_uid: int | None = None
+
+
+def chapter_namespace(source) -> dict[str, Any]:
+    """What the test cells may use, built in the grading process from the source notebook's
+    import statements and borrowing statements (`own_functions(...)`, which under a grader
+    gives the course's reference functions) in cells that are neither answers nor tests.
+    Nothing of the learner's."""
+    def borrowing(node) -> bool:
+        call = getattr(node, "value", None)
+        func = getattr(call, "func", None)
+        name = getattr(func, "id", None) or getattr(func, "attr", None)
+        return isinstance(node, ast.Assign) and isinstance(call, ast.Call) and \
+            name in BORROWING_CALLS
+
+    def bound(node) -> set[str]:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            return {(a.asname or a.name).split(".")[0] for a in node.names}
+        return {n.id for t in node.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+
+    used: set[str] = set()  # only what the test cells read is imported (not figures' modules)
+    for cell in source.cells:
+        if cell.cell_type == "code" and is_test_cell(cell):
+            with contextlib.suppress(SyntaxError):
+                used |= {n.id for n in ast.walk(ast.parse(cell.source)) if isinstance(n, ast.Name)}
+    candidates = []
+    for cell in source.cells:
+        if cell.cell_type != "code" or grade_id(cell) is not None:
+            continue
+        try:
+            tree = ast.parse(cell.source)
+        except SyntaxError:
+            continue
+        candidates += [node for node in tree.body
+                       if isinstance(node, (ast.Import, ast.ImportFrom)) or borrowing(node)]
+    for node in candidates:  # what the borrowing statements need is imported too
+        if borrowing(node) and bound(node) & used:
+            used |= {n.id for n in ast.walk(node.value) if isinstance(n, ast.Name)}
+    kept = [node for node in candidates if bound(node) & used]
+    namespace: dict[str, Any] = {"__name__": "__grading__", "__builtins__": builtins}
+    flag = os.environ.get(GRADING_ENV)
+    os.environ[GRADING_ENV] = "1"  # borrowing gives the reference, never a learner's notebook
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            exec(compile(ast.Module(body=kept, type_ignores=[]), "<imports>", "exec"), namespace)
+    finally:
+        if flag is None:
+            os.environ.pop(GRADING_ENV, None)
+        else:
+            os.environ[GRADING_ENV] = flag
+    return namespace
+
+
+def exercise_kinds(source) -> dict[str, str]:
+    """{name: "function" | "class"} for what the source notebook's answer cells define: whether
+    an exercise is a class comes from the source, never from the submission."""
+    kinds: dict[str, str] = {}
+    for cell in source.cells:
+        meta = cell.get("metadata", {}).get("nbgrader")
+        if cell.cell_type == "code" and isinstance(meta, dict) and meta.get("solution"):
+            kinds.update(defined_names(cell.source))
+    return kinds
+
+
+def _names_from_learner(source: str, namespace: dict[str, Any]) -> list[str]:
+    """Names a test cell reads that neither it, the chapter's imports nor builtins define:
+    the exercises (and anything else the learner's notebook must provide)."""
+    tree = ast.parse(source)
+    stored = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
+              and not isinstance(n.ctx, ast.Load)}
+    stored |= {a.arg for a in ast.walk(tree) if isinstance(a, ast.arg)}
+    loaded = [n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
+              and isinstance(n.ctx, ast.Load)]
+    return [name for name in dict.fromkeys(loaded) if name not in stored
+            and name not in namespace and not hasattr(builtins, name)]
+
+
+class _WrongKind:
+    """Stands for a function exercise that the notebook defines as a class."""
+
+    def __init__(self, name: str):
+        self.__name__ = name
+
+    def __call__(self, *args, **kwargs):
+        raise TypeError(f"`{self.__name__}` is a class in your notebook; this exercise asks for "
+                        f"a function (def {self.__name__}(...))")
+
+
+def _grader_side_test(cell, worker, imports: dict[str, Any], kinds: dict[str, str],
+                      limits) -> dict[str, Any]:
+    """Run a test cell in this process on the worker's functions: {"ok", "ename", "evalue",
+    "stderr"}. Raises WorkerGone when the worker dies or runs out of time."""
+    deadline = time.monotonic() + limits.cell_timeout
+    worker.begin_test(deadline)
+    namespace = dict(imports)
+    for name in _names_from_learner(cell.source, namespace):
+        found = worker.lookup(name)
+        kind = kinds.get(name)
+        if kind is None:  # not an exercise: plain data only, never the learner's code
+            if found["found"] == "value":
+                namespace[name] = found["value"]
+        elif found["found"] == "class" and kind == "function":
+            namespace[name] = _WrongKind(name)
+        elif found["found"] != "missing":
+            namespace[name] = RemoteFunction(worker, name, deadline)
+    out, err = io.StringIO(), io.StringIO()
+    result: dict[str, Any] = {"ok": True}
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+            warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            exec(compile(cell.source, f"<test {grade_id(cell)}>", "exec"), namespace)
+        except Exception as exc:  # WorkerGone and KeyboardInterrupt are BaseExceptions
+            result.update(ok=False, ename=type(exc).__name__, evalue=str(exc))
+    stderr = worker.stderr_text + err.getvalue() + "".join(
+        f"{w.category.__name__}: {w.message}\n" for w in caught)
+    result["stderr"] = stderr[:limits.stderr_kept]
+    return result
+
+
+def _as_outputs(*results: dict[str, Any]) -> list:
+    """nbformat outputs for a cell from its run results: the first error, and any stderr."""
+    outputs = []
+    for result in results:
+        if result.get("stderr"):
+            outputs.append(Node(output_type="stream", name="stderr", text=str(result["stderr"])))
+    for result in results:
+        if not result.get("ok", False):
+            outputs.append(Node(output_type="error", ename=str(result.get("ename", "Error")),
+                                evalue=str(result.get("evalue", "")), traceback=[]))
+            break
+    return outputs
+
+
+def execute_notebook(nb, source, *, limits, workdir: str | os.PathLike, chapter: str,
+                     source_dir: str | os.PathLike = SOURCE_DIR,
+                     hide: list | tuple = ()) -> Execution:
+    """Run the cells of `nb` in a worker, in order. Each test cell (from the source) runs first
+    here, on the worker's functions (this run decides), then in the worker, where the graded
+    chapter's checks repeat this run's verdict.
+
+    `nb` gets the outputs (stderr and the first error; for a test cell, those of the run here)
+    and, on a test cell whose run in the worker passed while the run here failed,
+    `checks_tampering` metadata. A cell that runs past the time limit, a worker that dies or
+    breaks the protocol stop the run; the cells run until then keep their outputs. Raises
+    GradingIncident if any of the worker's processes survive it.
+    """
+    completed: set[int] = set()
+    current: int | None = None
+    imports = chapter_namespace(source)
+    kinds = exercise_kinds(source)
+    worker = None
+    try:
+        worker = Worker(Path(workdir), limits, WorkerLibrary(chapter, source_dir), hide=hide)
+        for index, cell in enumerate(nb.cells):
+            current = index
+            if is_graded_test(cell):
+                here = _grader_side_test(cell, worker, imports, kinds, limits)
+                verdict = "passed" if here["ok"] else (here["ename"], here["evalue"])
+                inside = worker.run_cell(index, cell.source, verdict)
+                if inside["ok"] and not here["ok"]:
+                    cell.metadata["checks_tampering"] = True
+                # Only this process's run counts: the worker's may fail for reasons of its own
+                # (a hidden test that uses a reference function the worker does not have).
+                cell.outputs = _as_outputs(here)
+            else:
+                cell.outputs = _as_outputs(worker.run_cell(index, cell.source))
+            completed.add(index)
+        error = None
+    except WorkerGone as gone:
+        where = "before the first cell" if current is None else \
+            f"in {_describe_cell(nb, current)}"
+        error = f"{where}: {gone}; the cells after it were not run"
+        error = error[0].upper() + error[1:]
+    finally:
+        if worker is not None:
+            worker.close()
+    left = getattr(worker, "left_behind", [])
+    if left:
+        raise GradingIncident([], [f"process {pid}" for pid in left],
+                              "processes of the worker outlived it")
+    return Execution(completed, error, worker.mode if worker is not None else "",
+                     getattr(worker, "uid", None))
+
+
+def _describe_cell(nb, index: int | None) -> str:
+    """'answer cell head_dim', 'test cell check_head_dim' or 'the cell starting "x = 1"'."""
+    if index is None:
+        return "an unknown cell"
+    cell = nb.cells[index]
+    gid = grade_id(cell)
+    if gid:
+        return f"{'test' if is_graded_test(cell) else 'answer'} cell {gid}"
+    first = next((line.strip() for line in cell.source.splitlines() if line.strip()), "")
+    first = first if len(first) <= 40 else first[:37] + "..."
+    return f"the cell starting {first!r}"

@@ -1,0 +1,75 @@
+"""Stage 5 of grading: nbgrader's rule for each test cell of the run notebook (full points if it
+ran with no error output and nothing on stderr), with the diagnosis the report shows, in the
+source's order of test cells."""
+
+from __future__ import annotations
+
+from .build import is_graded_test
+from .read import grade_id, is_test_cell
+from .results import ERROR, FAILED, NOT_STARTED, PASSED, ExerciseResult
+
+# Error names (IPython's `ename`) that mean "the check ran and said no". Other exceptions in a
+# test cell (NameError, TypeError, SystemExit, ...) are reported as "error".
+_NOT_STARTED_NAMES = {"NotStarted", "NotImplementedError"}
+_FAILURE_NAMES = {"CheckFailure", "LearnerError", "ForbiddenCall", "AssertionError"}
+
+
+def exercise_name(test_grade_id: str) -> str:
+    return test_grade_id.removeprefix("check_")
+
+
+def score_notebook(nb, source, completed: set[int]) -> list[ExerciseResult]:
+    """One result per test cell of the source notebook, in its order; `completed`: the indices of
+    the cells of `nb` that ran to the end."""
+    where = {grade_id(c): i for i, c in enumerate(nb.cells) if is_graded_test(c)}
+    exercises = []
+    for test in (c for c in source.cells if is_test_cell(c)):
+        index = where[grade_id(test)]
+        points = float(test.metadata["nbgrader"].get("points", 0))
+        exercises.append(score_test_cell(nb.cells[index], ran=index in completed,
+                                         max_points=points))
+    return exercises
+
+
+def score_test_cell(cell, *, ran: bool, max_points: float) -> ExerciseResult:
+    """nbgrader's rule: full points if the cell ran with no error output and nothing on stderr.
+
+    (nbgrader also gives partial credit for a test cell whose value is a number; the course's
+    test cells return nothing, so that case is not implemented.)
+    """
+    name = exercise_name(grade_id(cell))
+    if not ran:
+        return ExerciseResult(name, 0.0, max_points, ERROR, "not run: the notebook stopped "
+                                                            "before this test")
+    outputs = cell.get("outputs", [])
+    errors = [o for o in outputs if o.get("output_type") == "error"]
+    tampering = bool(cell.get("metadata", {}).get("checks_tampering"))
+    if errors:
+        status, message = _classify_error(errors[0], name)
+        if tampering:
+            message = ("tampering suspected: the notebook's own run of this test passed, the "
+                       f"grader's failed — {message}")
+        return ExerciseResult(name, 0.0, max_points, status, message, tampering)
+    stderr = "".join(o.get("text", "") for o in outputs
+                     if o.get("output_type") == "stream" and o.get("name") == "stderr")
+    if stderr.strip():
+        return ExerciseResult(name, 0.0, max_points, FAILED,
+                              f"wrote to stderr: {_one_line(stderr)}")
+    return ExerciseResult(name, max_points, max_points, PASSED)
+
+
+def _classify_error(error, exercise: str) -> tuple[str, str]:
+    ename, evalue = error.get("ename", "Error"), error.get("evalue", "")
+    if ename in _NOT_STARTED_NAMES:
+        return NOT_STARTED, "still raises NotImplementedError"
+    if ename in _FAILURE_NAMES:
+        lines = [line.strip() for line in evalue.splitlines() if line.strip()]
+        lines = [line for line in lines if not line.startswith("(random inputs from seed")]
+        if lines:
+            lines[0] = lines[0].removeprefix(f"{exercise}: ")
+        return FAILED, " — ".join(lines) if lines else f"{ename} in a hidden test"
+    return ERROR, f"{ename}: {_one_line(evalue)}" if evalue.strip() else ename
+
+
+def _one_line(text: str) -> str:
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")

@@ -1,0 +1,91 @@
+"""Tensors across the channel, for both sides: the tensors in a nested value (in an order both
+sides agree on), the value rebuilt around new ones, and gradients across the process boundary
+(`attach_autograd`: outputs computed elsewhere become outputs of a local autograd node whose
+backward pass asks the other side). `grad_leaf` and `as_is` are what the grader's pickles name
+for the worker to call, so they live here, in the worker's library."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from . import wire
+
+
+def flat_tensors(value: Any, out: list | None = None, depth: int = 0) -> list:
+    """The tensors in nested lists, tuples and dict values, in order (both sides agree)."""
+    out = [] if out is None else out
+    if depth > wire.MAX_DEPTH:
+        return out
+    if isinstance(value, torch.Tensor):
+        out.append(value)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            flat_tensors(v, out, depth + 1)
+    elif isinstance(value, dict):
+        for v in value.values():
+            flat_tensors(v, out, depth + 1)
+    return out
+
+
+def map_leaves(value: Any, leaf, max_depth: int, depth: int = 0) -> Any:
+    """`value` rebuilt with `leaf(x)` for everything that is not a plain list, tuple or dict
+    (exact types: subclasses are leaves), front to back; below `max_depth`, left as it is."""
+    if depth > max_depth:
+        return value
+    if type(value) is list:
+        return [map_leaves(v, leaf, max_depth, depth + 1) for v in value]
+    if type(value) is tuple:
+        return tuple(map_leaves(v, leaf, max_depth, depth + 1) for v in value)
+    if type(value) is dict:
+        return {k: map_leaves(v, leaf, max_depth, depth + 1) for k, v in value.items()}
+    return leaf(value)
+
+
+def replace_tensors(value: Any, new: list) -> Any:
+    """`value` with its tensors (in `flat_tensors` order) taken from `new`, front first."""
+    return map_leaves(value, lambda x: new.pop(0) if isinstance(x, torch.Tensor) else x,
+                       wire.MAX_DEPTH)
+
+
+def grad_leaf(t):
+    """Unpickling helper: a tensor that tracks gradients from here on (a leaf)."""
+    return t.requires_grad_(True) if t.is_floating_point() else t
+
+
+def attach_autograd(value: Any, flags: list[bool], leaves: list, backward) -> Any:
+    """`value` whose flagged tensors become outputs of an autograd node over `leaves`, with
+    `backward(grads of the flagged outputs) -> grads of the leaves` (computed elsewhere)."""
+    outs = flat_tensors(value)
+    wanted = [o for o, f in zip(outs, flags) if f]
+    if not leaves or not wanted:
+        return value
+
+    class Remote(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *inputs):
+            ctx.set_materialize_grads(False)
+            return tuple(o.view_as(o) for o in wanted)
+
+        @staticmethod
+        def backward(ctx, *grads):
+            got = backward(list(grads))
+            if len(got) != len(leaves):
+                raise RuntimeError("the gradients that came back do not match the inputs")
+            checked = []
+            for g, leaf in zip(got, leaves):
+                if g is not None and (not isinstance(g, torch.Tensor) or g.shape != leaf.shape):
+                    raise RuntimeError("a gradient that came back has the wrong shape")
+                checked.append(None if g is None else g.to(leaf.dtype))
+            return tuple(checked)
+
+    attached = list(Remote.apply(*leaves))
+    replaced = [attached.pop(0) if f else o for o, f in zip(outs, flags)]
+    return replace_tensors(value, replaced)
+
+
+def as_is(x):
+    """Unpickling helper: the value itself (a tensor sent without its gradient tracking)."""
+    return x
+
