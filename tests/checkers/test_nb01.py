@@ -1,34 +1,12 @@
-"""Chapter 01 checkers: the reference passes at every seed; each known mistake is diagnosed."""
+"""Chapter 01 checkers: the catalogue of wrong implementations (held to the contract by
+test_contract.py), and the chapter's own tests."""
 
 import dataclasses
 
-import pytest
-
 from checks import nb01
 from checks import reference as ref
-from checks.engine import NotStarted
 
-from ..support.catalogue import SEEDS, Wrong, assert_passes, assert_rejects, not_started
-
-CORRECT = {
-    nb01.check_head_dim: ref.head_dim,
-    nb01.check_kv_group_size: ref.kv_group_size,
-    nb01.check_validate_config: ref.validate_config,
-    nb01.check_tensor_shape: ref.tensor_shape,
-}
-
-
-@pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("checker", CORRECT, ids=lambda c: c.__name__)
-def test_reference_passes(checker, seed):
-    assert_passes(checker, CORRECT[checker], seed)
-
-
-@pytest.mark.parametrize("checker", CORRECT, ids=lambda c: c.__name__)
-def test_unstarted_reads_as_not_started(checker):
-    with pytest.raises(NotStarted):
-        checker(not_started, seed=0)
-
+from ..support.catalogue import Exercise, Wrong
 
 def _validate_without(rule):
     """validate_config that skips one rule (to test that each rule is enforced)."""
@@ -109,18 +87,15 @@ WRONG = {
     ],
 }
 
-CASES = [(checker, wrong) for checker, wrongs in WRONG.items() for wrong in wrongs]
-
-
-@pytest.mark.parametrize("seed", SEEDS[:3])
-@pytest.mark.parametrize("checker,wrong", CASES,
-                         ids=[f"{c.__name__}-{w.name}" for c, w in CASES])
-def test_wrong_implementation_is_diagnosed(checker, wrong, seed):
-    assert_rejects(checker, wrong, seed)
-
-
-def test_every_exercise_has_a_catalogue_of_three():
-    assert all(len(wrongs) >= 3 for wrongs in WRONG.values())
+EXERCISES = [
+    Exercise(nb01.check_head_dim, {"reference": ref.head_dim}, WRONG[nb01.check_head_dim]),
+    Exercise(nb01.check_kv_group_size, {"reference": ref.kv_group_size},
+             WRONG[nb01.check_kv_group_size]),
+    Exercise(nb01.check_validate_config, {"reference": ref.validate_config},
+             WRONG[nb01.check_validate_config]),
+    Exercise(nb01.check_tensor_shape, {"reference": ref.tensor_shape},
+             WRONG[nb01.check_tensor_shape]),
+]
 
 
 def test_config_defaults_match_llama2_7b():

@@ -14,9 +14,9 @@ import torch.nn.functional as F
 
 from checks import nb02
 from checks import reference as ref
-from checks.engine import ForbiddenCall, NotStarted
+from checks.engine import ForbiddenCall
 
-from ..support.catalogue import SEEDS, Wrong, assert_passes, assert_rejects, not_started
+from ..support.catalogue import Wrong, exercises, implementations
 
 # --------------------------------------------------------------------------------------------
 # Correct implementations: the reference, and the notebook's formulations
@@ -116,38 +116,20 @@ def one_hot_by_scatter(token_ids, vocab_size):
 
 
 CORRECT = {
-    nb02.check_utf8_bytes: [ref.utf8_bytes, lambda text: [*bytes(text, "utf-8")]],
-    nb02.check_bpe_merge: [ref.bpe_merge, merge_while_loop],
-    nb02.check_bpe_train: [ref.bpe_train, train_with_dict_max, train_with_most_common],
-    nb02.check_bpe_encode: [ref.bpe_encode, encode_lowest_rank],
-    nb02.check_bpe_decode: [ref.bpe_decode, decode_by_unmerging],
-    nb02.check_pad_batch: [ref.pad_batch, pad_with_loop],
+    nb02.check_utf8_bytes: implementations(ref.utf8_bytes,
+                                           bytes_unpacked=lambda text: [*bytes(text, "utf-8")]),
+    nb02.check_bpe_merge: implementations(ref.bpe_merge, merge_while_loop),
+    nb02.check_bpe_train: implementations(ref.bpe_train, train_with_dict_max,
+                                          train_with_most_common),
+    nb02.check_bpe_encode: implementations(ref.bpe_encode, encode_lowest_rank),
+    nb02.check_bpe_decode: implementations(ref.bpe_decode, decode_by_unmerging),
+    nb02.check_pad_batch: implementations(ref.pad_batch, pad_with_loop),
     # The reference's F.embedding / F.one_hot are the shortcuts these two checks forbid.
-    nb02.check_embed: [embed_by_indexing, embed_index_select],
-    nb02.check_one_hot: [one_hot_by_comparison, one_hot_by_scatter],
-    nb02.check_embedding_table_bytes: [ref.embedding_table_bytes,
-                                       lambda v, h, b: v * h * b],
+    nb02.check_embed: implementations(embed_by_indexing, embed_index_select),
+    nb02.check_one_hot: implementations(one_hot_by_comparison, one_hot_by_scatter),
+    nb02.check_embedding_table_bytes: implementations(ref.embedding_table_bytes,
+                                                      product=lambda v, h, b: v * h * b),
 }
-CORRECT_CASES = [(checker, fn) for checker, fns in CORRECT.items() for fn in fns]
-
-
-@pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("checker,fn", CORRECT_CASES,
-                         ids=[f"{c.__name__}-{i}" for i, (c, f) in enumerate(CORRECT_CASES)])
-def test_correct_implementation_passes(checker, fn, seed):
-    assert_passes(checker, fn, seed)
-
-
-@pytest.mark.parametrize("checker", CORRECT, ids=lambda c: c.__name__)
-def test_thorough_check_passes(checker, capsys):
-    checker(CORRECT[checker][-1], seed=7, thorough=True)
-    assert capsys.readouterr().err == ""
-
-
-@pytest.mark.parametrize("checker", CORRECT, ids=lambda c: c.__name__)
-def test_unstarted_reads_as_not_started(checker):
-    with pytest.raises(NotStarted):
-        checker(not_started, seed=0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -532,16 +514,5 @@ WRONG = {
     ],
 }
 
-CASES = [(checker, wrong) for checker, wrongs in WRONG.items() for wrong in wrongs]
 
-
-@pytest.mark.parametrize("seed", SEEDS[:3])
-@pytest.mark.parametrize("checker,wrong", CASES,
-                         ids=[f"{c.__name__}-{w.name}" for c, w in CASES])
-def test_wrong_implementation_is_diagnosed(checker, wrong, seed):
-    assert_rejects(checker, wrong, seed)
-
-
-def test_every_exercise_has_a_catalogue_of_three():
-    assert set(WRONG) == set(CORRECT)
-    assert all(len(wrongs) >= 3 for wrongs in WRONG.values())
+EXERCISES = exercises(CORRECT, WRONG)

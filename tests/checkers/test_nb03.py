@@ -8,35 +8,16 @@ from torch.nn.attention.bias import causal_lower_right, causal_upper_left
 
 from checks import nb03
 from checks import reference as ref
-from checks.engine import NotStarted
 
-from ..support.catalogue import SEEDS, Wrong, assert_passes, assert_rejects, not_started
+from ..support.catalogue import Wrong, assert_rejects, exercises, implementations
 
 CORRECT = {
-    nb03.check_causal_mask: ref.causal_mask,
-    nb03.check_bidirectional_mask: ref.bidirectional_mask,
-    nb03.check_padding_mask: ref.padding_mask,
-    nb03.check_combine_masks: ref.combine_masks,
-    nb03.check_to_additive_mask: ref.to_additive_mask,
+    nb03.check_causal_mask: implementations(ref.causal_mask),
+    nb03.check_bidirectional_mask: implementations(ref.bidirectional_mask),
+    nb03.check_padding_mask: implementations(ref.padding_mask),
+    nb03.check_combine_masks: implementations(ref.combine_masks),
+    nb03.check_to_additive_mask: implementations(ref.to_additive_mask),
 }
-
-
-@pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("checker", CORRECT, ids=lambda c: c.__name__)
-def test_reference_passes(checker, seed):
-    assert_passes(checker, CORRECT[checker], seed)
-
-
-@pytest.mark.parametrize("checker", CORRECT, ids=lambda c: c.__name__)
-def test_reference_passes_thorough(checker, capsys):
-    checker(CORRECT[checker], seed=7, thorough=True)
-    assert capsys.readouterr().err == ""
-
-
-@pytest.mark.parametrize("checker", CORRECT, ids=lambda c: c.__name__)
-def test_unstarted_reads_as_not_started(checker):
-    with pytest.raises(NotStarted):
-        checker(not_started, seed=0)
 
 
 # An independent oracle for the reference: PyTorch's own lower-right (bottom-right) causal bias.
@@ -238,19 +219,8 @@ WRONG = {
     ],
 }
 
-CASES = [(checker, wrong) for checker, wrongs in WRONG.items() for wrong in wrongs]
 
-
-@pytest.mark.parametrize("seed", SEEDS[:3])
-@pytest.mark.parametrize("checker,wrong", CASES,
-                         ids=[f"{c.__name__}-{w.name}" for c, w in CASES])
-def test_wrong_implementation_is_diagnosed(checker, wrong, seed):
-    assert_rejects(checker, wrong, seed)
-
-
-def test_every_exercise_has_a_catalogue_of_three():
-    assert set(WRONG) == set(CORRECT)
-    assert all(len(wrongs) >= 3 for wrongs in WRONG.values())
+EXERCISES = exercises(CORRECT, WRONG)
 
 
 def test_top_left_decode_step_is_explained():

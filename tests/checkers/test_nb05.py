@@ -13,10 +13,10 @@ import torch.nn.functional as F
 
 from checks import nb05
 from checks import reference as ref
-from checks.engine import ForbiddenCall, NotStarted
+from checks.engine import ForbiddenCall
 from checks.reference.attention import torch_mha_reference
 
-from ..support.catalogue import SEEDS, Wrong, assert_passes, assert_rejects, not_started
+from ..support.catalogue import Wrong, exercises, implementations
 
 # --------------------------------------------------------------------------------------------
 # Correct implementations: the reference, and second formulations
@@ -64,33 +64,14 @@ def split_qkv_by_index(qkv, n_heads, n_kv_heads, head_dim):
 
 
 CORRECT = {
-    nb05.check_split_heads: [ref.split_heads, split_heads_unflatten],
-    nb05.check_merge_heads: [ref.merge_heads, merge_heads_permute],
-    nb05.check_fuse_qkv_weights: [ref.fuse_qkv_weights, lambda q, k, v: torch.hstack([q, k, v])],
-    nb05.check_split_qkv: [ref.split_qkv, split_qkv_by_index],
-    nb05.check_multi_head_attention: [ref.multi_head_attention, mha_from_reference_parts,
-                                      mha_by_hand],
+    nb05.check_split_heads: implementations(ref.split_heads, split_heads_unflatten),
+    nb05.check_merge_heads: implementations(ref.merge_heads, merge_heads_permute),
+    nb05.check_fuse_qkv_weights: implementations(
+        ref.fuse_qkv_weights, hstack=lambda q, k, v: torch.hstack([q, k, v])),
+    nb05.check_split_qkv: implementations(ref.split_qkv, split_qkv_by_index),
+    nb05.check_multi_head_attention: implementations(ref.multi_head_attention,
+                                                     mha_from_reference_parts, mha_by_hand),
 }
-CORRECT_CASES = [(checker, fn) for checker, fns in CORRECT.items() for fn in fns]
-
-
-@pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("checker,fn", CORRECT_CASES,
-                         ids=[f"{c.__name__}-{getattr(f, '__name__', 'lambda')}"
-                              for c, f in CORRECT_CASES])
-def test_correct_implementation_passes(checker, fn, seed):
-    assert_passes(checker, fn, seed)
-
-
-@pytest.mark.parametrize("checker", CORRECT, ids=lambda c: c.__name__)
-def test_thorough_check_passes(checker):
-    checker(CORRECT[checker][0], seed=7, thorough=True)
-
-
-@pytest.mark.parametrize("checker", CORRECT, ids=lambda c: c.__name__)
-def test_unstarted_reads_as_not_started(checker):
-    with pytest.raises(NotStarted):
-        checker(not_started, seed=0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -118,7 +99,6 @@ def test_torch_mha_reference_agrees_with_sdpa_reference():
 
 # --------------------------------------------------------------------------------------------
 # Wrong implementations
-
 
 
 def split_view_no_transpose(x, n):
@@ -297,19 +277,8 @@ WRONG = {
     ],
 }
 
-CASES = [(checker, wrong) for checker, wrongs in WRONG.items() for wrong in wrongs]
 
-
-@pytest.mark.parametrize("seed", SEEDS[:3])
-@pytest.mark.parametrize("checker,wrong", CASES,
-                         ids=[f"{c.__name__}-{w.name}" for c, w in CASES])
-def test_wrong_implementation_is_diagnosed(checker, wrong, seed):
-    assert_rejects(checker, wrong, seed)
-
-
-def test_every_exercise_has_a_catalogue_of_three():
-    assert set(WRONG) == set(CORRECT)
-    assert all(len(wrongs) >= 3 for wrongs in WRONG.values())
+EXERCISES = exercises(CORRECT, WRONG)
 
 
 @pytest.mark.parametrize("shortcut", [mha_calls_sdpa, mha_uses_torch_module],

@@ -9,9 +9,9 @@ import torch.nn.functional as F
 
 from checks import nb06
 from checks import reference as ref
-from checks.engine import ForbiddenCall, NotStarted
+from checks.engine import ForbiddenCall
 
-from ..support.catalogue import SEEDS, Wrong, assert_passes, assert_rejects, not_started
+from ..support.catalogue import Wrong, exercises, implementations
 
 # --------------------------------------------------------------------------------------------
 # Correct implementations. The reference GQA calls scaled_dot_product_attention, which the
@@ -85,34 +85,13 @@ def repeat_kv_expand(x, n_rep):
 
 
 CORRECT = {
-    nb06.check_kv_head_index: [ref.kv_head_index,
-                               lambda h, n_h, n_kv: h * n_kv // n_h],
-    nb06.check_repeat_kv: [ref.repeat_kv, repeat_kv_expand],
-    nb06.check_grouped_query_attention: [gqa_folded, gqa_einsum, gqa_per_head_loop,
-                                         gqa_group_loop_folded],
-    nb06.check_kv_cache_bytes: [ref.kv_cache_bytes],
+    nb06.check_kv_head_index: implementations(
+        ref.kv_head_index, scaled_down=lambda h, n_h, n_kv: h * n_kv // n_h),
+    nb06.check_repeat_kv: implementations(ref.repeat_kv, repeat_kv_expand),
+    nb06.check_grouped_query_attention: implementations(
+        gqa_folded, gqa_einsum, gqa_per_head_loop, gqa_group_loop_folded),
+    nb06.check_kv_cache_bytes: implementations(ref.kv_cache_bytes),
 }
-PASSING = [(checker, fn) for checker, fns in CORRECT.items() for fn in fns]
-
-
-@pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("checker,fn", PASSING,
-                         ids=[f"{c.__name__}-{i}" for c, fns in CORRECT.items()
-                              for i in range(len(fns))])
-def test_correct_implementations_pass(checker, fn, seed):
-    assert_passes(checker, fn, seed)
-
-
-@pytest.mark.parametrize("checker,fn", [(c, fns[0]) for c, fns in CORRECT.items()],
-                         ids=lambda x: getattr(x, "__name__", "fn"))
-def test_thorough_mode_passes(checker, fn):
-    checker(fn, seed=7, thorough=True)
-
-
-@pytest.mark.parametrize("checker", CORRECT, ids=lambda c: c.__name__)
-def test_unstarted_reads_as_not_started(checker):
-    with pytest.raises(NotStarted):
-        checker(not_started, seed=0)
 
 
 def test_reference_gqa_agrees_with_explicit_repetition():
@@ -364,18 +343,8 @@ WRONG = {
     ],
 }
 
-CASES = [(checker, wrong) for checker, wrongs in WRONG.items() for wrong in wrongs]
 
-
-@pytest.mark.parametrize("seed", SEEDS[:3])
-@pytest.mark.parametrize("checker,wrong", CASES,
-                         ids=[f"{c.__name__}-{w.name}" for c, w in CASES])
-def test_wrong_implementation_is_diagnosed(checker, wrong, seed):
-    assert_rejects(checker, wrong, seed)
-
-
-def test_every_exercise_has_a_catalogue_of_three():
-    assert all(len(wrongs) >= 3 for wrongs in WRONG.values())
+EXERCISES = exercises(CORRECT, WRONG)
 
 
 @pytest.mark.parametrize("fn", [gqa_sdpa, gqa_repeat_interleave, gqa_loop_cat],

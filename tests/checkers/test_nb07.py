@@ -8,36 +8,11 @@ import torch.nn.functional as F
 
 from checks import nb07
 from checks import reference as ref
-from checks.engine import NotStarted
 
-from ..support.catalogue import SEEDS, Wrong, assert_passes, assert_rejects, not_started
-
-CORRECT = {
-    nb07.check_permute_tokens: ref.permute_tokens,
-    nb07.check_permutation_matrix: ref.permutation_matrix,
-    nb07.check_equivariance_error: ref.equivariance_error,
-    nb07.check_sinusoidal_positions: ref.sinusoidal_positions,
-}
+from ..support.catalogue import Wrong, exercises, implementations
 
 
-@pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("checker", CORRECT, ids=lambda c: c.__name__)
-def test_reference_passes(checker, seed):
-    assert_passes(checker, CORRECT[checker], seed)
-
-
-@pytest.mark.parametrize("checker", CORRECT, ids=lambda c: c.__name__)
-def test_reference_passes_thorough(checker):
-    checker(CORRECT[checker], seed=7, thorough=True)
-
-
-@pytest.mark.parametrize("checker", CORRECT, ids=lambda c: c.__name__)
-def test_unstarted_reads_as_not_started(checker):
-    with pytest.raises(NotStarted):
-        checker(not_started, seed=0)
-
-
-# ---- other correct ways of writing each exercise (the way a learner might) ----------------
+# ---- correct ways of writing each exercise: the reference, and the way a learner might -----
 
 def _permute_gather(x, perm):
     return torch.gather(x, 1, perm[None, :, None].expand(x.shape[0], -1, x.shape[2]))
@@ -88,25 +63,18 @@ def _sin_python_loops(seq_len, hidden):
     return torch.tensor(rows, dtype=torch.float32)
 
 
-ALSO_CORRECT = [
-    (nb07.check_permute_tokens, _permute_gather),
-    (nb07.check_permute_tokens, _permute_by_matrix),
-    (nb07.check_permute_tokens, lambda x, perm: x[:, perm, :].clone()),
-    (nb07.check_permutation_matrix, _matrix_from_eye),
-    (nb07.check_permutation_matrix, _matrix_loop),
-    (nb07.check_equivariance_error, _equivariance_indexing),
-    (nb07.check_equivariance_error, _equivariance_numpy_float),
-    (nb07.check_sinusoidal_positions, _sin_float32_pow),
-    (nb07.check_sinusoidal_positions, _sin_float32_exp),
-    (nb07.check_sinusoidal_positions, _sin_python_loops),
-]
-
-
-@pytest.mark.parametrize("seed", SEEDS[:3])
-@pytest.mark.parametrize("checker,fn", ALSO_CORRECT,
-                         ids=[f"{c.__name__}-{f.__name__}" for c, f in ALSO_CORRECT])
-def test_other_correct_implementations_pass(checker, fn, seed):
-    assert_passes(checker, fn, seed)
+CORRECT = {
+    nb07.check_permute_tokens: implementations(
+        ref.permute_tokens, _permute_gather, _permute_by_matrix,
+        index_clone=lambda x, perm: x[:, perm, :].clone()),
+    nb07.check_permutation_matrix: implementations(ref.permutation_matrix, _matrix_from_eye,
+                                                   _matrix_loop),
+    nb07.check_equivariance_error: implementations(ref.equivariance_error,
+                                                   _equivariance_indexing,
+                                                   _equivariance_numpy_float),
+    nb07.check_sinusoidal_positions: implementations(ref.sinusoidal_positions, _sin_float32_pow,
+                                                     _sin_float32_exp, _sin_python_loops),
+}
 
 
 # ---- the catalogue of wrong implementations ------------------------------------------------
@@ -205,19 +173,8 @@ WRONG = {
     ],
 }
 
-CASES = [(checker, wrong) for checker, wrongs in WRONG.items() for wrong in wrongs]
 
-
-@pytest.mark.parametrize("seed", SEEDS[:3])
-@pytest.mark.parametrize("checker,wrong", CASES,
-                         ids=[f"{c.__name__}-{w.name}" for c, w in CASES])
-def test_wrong_implementation_is_diagnosed(checker, wrong, seed):
-    assert_rejects(checker, wrong, seed)
-
-
-def test_every_exercise_has_a_catalogue_of_three():
-    assert all(len(wrongs) >= 3 for wrongs in WRONG.values())
-    assert set(WRONG) == set(CORRECT)
+EXERCISES = exercises(CORRECT, WRONG)
 
 
 def test_reference_matches_the_formula():

@@ -10,9 +10,9 @@ import torch.nn.functional as F
 
 from checks import nb09
 from checks import reference as ref
-from checks.engine import ForbiddenCall, NotStarted
+from checks.engine import ForbiddenCall
 
-from ..support.catalogue import SEEDS, Wrong, assert_passes, assert_rejects, not_started
+from ..support.catalogue import Wrong, assert_passes, assert_rejects, exercises, implementations
 
 SQRT2 = math.sqrt(2.0)
 
@@ -83,34 +83,14 @@ def good_param_count(hidden_size, ffn_hidden_size, gated):
 
 
 CORRECT = {
-    nb09.check_relu: [good_relu, good_relu_where, good_relu_mask, good_relu_abs,
-                      good_relu_maximum],
-    nb09.check_gelu: [good_gelu, good_gelu_erfc, good_gelu_ndtr],
-    nb09.check_silu: [good_silu, good_silu_exp],
-    nb09.check_ffn: [ref.ffn, good_ffn, good_ffn_einsum],
-    nb09.check_swiglu_ffn: [ref.swiglu_ffn, good_swiglu, good_swiglu_own_silu],
-    nb09.check_ffn_param_count: [ref.ffn_param_count, good_param_count],
+    nb09.check_relu: implementations(good_relu, good_relu_where, good_relu_mask, good_relu_abs,
+                                     good_relu_maximum),
+    nb09.check_gelu: implementations(good_gelu, good_gelu_erfc, good_gelu_ndtr),
+    nb09.check_silu: implementations(good_silu, good_silu_exp),
+    nb09.check_ffn: implementations(ref.ffn, good_ffn, good_ffn_einsum),
+    nb09.check_swiglu_ffn: implementations(ref.swiglu_ffn, good_swiglu, good_swiglu_own_silu),
+    nb09.check_ffn_param_count: implementations(ref.ffn_param_count, good_param_count),
 }
-CORRECT_CASES = [(checker, fn) for checker, fns in CORRECT.items() for fn in fns]
-CORRECT_IDS = [f"{c.__name__}-{fn.__name__}" for c, fn in CORRECT_CASES]
-
-
-@pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("checker,fn", CORRECT_CASES, ids=CORRECT_IDS)
-def test_correct_passes(checker, fn, seed):
-    assert_passes(checker, fn, seed)
-
-
-@pytest.mark.parametrize("checker", CORRECT, ids=lambda c: c.__name__)
-def test_correct_passes_thorough(checker, capsys):
-    checker(CORRECT[checker][0], seed=7, thorough=True)
-    assert capsys.readouterr().err == ""
-
-
-@pytest.mark.parametrize("checker", CORRECT, ids=lambda c: c.__name__)
-def test_unstarted_reads_as_not_started(checker):
-    with pytest.raises(NotStarted):
-        checker(not_started, seed=0)
 
 
 # Independent oracles for the reference.
@@ -428,19 +408,8 @@ WRONG = {
     ],
 }
 
-CASES = [(checker, wrong) for checker, wrongs in WRONG.items() for wrong in wrongs]
 
-
-@pytest.mark.parametrize("seed", SEEDS[:3])
-@pytest.mark.parametrize("checker,wrong", CASES,
-                         ids=[f"{c.__name__}-{w.name}" for c, w in CASES])
-def test_wrong_implementation_is_diagnosed(checker, wrong, seed):
-    assert_rejects(checker, wrong, seed)
-
-
-def test_every_exercise_has_a_catalogue_of_three():
-    assert set(WRONG) == set(CORRECT)
-    assert all(len(wrongs) >= 3 for wrongs in WRONG.values())
+EXERCISES = exercises(CORRECT, WRONG)
 
 
 # --------------------------------------------------------------------------------------------

@@ -49,3 +49,48 @@ def assert_rejects(checker: Callable, wrong: Wrong, seed: int) -> CheckFailure:
 
 def not_started(*args, **kwargs):
     raise NotImplementedError()
+
+
+def assert_passes_thorough(checker: Callable, fn: Callable, seed: int = 7) -> None:
+    """As `assert_passes`, with the checker's thorough mode (more and larger cases)."""
+    assert_passes(lambda f, seed: checker(f, seed=seed, thorough=True), fn, seed)
+
+
+def assert_not_started(checker: Callable) -> None:
+    """The stub a released notebook starts with reads as not started, not as a mistake."""
+    with contextlib.redirect_stdout(io.StringIO()), pytest.raises(NotStarted):
+        checker(not_started, seed=0)
+
+
+@dataclass
+class Exercise:
+    """One exercise of a chapter, as tests/checkers/test_contract.py holds its checker to the
+    contract: every correct implementation passes (plain at every seed, and thorough) with a
+    silent stderr; every wrong one is rejected with its diagnosis; the stub reads as not
+    started. Each chapter's test file lists its exercises in `EXERCISES`."""
+
+    checker: Callable
+    correct: dict[str, Callable]  # label: an implementation that must pass
+    wrong: list[Wrong]
+
+    @property
+    def name(self) -> str:
+        return self.checker.__name__.removeprefix("check_")
+
+
+def implementations(*fns: Callable, **labelled: Callable) -> dict[str, Callable]:
+    """Labelled correct implementations, for `Exercise.correct`: a function of
+    `checks.reference` is "reference", any other its own name; a lambda needs a keyword label."""
+    def label(fn):
+        assert fn.__name__ != "<lambda>", "give a lambda a label: implementations(label=...)"
+        return "reference" if fn.__module__.startswith("checks.reference") else fn.__name__
+    out = {label(fn): fn for fn in fns}
+    assert len(out) == len(fns) and not set(out) & set(labelled), [label(f) for f in fns]
+    return {**out, **labelled}
+
+
+def exercises(correct: dict[Callable, dict[str, Callable]],
+              wrong: dict[Callable, list[Wrong]]) -> list[Exercise]:
+    """A chapter's `EXERCISES` from its correct and wrong implementations, keyed by checker."""
+    assert set(correct) == set(wrong), "one catalogue of each kind for every checker"
+    return [Exercise(checker, correct[checker], wrong[checker]) for checker in correct]
