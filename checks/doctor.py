@@ -67,7 +67,7 @@ def _git_commit(folder: Path) -> str | None:
 def probe_course(report: Report) -> None:
     package = Path(__file__).resolve().parent
     version = _version(DISTRIBUTION)
-    text = f"{DISTRIBUTION} {version}" if version else f"{DISTRIBUTION} (not installed as a package)"
+    text = f"{DISTRIBUTION} {version or '(not installed as a package)'}"
     commit = _git_commit(package.parent)
     report.show("course", f"{text}, from {package}" + (f" (git {commit})" if commit else ""))
 

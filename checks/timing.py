@@ -30,13 +30,11 @@ What is measured, and how:
 - Decode: one forward call with one new token per sequence at position C, reading a cache that
   already holds C positions (filled with random numbers: the cost does not depend on them):
   latency per step, tokens/s (B per step) and achieved bytes/s (weights + KV read per step).
-- Timing: warm-up calls first, then repeats, each bracketed by a device synchronisation
-  (`torch.cuda.synchronize()` on CUDA, `torch.mps.synchronize()` on MPS: kernels run
-  asynchronously, so a clock read without it would time the kernel launches only); the median of
-  the repeats is reported for prefill and decode. The repeats are a fixed number (the plan's, or
-  `--repeats`), or, with `--budget`, as many as fit in that many seconds per point
-  (`checks.context.time_budget`, at least 3): a busy machine then costs precision, not time.
-  Every row records its number of repeats.
+- Timing: warm-up calls first, then repeats, each bracketed by a device synchronisation (GPUs
+  run kernels asynchronously: without it a clock would time the launches only); the median
+  counts. The repeats are a fixed number (the plan's, or `--repeats`), or, with `--budget`, as
+  many as fit in that many seconds per point (`checks.context.time_budget`, at least 3): a busy
+  machine then costs precision, not time. Every row records its number of repeats.
 The model is the course's reference (`checks.reference.generation`) under `torch.inference_mode`.
 The FLOP and byte counts are chapter 13's exercises, so this module holds none of them: `run`
 takes them as arguments (`Counts`; the notebook passes the learner's own), and the command line
@@ -63,12 +61,14 @@ import torch
 from . import context
 from .config import LLAMA2_7B, ModelConfig
 from .reference import generation as gen
+from .reference import roofline
+
 # Kept importable from here for the maintainers' benchmark and chapter 13's tests, which still
 # name them `timing.*`: the counts themselves live in (and are withheld with) the reference.
-from .reference.roofline import (decode_bytes, decode_flops, prefill_flops,  # noqa: F401
-                                 weight_bytes)
+decode_bytes, decode_flops = roofline.decode_bytes, roofline.decode_flops
+prefill_flops, weight_bytes = roofline.prefill_flops, roofline.weight_bytes
 
-MiB, GiB = 2**20, 2**30
+MiB = 2**20
 
 # --------------------------------------------------------------------------------------------
 # The counts beside the measurements: chapter 13's answers, passed in
@@ -93,8 +93,6 @@ class Counts:
 
 def reference_counts() -> Counts:
     """The course's own counts (`checks.reference.roofline`), for the command line."""
-    from .reference import roofline
-
     return Counts(roofline.prefill_flops, roofline.decode_flops, roofline.decode_bytes)
 
 
@@ -130,23 +128,18 @@ def _cpu_name() -> str:
 
 
 def _host_memory() -> tuple[int, int]:
-    """(total, available) bytes of the machine's memory: /proc/meminfo where there is one."""
+    """(total, available) bytes of the machine's memory: Linux's /proc/meminfo; elsewhere the
+    page counts, half taken as available (no portable count of free pages); (0, 0) if neither."""
     try:
         with open("/proc/meminfo", encoding="ascii") as f:
-            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f if ":" in line}
+            info = {k: int(v.split()[0]) * 1024 for k, v in (line.split(":", 1) for line in f)}
         return info["MemTotal"], info.get("MemAvailable", info["MemTotal"])
     except (OSError, KeyError, ValueError, IndexError):
-        pass
-    try:
-        page = os.sysconf("SC_PAGE_SIZE")
-        total = page * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return 0, 0
-    try:
-        free = page * os.sysconf("SC_AVPHYS_PAGES")
-    except (ValueError, OSError):
-        free = total // 2                      # macOS has no such count: assume half
-    return total, free
+        try:
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (AttributeError, ValueError, OSError):        # Windows
+            return 0, 0
+        return total, total // 2
 
 
 def describe_device(kind: str | None = None) -> DeviceInfo:
