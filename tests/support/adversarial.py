@@ -1,7 +1,11 @@
 """A catalogue of broken and adversarial submissions, each with the points it must get.
 
+`CATALOGUE` is the table: one `Case` per row, with its name, the submission it builds (from
+the paths in `Where`: the attacks aim at the marker, the sources and the other submissions) and
+what grading it must give (points, statuses, the error's words, or `points=None`: a refusal).
 `write_catalogue(folder, source_dir, marker)` writes one notebook per case under
-`folder/<case>/` and returns {case: Case}. Cases are named `cK_...` after the attack class they
+`folder/<case>/` and returns {case: Case}; tests/grader/test_adversarial.py grades the folder
+once and checks each case as a test of its own. Cases are named `cK_...` after the attack class they
 belong to (issue 11's eight classes; `c0` are faults and references, `t` tampering made visible,
 `a` what is not protected), and each class ends with a victim, an honest solution graded after
 the attacks, which must keep its full marks. `points=None` means the file cannot be graded at
@@ -23,7 +27,9 @@ from __future__ import annotations
 import ast
 import json
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
+from typing import Callable
 
 import nbformat
 
@@ -83,7 +89,29 @@ NOT_PROTECTED = {
 
 
 @dataclass
+class Where:
+    """Where a catalogue is written: the attacks aim at these paths."""
+
+    folder: Path      # the class folder: one subfolder per case
+    source_dir: Path  # the source notebooks the grader reads
+    marker: Path      # a file that must never exist (attacks try to create it from the grader)
+
+    @property
+    def chapter_01(self) -> Path:
+        return self.source_dir / "01_notation" / "01_notation.ipynb"
+
+    @property
+    def victim(self) -> Path:
+        """The submission later attacks write to (c0_zz_victim)."""
+        return self.folder / "c0_zz_victim" / "01_notation.ipynb"
+
+
+@dataclass
 class Case:
+    """One row of the catalogue: a submission, and what grading it must give."""
+
+    name: str  # its folder in the class; cK_... after the attack class it belongs to
+    submission: Callable[[Where], object]  # the notebook, or a str: the file's raw text
     chapter: str | None  # the chapter the report must show
     points: float | None  # None: cannot be graded (one line in "errors")
     why: str
@@ -92,6 +120,16 @@ class Case:
     statuses: dict[str, str] = field(default_factory=dict)  # exercise: expected status
     tampering: set[str] = field(default_factory=set)  # exercises flagged "tampering suspected"
     warning: str = ""  # words a warning must contain
+    filename: str = ""  # the file's name, when it is not <chapter>.ipynb
+
+    def write(self, where: Where) -> Path:
+        path = where.folder / self.name / (self.filename or f"{self.chapter}.ipynb")
+        submission = self.submission(where)
+        if isinstance(submission, str):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(submission)
+            return path
+        return sub.write(submission, path)
 
 
 def lean(path: Path):
@@ -126,13 +164,15 @@ def _drawing(node: ast.stmt) -> bool:
         "checks.diagrams", "checks.figures") for m in modules)
 
 
-def _tests(chapter: str) -> list[tuple[str, float]]:
-    """(exercise, points) of the chapter's test cells, in order."""
+@lru_cache(maxsize=None)
+def _tests(chapter: str) -> tuple[tuple[str, float], ...]:
+    """(exercise, points) of the chapter's test cells, in order (read once: the catalogue's
+    points are computed when this module is imported)."""
     nb = nbformat.read(SOLUTIONS / chapter / f"{chapter}.ipynb", as_version=4)
-    return [(c.metadata["nbgrader"]["grade_id"].removeprefix("check_"),
-             float(c.metadata["nbgrader"].get("points", 0))) for c in nb.cells
-            if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("grade")
-            and not c.metadata["nbgrader"].get("solution")]
+    return tuple((c.metadata["nbgrader"]["grade_id"].removeprefix("check_"),
+                  float(c.metadata["nbgrader"].get("points", 0))) for c in nb.cells
+                 if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("grade")
+                 and not c.metadata["nbgrader"].get("solution"))
 
 
 def full(chapter: str = "01_notation") -> float:
@@ -181,133 +221,198 @@ def pipe_attack(payload: str) -> str:
     return PIPE + f"os.write(_fd, {payload})\n"
 
 
-def write_catalogue(folder: Path, source_dir: Path, marker: Path) -> dict[str, Case]:
-    """`marker`: a file that must never exist (attacks try to create it from the grader)."""
-    cases: dict[str, Case] = {}
-    chapter_01 = source_dir / "01_notation" / "01_notation.ipynb"
+# ---- the submissions that take more than one expression -----------------------------------------
 
-    def add(name, nb, case, filename=None):
-        sub.write(nb, folder / name / (filename or f"{case.chapter}.ipynb"))
-        cases[name] = case
+def _victim(klass: str) -> Case:
+    return Case(f"{klass}_zz_victim", lambda w: sol(), "01_notation", full(),
+                "an honest solution graded after the attacks above keeps its marks", "walls")
 
-    def victim(klass: str):
-        add(f"{klass}_zz_victim", sol(), Case("01_notation", full(),
-                                              "an honest solution graded after "
-                                              "the attacks above keeps its marks", "walls"))
 
-    victim_path = folder / "c0_zz_victim" / "01_notation.ipynb"
-
-    # ---- c0: references and faults -----------------------------------------------------------
-    add("c0_solution_04", sol("04_self_attention"),
-        Case("04_self_attention", full("04_self_attention"),
-             "the instructor's solution", "tests-from-source"))
-    release = sub.release_like(sol("04_self_attention"))
-    add("c0_release_04", release, Case("04_self_attention", 0, "nothing done",
-                                       "tests-from-source", statuses={"attention": "not started"}))
-    add("c0_infinite_loop", sub.prepend(sol(), "tensor_shape", "while True:\n    pass"),
-        Case("01_notation", before("tensor_shape"),
-             "stopped at the time limit; earlier points kept",
-             "bounded-grader", error="ran longer than the"))
-    add("c0_sys_exit", sub.prepend(sol(), "validate_config", "import sys\nsys.exit()"),
-        Case("01_notation", without("validate_config"),
-             "SystemExit ends that cell only", "bounded-grader",
-             statuses={"validate_config": "error", "tensor_shape": "passed"}))
-    add("c0_os_exit", sub.prepend(sol(), "tensor_shape", "import os\nos._exit(1)"),
-        Case("01_notation", before("tensor_shape"),
-             "the worker dies; earlier points kept", "bounded-grader",
-             error="exit status 1"))
-    add("c0_segfault", sub.prepend(sol(), "tensor_shape", "import ctypes\nctypes.string_at(0)"),
-        Case("01_notation", before("tensor_shape"),
-             "a real crash of the worker; earlier points kept",
-             "bounded-grader", error="killed by SIGSEGV"))
-    add("c0_memory_hog", sub.prepend(sol(), "tensor_shape",
-                                     "import torch\nhog = torch.ones(2**31, dtype=torch.uint8)"),
-        Case("01_notation", before("tensor_shape"),
-             "2 GiB touched: over the memory limit, the worker is killed",
-             "bounded-grader", error="memory limit"))
-    add("c0_address_space_reserved", sub.prepend(sol(), "head_dim", (
-        "import mmap\n"
-        "reserved = mmap.mmap(-1, 64 << 30, prot=mmap.PROT_READ,\n"
-        "                     flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | 0x4000)")),
-        Case("01_notation", full(), "64 GiB of address space reserved, never touched (as CUDA "
-             "builds of torch do): the limit counts memory used, so nothing happens",
-             "bounded-grader"))
-    add("c0_syntax_error", sub.prepend(sol(), "head_dim", "def oops(:"),
-        Case("01_notation", without("head_dim"), "the cell with the syntax error defines nothing",
-             "tests-from-source", statuses={"head_dim": "error"}))
-    (folder / "c0_invalid_json").mkdir(parents=True)
-    (folder / "c0_invalid_json" / "01_notation.ipynb").write_text('{"cells": [')
-    cases["c0_invalid_json"] = Case(None, None, "one line in errors", "bounded-grader",
-                                    error="not valid JSON")
-    add("c0_renamed", sol(), Case("01_notation", full(), "recognised by its metadata",
-                                  "tests-from-source"), filename="my homework (final).ipynb")
-    add("c0_wrong_chapter_name", sol(), Case(
-        "01_notation", full(), "a chapter 01 notebook saved as chapter 04 is graded as chapter 01, "
-        "with a warning", "tests-from-source", warning="says 04_self_attention"),
-        filename="04_self_attention.ipynb")
+def _answer_moved_below_its_test():
     moved = sol()
     moved.cells.append(moved.cells.pop(moved.cells.index(sub.cell(moved, "head_dim"))))
-    add("c0_answer_below_its_test", moved,
-        Case("01_notation", without("head_dim"),
-             "run top to bottom, the test comes before the definition",
-             "tests-from-source", statuses={"head_dim": "error"}))
-    add("c0_zz_victim", sol(), Case("01_notation", full(), "the submission later attacks write to",
-                                    "walls"))
+    return moved
 
-    # ---- c1: extra test cells --------------------------------------------------------------
-    grader_code = (f"open({str(marker)!r}, 'w').write('ran in the grader')\n"
-                   "import torch, checks.nb01\n"
-                   "torch.equal = lambda *a, **k: False\n"
-                   "torch.allclose = lambda *a, **k: False\n"
-                   "checks.nb01.check_tensor_shape = lambda *a, **k: None\n")
-    add("c1_extra_test_cell", extra_cell(sol(), "check_head_dim", grader_code, {
-        "grade": True, "grade_id": "check_bonus", "locked": True, "points": 50,
-        "schema_version": 3, "solution": False}),
-        Case("01_notation", full(), "a cell marked as a test with 50 points of its own runs in the "
-             "worker as plain code and earns nothing", "tests-from-source"))
-    add("c1_extra_test_cell_as_answer", extra_cell(sol(), "head_dim", grader_code, {
-        "grade": True, "grade_id": "tensor_shape_bonus", "locked": False, "points": 10,
-        "schema_version": 3, "solution": True}),
-        Case("01_notation", full(), "a graded answer cell of its own: plain code in the worker",
-             "tests-from-source"))
+
+def _grader_code(w: Where) -> str:
+    """Code that, run in the grader, would leave the marker and make every check pass."""
+    return (f"open({str(w.marker)!r}, 'w').write('ran in the grader')\n"
+            "import torch, checks.nb01\n"
+            "torch.equal = lambda *a, **k: False\n"
+            "torch.allclose = lambda *a, **k: False\n"
+            "checks.nb01.check_tensor_shape = lambda *a, **k: None\n")
+
+
+def _duplicate_test_id():
     duplicated = answer(sol(), "head_dim", "def head_dim(cfg):\n    return 64")
-    extra_cell(duplicated, "head_dim", "pass  # my own test", {
+    return extra_cell(duplicated, "head_dim", "pass  # my own test", {
         "grade": True, "grade_id": "check_head_dim", "locked": True, "points": 1,
         "schema_version": 3, "solution": False})
-    add("c1_duplicate_test_id", duplicated,
-        Case("01_notation", without("head_dim"),
-             "a cell claiming a real test's id is replaced by the source's",
-             "tests-from-source", statuses={"head_dim": "failed"}))
+
+
+def _tests_edited_and_deleted():
     tampered = sol()
     sub.delete(tampered, "check_head_dim")
     answer(tampered, "kv_group_size", "def kv_group_size(cfg):\n    return cfg.n_heads")
     sub.cell(tampered, "check_kv_group_size").source = "pass  # nothing to see"
     sub.cell(tampered, "check_tensor_shape").metadata["nbgrader"]["points"] = 20
-    add("c1_tests_edited_and_deleted", tampered,
-        Case("01_notation", without("kv_group_size"), "tests restored from the source (points too)",
-             "tests-from-source", statuses={"head_dim": "passed", "kv_group_size": "failed"}))
-    victim("c1")
+    return tampered
 
-    # ---- c2: function or class decided by the worker --------------------------------------
-    add("c2_function_as_class", answer(sol(), "head_dim", (
+
+# What c4 writes to the grader's pipe ("MARKER": the marker's path), and the words of the error.
+PIPES = {
+    "huge_frame": ("struct.pack('>Q', 2**40)", "MiB in one answer"),
+    "colliding_keys": ("_frame(json.dumps({'v': {'d': [[k * (2**61 - 1), 0] for k in "
+                       "range(1, 30001)]}, 's': []}).encode())", "protocol"),
+    "deep_nesting": ("_frame(b'{\"v\": ' + b'[' * 200000 + b']' * 200000 + b', \"s\": []}')",
+                     "protocol"),
+    "expanded_tensor": ("_frame(json.dumps({'v': {'d': [['kind', 'callback'], ['ident', 1],"
+                        " ['args', {'t': [{'x': [1, 'float32', 0, [2**28], [0], False]}]}],"
+                        " ['kwargs', {'d': []}]]}, 's': [[1, 4]]}).encode(), b'\\0' * 4)",
+                        "expanded"),
+    "pickle": ("(lambda p: struct.pack('>Q', len(p)) + p)(__import__('pickle').dumps("
+               "type('X', (), {'__reduce__': lambda s: (open, (MARKER, 'w'))})()))",
+               "protocol"),
+    "forged_reply": ("_frame(json.dumps({'v': {'d': [['kind', 'cell'], ['ok', True]]}, "
+                     "'s': []}).encode())", "protocol"),
+}
+
+
+def _pipe_case(name: str, payload: str, words: str) -> Case:
+    def submission(w):
+        attack = pipe_attack(payload.replace("MARKER", repr(str(w.marker))))
+        return sub.prepend(sol(), "tensor_shape", attack)
+    return Case(f"c4_pipe_{name}", submission, "01_notation", before("tensor_shape"),
+                f"a {name.replace('_', ' ')} written to the grader's pipe ends "
+                "the worker; earlier points kept", "hostile-data", error=words)
+
+
+def _late_writes(w: Where) -> str:
+    """What c6's escaped processes try 3 s later, when the worker is gone."""
+    return (f"import time, os\ntime.sleep(3)\n"
+            f"for target in [{str(w.victim)!r}, {str(w.chapter_01)!r}, "
+            f"{str(REPO / 'checks' / 'nb01.py')!r}, {str(w.marker)!r}]:\n"
+            "    try:\n        open(target, 'a').write('# tampered')\n"
+            "    except OSError:\n        pass\n")
+
+
+def _many_medium_answers():
+    many = sol()
+    sub.cell(many, "validate_config").source += (
+        "\n_honest = validate_config\n"
+        "def validate_config(cfg):\n    _honest(cfg)\n    return torch.zeros(12 * 2**20)")
+    return many
+
+
+def _fake_checks_module():
+    fake = sol()
+    fake.cells.insert(1, nbformat.v4.new_code_cell(
+        "import sys, types\nfake = types.ModuleType('checks.nb01')\n"
+        "for name in ('head_dim', 'kv_group_size', 'validate_config', 'tensor_shape'):\n"
+        "    setattr(fake, 'check_' + name, lambda *a, **k: None)\n"
+        "sys.modules['checks.nb01'] = fake\n"
+        "import torch\ntorch.allclose = lambda *a, **k: True\n"
+        "import builtins\nbuiltins.AssertionError = type('AssertionError', (Exception,), {})"))
+    for name, value in (("head_dim", 128), ("kv_group_size", 4)):  # right for the examples only
+        answer(fake, name, f"def {name}(cfg):\n    return {value}")
+    return fake
+
+
+# ---- the catalogue ------------------------------------------------------------------------------
+# Graded in this order (the folder's), so each class's victim comes after its attacks.
+CATALOGUE: list[Case] = [
+    # ---- c0: references and faults --------------------------------------------------------------
+    Case("c0_solution_04", lambda w: sol("04_self_attention"),
+         "04_self_attention", full("04_self_attention"), "the instructor's solution",
+         "tests-from-source"),
+    Case("c0_release_04", lambda w: sub.release_like(sol("04_self_attention")),
+         "04_self_attention", 0, "nothing done", "tests-from-source",
+         statuses={"attention": "not started"}),
+    Case("c0_infinite_loop", lambda w: sub.prepend(sol(), "tensor_shape", "while True:\n    pass"),
+         "01_notation", before("tensor_shape"), "stopped at the time limit; earlier points kept",
+         "bounded-grader", error="ran longer than the"),
+    Case("c0_sys_exit", lambda w: sub.prepend(sol(), "validate_config", "import sys\nsys.exit()"),
+         "01_notation", without("validate_config"), "SystemExit ends that cell only",
+         "bounded-grader", statuses={"validate_config": "error", "tensor_shape": "passed"}),
+    Case("c0_os_exit", lambda w: sub.prepend(sol(), "tensor_shape", "import os\nos._exit(1)"),
+         "01_notation", before("tensor_shape"), "the worker dies; earlier points kept",
+         "bounded-grader", error="exit status 1"),
+    Case("c0_segfault",
+         lambda w: sub.prepend(sol(), "tensor_shape", "import ctypes\nctypes.string_at(0)"),
+         "01_notation", before("tensor_shape"), "a real crash of the worker; earlier points kept",
+         "bounded-grader", error="killed by SIGSEGV"),
+    Case("c0_memory_hog", lambda w: sub.prepend(sol(), "tensor_shape",
+                                     "import torch\nhog = torch.ones(2**31, dtype=torch.uint8)"),
+         "01_notation", before("tensor_shape"),
+         "2 GiB touched: over the memory limit, the worker is killed", "bounded-grader",
+         error="memory limit"),
+    Case("c0_address_space_reserved", lambda w: sub.prepend(sol(), "head_dim", (
+        "import mmap\n"
+        "reserved = mmap.mmap(-1, 64 << 30, prot=mmap.PROT_READ,\n"
+        "                     flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | 0x4000)")),
+         "01_notation", full(),
+         "64 GiB of address space reserved, never touched (as CUDA "
+         "builds of torch do): the limit counts memory used, so nothing happens",
+         "bounded-grader"),
+    Case("c0_syntax_error", lambda w: sub.prepend(sol(), "head_dim", "def oops(:"),
+         "01_notation", without("head_dim"), "the cell with the syntax error defines nothing",
+         "tests-from-source", statuses={"head_dim": "error"}),
+    Case("c0_invalid_json", lambda w: '{"cells": [',
+         None, None, "one line in errors", "bounded-grader", error="not valid JSON",
+         filename="01_notation.ipynb"),
+    Case("c0_renamed", lambda w: sol(),
+         "01_notation", full(), "recognised by its metadata", "tests-from-source",
+         filename="my homework (final).ipynb"),
+    Case("c0_wrong_chapter_name", lambda w: sol(),
+         "01_notation", full(),
+         "a chapter 01 notebook saved as chapter 04 is graded as chapter 01, "
+         "with a warning", "tests-from-source", warning="says 04_self_attention",
+         filename="04_self_attention.ipynb"),
+    Case("c0_answer_below_its_test", lambda w: _answer_moved_below_its_test(),
+         "01_notation", without("head_dim"),
+         "run top to bottom, the test comes before the definition", "tests-from-source",
+         statuses={"head_dim": "error"}),
+    Case("c0_zz_victim", lambda w: sol(),
+         "01_notation", full(), "the submission later attacks write to", "walls"),
+    # ---- c1: extra test cells -------------------------------------------------------------------
+    Case("c1_extra_test_cell", lambda w: extra_cell(sol(), "check_head_dim", _grader_code(w), {
+        "grade": True, "grade_id": "check_bonus", "locked": True, "points": 50,
+        "schema_version": 3, "solution": False}),
+         "01_notation", full(),
+         "a cell marked as a test with 50 points of its own runs in the "
+         "worker as plain code and earns nothing", "tests-from-source"),
+    Case("c1_extra_test_cell_as_answer", lambda w: extra_cell(sol(), "head_dim", _grader_code(w), {
+        "grade": True, "grade_id": "tensor_shape_bonus", "locked": False, "points": 10,
+        "schema_version": 3, "solution": True}),
+         "01_notation", full(), "a graded answer cell of its own: plain code in the worker",
+         "tests-from-source"),
+    Case("c1_duplicate_test_id", lambda w: _duplicate_test_id(),
+         "01_notation", without("head_dim"),
+         "a cell claiming a real test's id is replaced by the source's", "tests-from-source",
+         statuses={"head_dim": "failed"}),
+    Case("c1_tests_edited_and_deleted", lambda w: _tests_edited_and_deleted(),
+         "01_notation", without("kv_group_size"), "tests restored from the source (points too)",
+         "tests-from-source", statuses={"head_dim": "passed", "kv_group_size": "failed"}),
+    _victim("c1"),
+    # ---- c2: function or class decided by the worker --------------------------------------------
+    Case("c2_function_as_class", lambda w: answer(sol(), "head_dim", (
         "import sys\n"
         "class head_dim:\n    def __new__(cls, cfg):\n        return cfg.head_dim\n"
         "sys.modules['checks.nb01'].check_head_dim = lambda *a, **k: None")),
-        Case("01_notation", without("head_dim"),
-             "a function exercise defined as a class fails (its own patched "
-             "run passes: tampering suspected)", "kinds-from-source",
-             statuses={"head_dim": "failed"}, tampering={"head_dim"}))
-    add("c2_function_as_metaclass", answer(sol(), "kv_group_size", (
+         "01_notation", without("head_dim"),
+         "a function exercise defined as a class fails (its own patched "
+         "run passes: tampering suspected)", "kinds-from-source", statuses={"head_dim": "failed"},
+         tampering={"head_dim"}),
+    Case("c2_function_as_metaclass", lambda w: answer(sol(), "kv_group_size", (
         "class _Meta(type):\n    def __call__(cls, cfg):\n"
         "        return cfg.n_heads // cfg.n_kv_heads\n"
         "class kv_group_size(metaclass=_Meta):\n    pass")),
-        Case("01_notation", without("kv_group_size"),
-             "a class whose metaclass computes the answer is still a class",
-             "kinds-from-source", statuses={"kv_group_size": "failed"}))
-    victim("c2")
-
-    # ---- c3: guards in the worker; the answers out of reach --------------------------------
-    add("c3_reference_tricks", answer(answer(answer(answer(sol(), "head_dim", (
+         "01_notation", without("kv_group_size"),
+         "a class whose metaclass computes the answer is still a class", "kinds-from-source",
+         statuses={"kv_group_size": "failed"}),
+    _victim("c2"),
+    # ---- c3: guards in the worker; the answers out of reach -------------------------------------
+    Case("c3_reference_tricks", lambda w: answer(answer(answer(answer(sol(), "head_dim", (
         "import sys, checks\n"
         "def head_dim(cfg):\n    sys.setprofile(None)\n"
         "    return checks.reference.head_dim(cfg)")), "kv_group_size", (
@@ -324,11 +429,11 @@ def write_catalogue(folder: Path, source_dir: Path, marker: Path) -> dict[str, C
         "    if '<cell' not in caller:  # only when the grader calls\n"
         "        return checks.reference.tensor_shape(name, cfg, batch, seq_len)\n"
         "    return ()")),
-        Case("01_notation", without(*CHAPTER_01),
-             "the reference's functions of the graded chapter are stubs in the "
-             "worker: profiler off, a thread, a cloned code object, caller inspection all fail",
-             "answers-unreachable", statuses=dict.fromkeys(CHAPTER_01, "failed")))
-    add("c3_answers_from_disk", answer(answer(answer(answer(sol(), "head_dim", (
+         "01_notation", without(*CHAPTER_01),
+         "the reference's functions of the graded chapter are stubs in the "
+         "worker: profiler off, a thread, a cloned code object, caller inspection all fail",
+         "answers-unreachable", statuses=dict.fromkeys(CHAPTER_01, "failed")),
+    Case("c3_answers_from_disk", lambda w: answer(answer(answer(answer(sol(), "head_dim", (
         "import glob\n"
         "def head_dim(cfg):\n"
         f"    for path in [{str(REPO / 'checks/reference/notation.py')!r}] + glob.glob("
@@ -340,7 +445,7 @@ def write_catalogue(folder: Path, source_dir: Path, marker: Path) -> dict[str, C
         "        except Exception:\n            pass\n    return -1")), "kv_group_size", (
         "import json\n"
         "def kv_group_size(cfg):\n"
-        f"    for path in [{str(chapter_01)!r},\n"
+        f"    for path in [{str(w.chapter_01)!r},\n"
         f"                 {str(SOLUTIONS / '01_notation/01_notation.ipynb')!r}]:\n"
         "        try:\n"
         "            cells = json.load(open(path))['cells']\n"
@@ -368,52 +473,31 @@ def write_catalogue(folder: Path, source_dir: Path, marker: Path) -> dict[str, C
         "obj.__module__ != '__main__':\n"
         "            try:\n                return obj(name, cfg, batch, seq_len)\n"
         "            except Exception:\n                pass\n    return ()")),
-        Case("01_notation", without(*CHAPTER_01),
-             "the repository, the sources and the installed package are "
-             "empty in the worker's view; its memory holds stubs only",
-             "answers-unreachable", statuses=dict.fromkeys(CHAPTER_01, "failed")))
-    add("c3_forbidden_function", answer(sol("04_self_attention"), "attention", (
+         "01_notation", without(*CHAPTER_01),
+         "the repository, the sources and the installed package are "
+         "empty in the worker's view; its memory holds stubs only", "answers-unreachable",
+         statuses=dict.fromkeys(CHAPTER_01, "failed")),
+    Case("c3_forbidden_function", lambda w: answer(sol("04_self_attention"), "attention", (
         "def attention(q, k, v, mask=None):\n"
         "    weights = masked_softmax(attention_scores(q, k), mask)\n"
         "    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask), weights")),
-        Case("04_self_attention", without("attention", chapter="04_self_attention"),
-             "scaled_dot_product_attention caught (inside the worker)",
-             "advisory-guard", statuses={"attention": "failed"}))
-    victim("c3")
-
-    # ---- c4: the pipe ---------------------------------------------------------------------
-    pipes = {
-        "huge_frame": ("struct.pack('>Q', 2**40)", "MiB in one answer"),
-        "colliding_keys": ("_frame(json.dumps({'v': {'d': [[k * (2**61 - 1), 0] for k in "
-                           "range(1, 30001)]}, 's': []}).encode())", "protocol"),
-        "deep_nesting": ("_frame(b'{\"v\": ' + b'[' * 200000 + b']' * 200000 + b', \"s\": []}')",
-                         "protocol"),
-        "expanded_tensor": ("_frame(json.dumps({'v': {'d': [['kind', 'callback'], ['ident', 1],"
-                            " ['args', {'t': [{'x': [1, 'float32', 0, [2**28], [0], False]}]}],"
-                            " ['kwargs', {'d': []}]]}, 's': [[1, 4]]}).encode(), b'\\0' * 4)",
-                            "expanded"),
-        "pickle": ("(lambda p: struct.pack('>Q', len(p)) + p)(__import__('pickle').dumps("
-                   f"type('X', (), {{'__reduce__': lambda s: (open, ({str(marker)!r}, 'w'))}})()))",
-                   "protocol"),
-        "forged_reply": ("_frame(json.dumps({'v': {'d': [['kind', 'cell'], ['ok', True]]}, "
-                         "'s': []}).encode())", "protocol"),
-    }
-    for name, (payload, words) in pipes.items():
-        add(f"c4_pipe_{name}", sub.prepend(sol(), "tensor_shape", pipe_attack(payload)),
-            Case("01_notation", before("tensor_shape"),
-                 f"a {name.replace('_', ' ')} written to the grader's pipe ends "
-                 "the worker; earlier points kept", "hostile-data", error=words))
-    add("c4_lying_objects", answer(answer(sol(), "head_dim", (
+         "04_self_attention", without("attention", chapter="04_self_attention"),
+         "scaled_dot_product_attention caught (inside the worker)", "advisory-guard",
+         statuses={"attention": "failed"}),
+    _victim("c3"),
+    # ---- c4: the pipe ---------------------------------------------------------------------------
+    *(_pipe_case(name, payload, words) for name, (payload, words) in PIPES.items()),
+    Case("c4_lying_objects", lambda w: answer(answer(sol(), "head_dim", (
         "class Liar(int):\n    def __eq__(self, other):\n        return True\n"
         "    __hash__ = int.__hash__\n"
         "def head_dim(cfg):\n    return Liar(0)")), "kv_group_size", (
         "class Anything:\n    def __eq__(self, other):\n        return True\n"
         "def kv_group_size(cfg):\n    return Anything()")),
-        Case("01_notation", without("head_dim", "kv_group_size"),
-             "an int subclass arrives as its int value; other objects as "
-             "handles equal to nothing", "hostile-data",
-             statuses={"head_dim": "failed", "kv_group_size": "failed"}))
-    add("c4_lying_tensor_subclass", answer(sol("04_self_attention"), "project_qkv", (
+         "01_notation", without("head_dim", "kv_group_size"),
+         "an int subclass arrives as its int value; other objects as "
+         "handles equal to nothing", "hostile-data",
+         statuses={"head_dim": "failed", "kv_group_size": "failed"}),
+    Case("c4_lying_tensor_subclass", lambda w: answer(sol("04_self_attention"), "project_qkv", (
         "import torch\n"
         "class Liar(torch.Tensor):\n"
         "    @classmethod\n"
@@ -424,20 +508,18 @@ def write_catalogue(folder: Path, source_dir: Path, marker: Path) -> dict[str, C
         "def project_qkv(x, w_q, w_k, w_v):\n"
         "    return tuple(torch.zeros(*x.shape[:-1], w.shape[-1]).as_subclass(Liar)\n"
         "                 for w in (w_q, w_k, w_v))")),
-        Case("04_self_attention", without("project_qkv", chapter="04_self_attention"),
-             "arrives as a plain tensor of zeros", "hostile-data",
-             statuses={"project_qkv": "failed"}))
-    victim("c4")
-
-    # ---- c5: in-place changes to inputs ------------------------------------------------------
-    add("c5_norm_zeroes_its_weights", answer(sol("10_norm_residual"), "layer_norm", (
+         "04_self_attention", without("project_qkv", chapter="04_self_attention"),
+         "arrives as a plain tensor of zeros", "hostile-data", statuses={"project_qkv": "failed"}),
+    _victim("c4"),
+    # ---- c5: in-place changes to inputs ---------------------------------------------------------
+    Case("c5_norm_zeroes_its_weights", lambda w: answer(sol("10_norm_residual"), "layer_norm", (
         "def layer_norm(x, gamma, beta, eps=1e-5):\n"
         "    gamma.zero_()\n    beta.zero_()\n    return x * gamma + beta")),
-        Case("10_norm_residual", without("layer_norm", chapter="10_norm_residual"),
-             "zeroes gamma and beta in place and returns zeros: the "
-             "expected value comes from the inputs before the call", "inputs-copied",
-             statuses={"layer_norm": "failed", "rms_norm": "passed"}))
-    add("c5_in_place_04", answer(answer(sol("04_self_attention"), "project_qkv", (
+         "10_norm_residual", without("layer_norm", chapter="10_norm_residual"),
+         "zeroes gamma and beta in place and returns zeros: the "
+         "expected value comes from the inputs before the call", "inputs-copied",
+         statuses={"layer_norm": "failed", "rms_norm": "passed"}),
+    Case("c5_in_place_04", lambda w: answer(answer(sol("04_self_attention"), "project_qkv", (
         "def project_qkv(x, w_q, w_k, w_v):\n"
         "    for w in (w_q, w_k, w_v):\n        w.zero_()\n"
         "    return x @ w_q, x @ w_k, x @ w_v")), "masked_softmax", (
@@ -447,16 +529,15 @@ def write_catalogue(folder: Path, source_dir: Path, marker: Path) -> dict[str, C
         "    row_max = torch.where(torch.isinf(row_max), torch.zeros_like(row_max), row_max)\n"
         "    e = torch.exp(scores - row_max)\n    total = e.sum(dim=-1, keepdim=True)\n"
         "    return e / torch.where(total == 0, torch.ones_like(total), total)")),
-        Case("04_self_attention",
-             without("project_qkv", "masked_softmax", chapter="04_self_attention"),
-             "weights zeroed in place; a correct softmax that masks "
-             "the caller's scores in place", "inputs-copied",
-             statuses={"project_qkv": "failed", "masked_softmax": "failed",
-                       "attention": "passed"}))
-    victim("c5")
-
-    # ---- c6: escaping the worker ------------------------------------------------------------
-    add("c6_signal_everything", sub.prepend(sol(), "head_dim", (
+         "04_self_attention",
+         without("project_qkv", "masked_softmax", chapter="04_self_attention"),
+         "weights zeroed in place; a correct softmax that masks "
+         "the caller's scores in place", "inputs-copied",
+         statuses={"project_qkv": "failed", "masked_softmax": "failed",
+         "attention": "passed"}),
+    _victim("c5"),
+    # ---- c6: escaping the worker ----------------------------------------------------------------
+    Case("c6_signal_everything", lambda w: sub.prepend(sol(), "head_dim", (
         "import os, signal\n"
         "for pid in range(1, 70000):\n"
         "    if pid != os.getpid():\n"
@@ -465,29 +546,24 @@ def write_catalogue(folder: Path, source_dir: Path, marker: Path) -> dict[str, C
         "for pid in (os.getppid(), 1):\n"
         "    try:\n        signal.pidfd_send_signal(os.pidfd_open(pid), signal.SIGKILL)\n"
         "    except OSError:\n        pass")),
-        Case("01_notation", full(),
-             "signals to the grader (by guessed ids, by pidfd of its parent) "
-             "reach nothing", "walls"))
-    late = (f"import time, os\ntime.sleep(3)\n"
-            f"for target in [{str(victim_path)!r}, {str(chapter_01)!r}, "
-            f"{str(REPO / 'checks' / 'nb01.py')!r}, {str(marker)!r}]:\n"
-            "    try:\n        open(target, 'a').write('# tampered')\n"
-            "    except OSError:\n        pass\n")
-    add("c6_outlive_the_worker", sub.prepend(sol(), "head_dim", (
+         "01_notation", full(),
+         "signals to the grader (by guessed ids, by pidfd of its parent) "
+         "reach nothing", "walls"),
+    Case("c6_outlive_the_worker", lambda w: sub.prepend(sol(), "head_dim", (
         "import os, sys, subprocess, _posixsubprocess\n"
-        f"late = {late!r}\n"
+        f"late = {_late_writes(w)!r}\n"
         "subprocess.Popen([sys.executable, '-c', late], start_new_session=True)\n"
         "pid = os.fork()\n"
         "if pid == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
         "        exec(late)\n    os._exit(0)\n"
         "os.waitpid(pid, 0)")),
-        Case("01_notation", full(),
-             "processes started in new sessions (double fork, Popen) die with "
-             "the worker before the next notebook; their late writes never happen", "walls"))
-    add("c6_write_grader_files", sub.prepend(sol(), "head_dim", (
+         "01_notation", full(),
+         "processes started in new sessions (double fork, Popen) die with "
+         "the worker before the next notebook; their late writes never happen", "walls"),
+    Case("c6_write_grader_files", lambda w: sub.prepend(sol(), "head_dim", (
         "import os, shutil\n"
-        f"for target in [{str(REPO / 'checks' / 'nb01.py')!r}, {str(chapter_01)!r}, "
-        f"{str(victim_path)!r}, {str(marker)!r}]:\n"
+        f"for target in [{str(REPO / 'checks' / 'nb01.py')!r}, {str(w.chapter_01)!r}, "
+        f"{str(w.victim)!r}, {str(w.marker)!r}]:\n"
         "    attempts = [lambda: open(target, 'a').write('# tampered'),\n"
         "                lambda: os.write(os.open(os.path.basename(target), os.O_WRONLY | "
         "os.O_CREAT | os.O_APPEND, dir_fd=os.open(os.path.dirname(target), os.O_RDONLY)), b'#'),\n"
@@ -498,37 +574,31 @@ def write_catalogue(folder: Path, source_dir: Path, marker: Path) -> dict[str, C
         "for path in ['/sys/fs/cgroup/memory/cgroup.procs', '/sys/fs/cgroup/cgroup.procs']:\n"
         "    try:\n        open(path, 'w').write(str(os.getpid()))\n"
         "    except OSError:\n        pass")),
-        Case("01_notation", full(),
-             "writes into the course, the sources, another submission (plain, "
-             "dir_fd, /proc/self/root) and out of its cgroup all fail", "walls"))
-    victim("c6")
-
-    # ---- c7: exhausting the grader ----------------------------------------------------------
-    add("c7_flood_stderr", sub.prepend(sol(), "head_dim", (
+         "01_notation", full(),
+         "writes into the course, the sources, another submission (plain, "
+         "dir_fd, /proc/self/root) and out of its cgroup all fail", "walls"),
+    _victim("c6"),
+    # ---- c7: exhausting the grader --------------------------------------------------------------
+    Case("c7_flood_stderr", lambda w: sub.prepend(sol(), "head_dim", (
         "import os, sys\n"
         "sys.stderr.write('x' * (200 * 2**20))\n"
         "try:\n    os.write(2, b'y' * (200 * 2**20))\nexcept OSError:\n    pass")),
-        Case("01_notation", full(),
-             "200 MB to stderr (Python's and the file descriptor) is counted, "
-             "not kept", "bounded-grader"))
-    add("c7_huge_answer", answer(sol(), "tensor_shape", (
+         "01_notation", full(),
+         "200 MB to stderr (Python's and the file descriptor) is counted, "
+         "not kept", "bounded-grader"),
+    Case("c7_huge_answer", lambda w: answer(sol(), "tensor_shape", (
         "import torch\ndef tensor_shape(name, cfg, batch, seq_len):\n"
         "    return torch.zeros(2**25)")),
-        Case("01_notation", before("tensor_shape"),
-             "a 128 MiB result is refused unread", "bounded-grader",
-             error="MiB in one answer"))
-    many = sol()
-    sub.cell(many, "validate_config").source += (
-        "\n_honest = validate_config\n"
-        "def validate_config(cfg):\n    _honest(cfg)\n    return torch.zeros(12 * 2**20)")
-    add("c7_many_medium_answers", many,
-        Case("01_notation", before("validate_config"), "48 MiB with every call (a return value "
-             "the check ignores): the grader stops accepting tensor data within the test",
-             "bounded-grader", error="more tensor data"))
-    victim("c7")
-
-    # ---- c8: the environment ----------------------------------------------------------------
-    add("c8_secrets", answer(sol(), "head_dim", (
+         "01_notation", before("tensor_shape"), "a 128 MiB result is refused unread",
+         "bounded-grader", error="MiB in one answer"),
+    Case("c7_many_medium_answers", lambda w: _many_medium_answers(),
+         "01_notation", before("validate_config"),
+         "48 MiB with every call (a return value "
+         "the check ignores): the grader stops accepting tensor data within the test",
+         "bounded-grader", error="more tensor data"),
+    _victim("c7"),
+    # ---- c8: the environment --------------------------------------------------------------------
+    Case("c8_secrets", lambda w: answer(sol(), "head_dim", (
         "import os\n"
         "def head_dim(cfg):\n"
         f"    leaked = [k for k in os.environ if {SECRET!r} in k]\n"
@@ -538,9 +608,9 @@ def write_catalogue(folder: Path, source_dir: Path, marker: Path) -> dict[str, C
         "'rb').read() else []\n"
         "        except OSError:\n            pass\n"
         "    return -1 if leaked else cfg.head_dim")),
-        Case("01_notation", full(), "the grader's secret is in no environment the worker can read",
-             "minimal-environment"))
-    add("c8_environment_size", answer(sol(), "kv_group_size", (
+         "01_notation", full(), "the grader's secret is in no environment the worker can read",
+         "minimal-environment"),
+    Case("c8_environment_size", lambda w: answer(sol(), "kv_group_size", (
         "import os\n"
         "def kv_group_size(cfg):\n"
         "    extra = set(os.environ) - {'PATH', 'HOME', 'TMPDIR', 'USER', 'LOGNAME', 'LANG', "
@@ -548,36 +618,24 @@ def write_catalogue(folder: Path, source_dir: Path, marker: Path) -> dict[str, C
         "'MPLCONFIGDIR', 'CUDA_VISIBLE_DEVICES', 'OMP_NUM_THREADS', 'MKL_NUM_THREADS', "
         "'OPENBLAS_NUM_THREADS', 'LLAMA_COURSE_THREADS', 'LLAMA_COURSE_GRADING'}\n"
         "    return -1 if extra else cfg.n_heads // cfg.n_kv_heads")),
-        Case("01_notation", full(),
-             "nothing beyond the minimal environment", "minimal-environment"))
-    victim("c8")
-
-    # ---- t: tampering made visible; classes decided by the grader ---------------------------
-    add("t_redefine_checker", answer(sol(), "head_dim", (
+         "01_notation", full(), "nothing beyond the minimal environment", "minimal-environment"),
+    _victim("c8"),
+    # ---- t: tampering made visible; classes decided by the grader -------------------------------
+    Case("t_redefine_checker", lambda w: answer(sol(), "head_dim", (
         "import checks.nb01\n"
         "checks.nb01.check_head_dim = lambda f, **k: None\n"
         "check_head_dim = lambda f, **k: None\n"
         "def head_dim(cfg):\n    return 128  # right for LLaMA-2-7B only")),
-        Case("01_notation", without("head_dim"),
-             "the grader's checkers are its own; the notebook's run passed",
-             "checkers-in-grader", statuses={"head_dim": "failed"}, tampering={"head_dim"}))
-    fake = sol()
-    fake.cells.insert(1, nbformat.v4.new_code_cell(
-        "import sys, types\nfake = types.ModuleType('checks.nb01')\n"
-        "for name in ('head_dim', 'kv_group_size', 'validate_config', 'tensor_shape'):\n"
-        "    setattr(fake, 'check_' + name, lambda *a, **k: None)\n"
-        "sys.modules['checks.nb01'] = fake\n"
-        "import torch\ntorch.allclose = lambda *a, **k: True\n"
-        "import builtins\nbuiltins.AssertionError = type('AssertionError', (Exception,), {})"))
-    for name, value in (("head_dim", 128), ("kv_group_size", 4)):  # right for the examples only
-        answer(fake, name, f"def {name}(cfg):\n    return {value}")
-    add("t_fake_checks_module", fake,
-        Case("01_notation", without("head_dim", "kv_group_size"),
-             "a fake checks module and patched comparisons: the notebook's "
-             "own runs pass, the grader's fail", "checkers-in-grader",
-             statuses={"head_dim": "failed", "kv_group_size": "failed"},
-             tampering={"head_dim", "kv_group_size"}))
-    add("t_kvcache_returns_copies", answer(sol("13_generation_kv_cache"), "KVCache", (
+         "01_notation", without("head_dim"),
+         "the grader's checkers are its own; the notebook's run passed", "checkers-in-grader",
+         statuses={"head_dim": "failed"}, tampering={"head_dim"}),
+    Case("t_fake_checks_module", lambda w: _fake_checks_module(),
+         "01_notation", without("head_dim", "kv_group_size"),
+         "a fake checks module and patched comparisons: the notebook's "
+         "own runs pass, the grader's fail", "checkers-in-grader",
+         statuses={"head_dim": "failed", "kv_group_size": "failed"},
+         tampering={"head_dim", "kv_group_size"}),
+    Case("t_kvcache_returns_copies", lambda w: answer(sol("13_generation_kv_cache"), "KVCache", (
         "import torch\n"
         "class KVCache:\n"
         "    def __init__(self, cfg, batch_size, max_seq_len, dtype=torch.float32, device=None):\n"
@@ -593,27 +651,35 @@ def write_catalogue(folder: Path, source_dir: Path, marker: Path) -> dict[str, C
         "        return (self.k[layer_idx][:, :, :end].clone(),\n"
         "                self.v[layer_idx][:, :, :end].clone())\n"
         "import checks.nb13\nchecks.nb13.check_KVCache = lambda *a, **k: None")),
-        Case("13_generation_kv_cache", without("KVCache", chapter="13_generation_kv_cache"),
-             "a class exercise is checked in the grader through its "
-             "objects in the worker: results that are copies, not views, fail",
-             "kinds-from-source", statuses={"KVCache": "failed", "generate": "passed"},
-             tampering={"KVCache"}))
-
-    # ---- a: not protected (documented) -----------------------------------------------------
-    add("a_guard_switched_off", answer(sol("04_self_attention"), "attention", (
+         "13_generation_kv_cache", without("KVCache", chapter="13_generation_kv_cache"),
+         "a class exercise is checked in the grader through its "
+         "objects in the worker: results that are copies, not views, fail", "kinds-from-source",
+         statuses={"KVCache": "failed", "generate": "passed"}, tampering={"KVCache"}),
+    # ---- a: not protected (documented) ----------------------------------------------------------
+    Case("a_guard_switched_off", lambda w: answer(sol("04_self_attention"), "attention", (
         "import checks.engine\n"
         "checks.engine._Forbid.__torch_function__ = (\n"
         "    lambda self, func, types, args=(), kwargs=None: func(*args, **(kwargs or {})))\n"
         "def attention(q, k, v, mask=None):\n"
         "    weights = masked_softmax(attention_scores(q, k), mask)\n"
         "    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask), weights")),
-        Case("04_self_attention", full("04_self_attention"),
-             "with the worker's guard switched off, a forbidden "
-             "function is not seen", "advisory-guard"))
-    add("a_copied_reference", answer(sol(), "head_dim", (
+         "04_self_attention", full("04_self_attention"),
+         "with the worker's guard switched off, a forbidden "
+         "function is not seen", "advisory-guard"),
+    Case("a_copied_reference", lambda w: answer(sol(), "head_dim", (
         "def head_dim(cfg):\n    return int(cfg.head_dim)  # the reference's own line")),
-        Case("01_notation", full(), "copied code earns the points", "copied-reference"))
-    return cases
+         "01_notation", full(), "copied code earns the points", "copied-reference"),
+]
+assert len({case.name for case in CATALOGUE}) == len(CATALOGUE), "two cases share a name"
+
+
+def write_catalogue(folder: Path, source_dir: Path, marker: Path) -> dict[str, Case]:
+    """Write every case's notebook under `folder/<case>/`; `marker`: a file that must never exist
+    (attacks try to create it from the grader)."""
+    where = Where(folder, source_dir, marker)
+    for case in CATALOGUE:
+        case.write(where)
+    return {case.name: case for case in CATALOGUE}
 
 
 def protected_bytes(source_dir: Path, folder: Path) -> dict[Path, bytes]:
