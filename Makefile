@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 ORACLE := $(VENV)/.installed-oracle
 MODEL  := $(VENV)/.installed-model
 
-.PHONY: lab setup test release release-check
+.PHONY: lab setup test test-fast release release-check
 
 # Learners: set up .venv when missing, then open JupyterLab on the learner notebooks.
 lab: $(STAMP) $(MODEL)
@@ -45,6 +45,14 @@ test: $(STAMP) $(ORACLE) $(MODEL)
 	$(FRESH_MACHINE) $(TEST_ENV) $(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile tests
 	$(FRESH_MACHINE) $(TEST_ENV) LLAMA_COURSE_GRADING=1 $(PY) -m pytest -q -n $(TEST_JOBS) \
 	  --dist loadfile --nbval-lax -p no:cacheprovider solutions
+
+# The edit-test loop: every test that is neither marked slow (notebooks, nbgrader, the browser,
+# fresh environments, the real model) nor starts the grader's workers: the checkers' contract and
+# their chapters' tests, the engine, the wire, the reference's oracles, the layout. About a minute
+# on two cores; make test stays the one full command.
+test-fast: $(STAMP) $(ORACLE)
+	$(TEST_ENV) $(PY) -m pytest -q -n $(TEST_JOBS) -p no:cacheprovider \
+	  -m "not slow and not grader_workers" tests
 
 # The environment, rebuilt only when missing or when pyproject.toml or constraints.txt changed: the
 # course package with JupyterLab, nbgrader and the test tools (its extras lab, grader, test), every
