@@ -31,6 +31,15 @@ call, so a kernel that switches goes on in the new language at once.
   inside the Chinese; only the sentence around them is translated.
 - Numbers, shapes and values stay outside the message (placeholders), so one msgid covers every
   case.
+- A module that imports `_` never uses `_` as a throwaway name (`for _ in range(n)` would
+  replace the function for the rest of the function body): write `for _n in range(n)`.
+- `LearnerError.message` stays English (checkers test it: `first.startswith("raised ValueError")`,
+  `"KeyError" in err.message`); show `err.summary()` or `err.shown_message` to the learner, and
+  add a hint with `raise err.with_hint(hint)`, never `LearnerError(err.exercise, err.message, ...)`
+  (that loses the parts the Chinese is built from).
+- A hint may be a constant's English (`hint=IN_PLACE`): CheckFailure translates message and hint
+  when it renders, so comparisons such as `failure.hint == UNEXPLAINED` keep working; a hint
+  built from parts is translated when built (`_(STEP).format(mistake=_(mistake))`).
 
 ## After changing a message (Babel is installed in the course environment)
 

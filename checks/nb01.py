@@ -129,7 +129,8 @@ def check_tensor_shape(f, *, seed: int | None = None, thorough: bool = False) ->
         configs.append(dataclasses.replace(LLAMA2_7B, n_kv_heads=8))
         # head_dim set explicitly, so N_h * D_h != H: attn_out and the per-head shapes must
         # read cfg.head_dim instead of assuming H / N_h
-        configs += [_random_config(c, decoupled_head_dim=True) for _n in range(2 if thorough else 1)]
+        configs += [_random_config(c, decoupled_head_dim=True)
+                    for _n in range(2 if thorough else 1)]
         for cfg in configs:
             for name in TENSOR_NAMES:
                 want = ref.tensor_shape(name, cfg, b, s)

@@ -73,9 +73,8 @@ TRANSLATION_SUFFIX = ".zh.json"
 INSTALL_CELL = "install-course"
 #: What ends a Chinese notebook's first code cell (its imports): checks.i18n reads the variable
 #: whenever it shows a message; the course's CJK font labels the figures in Chinese.
-LANG_LINES = ('\n\n# 中文版：检查结果用中文显示（想看英文，先把 LLAMA_COURSE_LANG 设为 "en"）；'
-              '图中的中文用课程自带的字体，\n'
-              '# 放在字体列表首位，含公式（$...$）的标签里的中文也能显示\n'
+LANG_LINES = ('\n\n# 中文版：检查结果用中文显示（想看英文，先把 LLAMA_COURSE_LANG 设为 "en"）。\n'
+              '# 图中的中文用课程自带的字体；它排在字体列表首位，公式标签（$...$）里的中文也能显示。\n'
               'import os\n'
               '\n'
               'import matplotlib\n'
@@ -251,7 +250,8 @@ def read_translation(path: Path) -> dict[str, dict]:
         raise ReleaseError(f"{path}: not a readable JSON file ({exc})") from None
     cells = data.get("cells") if isinstance(data, dict) else None
     if not isinstance(cells, dict) or data.get("language") != "zh":
-        raise ReleaseError(f'{path}: expected {{"language": "zh", "source": ..., "cells": {{...}}}}')
+        raise ReleaseError(f'{path}: expected {{"language": "zh", "source": ..., '
+                           '"cells": {...}}')
     for cell_id, entry in cells.items():
         ok = isinstance(entry, dict) and isinstance(entry.get("sha256"), str) and (
             isinstance(entry.get("text"), str) or (
@@ -546,7 +546,8 @@ def _print_changes(rel: str, changes: dict[str, str]) -> None:
     if not changes:
         print(f"{rel}/ was already up to date.")
     for name, why in changes.items():
-        verb = {"missing": "added"}.get(why, "removed" if why.startswith("no longer") else "updated")
+        verb = {"missing": "added"}.get(why, "removed" if why.startswith("no longer")
+                                        else "updated")
         print(f"{rel}/{name}: {verb} ({why})")
 
 

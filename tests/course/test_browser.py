@@ -1,5 +1,6 @@
 """The learner's day in a real browser: JupyterLab, chapter 04, Run All, then a wrong and a right
-answer.
+answer; in the English release (notebooks/) and in the Chinese one (notebooks-zh/), whose blocks
+must read in Chinese.
 
 `jupyter lab` serves a temporary copy of the release (no token, on a free local port); Debian's
 Chromium, driven by Playwright, opens chapter 04 and chooses Run > Run All Cells. Every
@@ -7,9 +8,9 @@ unstarted exercise must show its yellow "not started" block and the run must rea
 Then a wrong `project_qkv` goes into its answer cell: its self-check shows the red ✗ with the
 diagnosis the checker gives for that mistake; a right one shows the green ✓.
 
-Screenshots go to build/test-artifacts/browser/. Needs the `playwright` Python package (the
-`test` extra) and Debian's `chromium` (`make test` installs it with apt-get when run as root);
-without them the test is skipped and says why.
+Screenshots go to build/test-artifacts/browser/ (the Chinese run's to its zh/ folder). Needs the
+`playwright` Python package (the `test` extra) and Debian's `chromium` (`make test` installs it
+with apt-get when run as root); without them the test is skipped and says why.
 """
 
 from __future__ import annotations
@@ -28,13 +29,19 @@ from pathlib import Path
 
 import pytest
 
-from checks import nb04
+from checks import i18n, nb04
+from checks.context import LANG_ENV
 from checks.engine import CheckFailure
 
 from .test_release_notebooks_run import RELEASE, kernel_env
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "build" / "test-artifacts" / "browser"
+RELEASES = {"en": RELEASE, "zh": ROOT / "notebooks-zh"}
+# What each language's blocks say (the catalogue's words for "likely mistake: " and "passed").
+WORDS = {"en": {"mistake": "likely mistake: ", "passed": "passed",
+                "not_started": "not started yet"},
+         "zh": {"mistake": "可能的错误：", "passed": "通过", "not_started": "尚未开始"}}
 CHROMIUM = Path(os.environ.get("CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run",
@@ -58,21 +65,28 @@ if not os.access(CHROMIUM, os.X_OK):
                 "(make test installs it with apt-get when run as root)", allow_module_level=True)
 
 
-def _expected_diagnosis() -> str:
-    """What the checker says about WRONG: the ✗ block must show this very hint."""
+def _expected_diagnosis(lang: str) -> str:
+    """What the checker says about WRONG in `lang`: the ✗ block must show this very hint."""
     namespace: dict = {}
     exec(WRONG, namespace)
+    saved = os.environ.pop(LANG_ENV, None)
     try:
-        nb04.check_project_qkv(namespace["project_qkv"], seed=0)
+        with i18n.using(lang):
+            nb04.check_project_qkv(namespace["project_qkv"], seed=0)
     except CheckFailure as failure:
         assert failure.hint, "the checker should name this mistake"
-        return failure.hint
+        with i18n.using(lang):
+            return i18n._(failure.hint)
+    finally:
+        if saved is not None:
+            os.environ[LANG_ENV] = saved
     raise AssertionError("the wrong answer passed its check")
 
 
-def _exercises() -> list[str]:
+def _exercises(lang: str) -> list[str]:
     """The chapter's exercises (its answer cells' grade ids), in notebook order."""
-    nb = json.loads((RELEASE / CHAPTER / f"{CHAPTER}.ipynb").read_text(encoding="utf-8"))
+    release = RELEASES[lang] / CHAPTER / f"{CHAPTER}.ipynb"
+    nb = json.loads(release.read_text(encoding="utf-8"))
     meta = [cell["metadata"].get("nbgrader", {}) for cell in nb["cells"]]
     return [m["grade_id"] for m in meta if m.get("solution") and not m.get("grade")]
 
@@ -105,17 +119,34 @@ def _stop(proc: subprocess.Popen) -> None:
             continue
 
 
+@pytest.fixture(params=list(RELEASES))
+def lang(request) -> str:
+    return request.param
+
+
 @pytest.fixture
-def lab_url(tmp_path):
-    """A running `jupyter lab` on a temporary copy of chapter 04's release; its base URL."""
+def artifacts(lang) -> Path:
+    """Where this run's screenshots go (pictures of an earlier run of it are removed)."""
+    folder = ARTIFACTS if lang == "en" else ARTIFACTS / lang
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob("*.png"):
+        old.unlink()
+    return folder
+
+
+@pytest.fixture
+def lab_url(tmp_path, lang):
+    """A running `jupyter lab` on a temporary copy of chapter 04's release in `lang`; its base
+    URL. The kernel inherits no LLAMA_COURSE_LANG: the notebook chooses its language itself."""
     served = tmp_path / "course"
-    shutil.copytree(RELEASE / CHAPTER, served / CHAPTER,
+    shutil.copytree(RELEASES[lang] / CHAPTER, served / CHAPTER,
                     ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
     port = _free_port()
     env = kernel_env(JUPYTER_CONFIG_DIR=str(tmp_path / "jupyter-config"),
                      JUPYTER_RUNTIME_DIR=str(tmp_path / "jupyter-runtime"),
                      JUPYTERLAB_SETTINGS_DIR=str(_lab_settings(tmp_path / "lab-settings")),
                      JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "lab-workspaces"))
+    env.pop(LANG_ENV, None)
     log = (tmp_path / "jupyter.log").open("w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "jupyter", "lab", "--no-browser", f"--port={port}",
@@ -146,10 +177,7 @@ def lab_url(tmp_path):
 
 
 @pytest.fixture
-def page(tmp_path):
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    for old in ARTIFACTS.glob("*.png"):  # pictures of an earlier run
-        old.unlink()
+def page(tmp_path, artifacts):
     with sync_api.sync_playwright() as pw:
         context = pw.chromium.launch_persistent_context(
             str(tmp_path / "chromium-profile"), executable_path=str(CHROMIUM), headless=True,
@@ -173,24 +201,24 @@ PROMPTS_JS = ("() => [...document.querySelectorAll('.jp-Notebook .jp-CodeCell .j
               ".map(p => p.textContent.trim())")
 
 
-def _run_all_done(page) -> None:
+def _run_all_done(page, artifacts: Path) -> None:
     """Wait until every code cell shows an execution count ([n]:, not [*]: or [ ]:)."""
     done = "() => { const p = (" + PROMPTS_JS + ")(); " \
            r"return p.length > 0 && p.every(t => /^\[\d+\]:$/.test(t)); }"
     try:
         page.wait_for_function(done, timeout=RUN_ALL_TIMEOUT * 1000, polling=500)
     except sync_api.TimeoutError:
-        page.screenshot(path=str(ARTIFACTS / "failed-run-all.png"))
+        page.screenshot(path=str(artifacts / "failed-run-all.png"))
         pytest.fail(f"Run All did not finish in {RUN_ALL_TIMEOUT} s; the prompts read "
                     f"{page.evaluate(PROMPTS_JS)}")
 
 
-def _screenshot(cell, name: str) -> None:
+def _screenshot(cell, artifacts: Path, name: str) -> None:
     """Save a picture of a cell and its output (rendered once on screen: offscreen cells are
     skipped by the browser's content-visibility)."""
     cell.scroll_into_view_if_needed()
     cell.locator(".jp-OutputArea-output").last.wait_for(state="visible")
-    cell.screenshot(path=str(ARTIFACTS / name))
+    cell.screenshot(path=str(artifacts / name))
 
 
 def _answer(page, answer_cell, test_cell, code: str, expected: str) -> None:
@@ -220,37 +248,41 @@ def _wait_for_kernel(page, lab_url: str) -> None:
     page.locator("#jp-main-statusbar").get_by_text(re.compile(r"\| Idle$")).wait_for()
 
 
-def test_run_all_then_a_wrong_and_a_right_answer(lab_url, page):
-    diagnosis = _expected_diagnosis()
+def test_run_all_then_a_wrong_and_a_right_answer(lab_url, page, lang, artifacts):
+    diagnosis = _expected_diagnosis(lang)
+    words = WORDS[lang]
     page.goto(f"{lab_url}/lab/tree/{CHAPTER}/{CHAPTER}.ipynb")
     page.locator(".jp-Notebook .jp-CodeCell").first.wait_for()
     _wait_for_kernel(page, lab_url)
 
     page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
     page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
-    _run_all_done(page)
-    page.screenshot(path=str(ARTIFACTS / "01-run-all-done.png"))
+    _run_all_done(page, artifacts)
+    page.screenshot(path=str(artifacts / "01-run-all-done.png"))
 
     code_cells = page.locator(".jp-Notebook .jp-CodeCell")
     last = code_cells.nth(code_cells.count() - 1)
-    _screenshot(last, "02-last-cell.png")
+    _screenshot(last, artifacts, "02-last-cell.png")
     assert last.locator(".jp-OutputArea-output").count() > 0, "the last cell shows no output"
     assert page.locator(".jp-Notebook .jp-OutputArea-output[data-mime-type="
                         "'application/vnd.jupyter.stderr']").count() == 0, "a cell failed"
 
     not_started = page.locator(".jp-Notebook .llama-course-not-started")
     names = [text.split(":")[0].lstrip("… ").strip() for text in not_started.all_text_contents()]
-    assert names == _exercises(), "one 'not started' block per exercise, in order"
+    assert names == _exercises(lang), "one 'not started' block per exercise, in order"
+    assert all(words["not_started"] in text for text in not_started.all_text_contents())
 
     answer_cell = _code_cell(page, "def project_qkv(")
     test_cell = _code_cell(page, "check_project_qkv(project_qkv)")
-    _screenshot(test_cell, "03-not-started.png")
+    _screenshot(test_cell, artifacts, "03-not-started.png")
 
     _answer(page, answer_cell, test_cell, WRONG, "✗ project_qkv")
-    _screenshot(test_cell, "04-wrong-answer.png")
+    _screenshot(test_cell, artifacts, "04-wrong-answer.png")
     failure = test_cell.locator(".jp-OutputArea-output", has_text="✗ project_qkv").text_content()
-    assert "likely mistake: " + diagnosis in " ".join(failure.split())
+    assert words["mistake"] + " ".join(diagnosis.split()) in " ".join(failure.split())
+    if lang != "en":
+        assert "likely mistake" not in failure and "random inputs" not in failure
 
     _answer(page, answer_cell, test_cell, RIGHT, "✓ project_qkv")
-    _screenshot(test_cell, "05-right-answer.png")
-    assert "passed" in test_cell.locator(".jp-OutputArea-output").last.text_content()
+    _screenshot(test_cell, artifacts, "05-right-answer.png")
+    assert words["passed"] in test_cell.locator(".jp-OutputArea-output").last.text_content()

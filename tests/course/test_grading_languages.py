@@ -69,6 +69,14 @@ def _grade(folder: Path, report: Path, lang: str | None) -> dict[str, dict]:
     return {nb["chapter"]: nb for nb in notebooks}
 
 
+_SUMMARY: list[str] = []
+
+
+def terminal_summary() -> list[str]:
+    """Printed at the end of the run (tests/conftest.py): the points each release earned."""
+    return _SUMMARY
+
+
 def _scores(notebook: dict) -> list[tuple]:
     return [(e["name"], e["points"], e["max_points"], e["status"])
             for e in notebook["exercises"]]
@@ -100,6 +108,10 @@ def test_both_releases_earn_full_marks_and_the_same_points(graded):
     total = sum(nb["points"] for nb in zh.values())
     assert total == sum(nb["max_points"] for nb in en.values()) == \
         sum(nb["points"] for nb in en.values())
+    _SUMMARY.append(f"grading languages: notebooks/ {sum(nb['points'] for nb in en.values()):g}/"
+                    f"{sum(nb['max_points'] for nb in en.values()):g}, notebooks-zh/ {total:g}/"
+                    f"{sum(nb['max_points'] for nb in zh.values()):g} points, "
+                    f"{len(CHAPTERS)} chapters, the same per exercise")
 
 
 def test_a_wrong_answer_loses_the_same_points_with_its_diagnosis_in_each_language(graded):
