@@ -25,7 +25,7 @@ EXERCISES: dict[str, list[Exercise]] = {
 
 
 _SYMBOLS = {"//": " floordiv ", "/": " div ", "%": " mod ", "+": " plus ", "*": " times ",
-            "^": " pow ", "=": " eq ", "<": " lt ", ">": " gt ", "²": "2"}
+            "^": "", "=": " eq ", "<": " lt ", ">": " gt ", "²": "2"}
 
 
 def _slug(label: str) -> str:
