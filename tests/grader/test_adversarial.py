@@ -103,7 +103,9 @@ def test_each_case_gets_what_its_row_says(graded, case):
         errors = [e["error"] for e in data["errors"] if case_of(e["path"], folder) == case.name]
         assert len(errors) == 1 and case.error in errors[0] and "\n" not in errors[0], errors
         return
-    nb, = [nb for nb in data["notebooks"] if case_of(nb["path"], folder) == case.name]
+    results = [nb for nb in data["notebooks"] if case_of(nb["path"], folder) == case.name]
+    assert len(results) == 1, f"graded {len(results)} times: {done.stderr[-2000:]}"
+    nb = results[0]
     statuses = {e["name"]: e["status"] for e in nb["exercises"]}
     got = (nb["points"], nb["chapter"], {k: statuses.get(k) for k in case.statuses},
            set(nb["tampering_suspected"]))
