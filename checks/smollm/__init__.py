@@ -23,8 +23,8 @@ layout:
   K rows in that order. So the weights go in as they are. Hugging Face checkpoints differ: their
   converter permuted those rows so that the pairs become (i, i + D/2) (`rotate_half`), which is
   why `checks.reference.hf` permutes Q and K when it converts to and from Hugging Face.
-  tests/smollm/test_oracle_smollm.py checks both: the logits equal Hugging Face's, and with the other
-  pairing they do not.
+  tests/smollm/test_oracle_smollm.py checks both: the logits equal Hugging Face's, and with the
+  other pairing they do not.
 - There is no separate output matrix: the LM head is the embedding table, so `lm_head` is a
   view `embed.T` (one tensor, two names), never a copy.
 

@@ -194,7 +194,8 @@ def chat_text(user: str, system: str | None = None) -> str:
 
 
 #: Chapter 02's examples and the ids Hugging Face's tokenizer, built from the same file, gives
-#: them (recorded; tests/smollm/test_oracle_smollm.py checks them against Hugging Face and this module).
+#: them (recorded; tests/smollm/test_oracle_smollm.py checks them against Hugging Face and this
+#: package).
 HF_IDS: dict[str, tuple[str, list[int]]] = {
     "the article's sentence": ("我喜欢学习 AI Infra", [
         19805, 235, 176, 240, 246, 177, 122, 112, 18753, 116, 27948, 250, 5646, 5883, 317]),
