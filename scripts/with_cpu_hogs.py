@@ -81,7 +81,7 @@ def stop_hogs(hogs: list[subprocess.Popen]) -> float:
 def cpu_hogs(n: int, seconds: float):
     """n hogs for the `with` block (each stops by itself after `seconds` at the latest). Yields a
     dict with the hogs' process ids; on leaving it gains `cpu_seconds`, what they used in all.
-    (checks/tools/benchmark.py uses this.)"""
+    (checks/tools/benchmark/common.py uses this.)"""
     hogs = start_hogs(n, time.time() + seconds)
     usage: dict = {"hogs": n, "pids": [h.pid for h in hogs]}
     try:
