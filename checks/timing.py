@@ -4,22 +4,17 @@
                             [--model random|smollm] [--budget SECONDS] [--figure PNG]
 
 prints a table and (with --json) writes every number. What runs is chosen from the device found
-(`describe_device`: its kind, name, memory and, on CUDA, compute capability), by plain functions
-of that description (`timing_dtype`, `plan_for`, `fit_points`), so they are tested without a GPU
-(tests/core/test_devices.py):
-
-- the device: CUDA when available, else Apple's MPS, else the CPU;
-- the dtype: bf16 on GPUs that compute it fast (compute capability 8.0 and later: A100, H100,
-  H200, RTX 30xx and later), fp16 on older GPUs (a T4 or a V100 has no fast bf16) and on MPS,
-  fp32 on the CPU;
-- the sizes: on a GPU, LLaMA-2-7B's shapes with random weights (`--size 7b`), as many of its 32
-  layers as fit in the free memory (`torch.cuda.mem_get_info`: a 16 GB T4 cannot hold 13.5 GB of
-  weights and a cache), and only the points whose KV cache and activations fit beside them; on a
-  CPU a scaled-down configuration in fp32 that finishes in seconds (`--size small`). Every table
-  says what was chosen and why. `--model smollm` times the course's real model,
-  SmolLM2-135M-Instruct (`checks.smollm`), instead, on the GPU in the GPU's dtype (`--size tiny`:
-  the smallest run, one prefill and one decode point). Chapter 13's notebook calls the same
-  functions.
+(`describe_device`: kind, name, memory, CUDA compute capability) by plain functions of that
+description (`timing_dtype`, `plan_for`, `fit_points`: tested without a GPU in
+tests/core/test_devices.py): CUDA, else Apple's MPS, else the CPU; bf16 on GPUs that compute it
+fast (capability 8.0 and later), fp16 on older ones (a T4, a V100) and on MPS, fp32 on the CPU;
+on a GPU LLaMA-2-7B's shapes with random weights (`--size 7b`), as many of its 32 layers as fit
+the free memory (`torch.cuda.mem_get_info`: a 16 GB T4 cannot hold 13.5 GB of weights and a
+cache) and the points whose cache and activations fit beside them; on a CPU a scaled-down
+configuration in fp32 (`--size small`). Every table says what was chosen and why.
+`--model smollm` times the course's real model, SmolLM2-135M-Instruct (`checks.smollm`), on a GPU
+in the GPU's dtype (`--size tiny`: one prefill and one decode point). Chapter 13's notebook calls
+the same functions.
 
 What is measured, and how:
 - The device's peaks, by the device itself: FLOP/s of one large square matmul, and bytes/s of one
@@ -110,6 +105,7 @@ class DeviceInfo:
     total_memory: int
     free_memory: int
     capability: tuple[int, int] | None = None
+    index: int | None = None                   # which CUDA device (None: the current one)
 
 
 def default_kind() -> str:
@@ -142,14 +138,16 @@ def _host_memory() -> tuple[int, int]:
         return total, total // 2
 
 
-def describe_device(kind: str | None = None) -> DeviceInfo:
-    """The device of `kind` ("cuda", "mps", "cpu"; default: `default_kind()`), as found now."""
+def describe_device(kind: str | None = None, index: int | None = None) -> DeviceInfo:
+    """The device of `kind` ("cuda", "mps", "cpu"; default: `default_kind()`; `index`: which
+    CUDA device, default the current one), as found now."""
     kind = kind or default_kind()
     if kind == "cuda":
-        index = torch.cuda.current_device()
+        index = torch.cuda.current_device() if index is None else index
         free, total = torch.cuda.mem_get_info(index)
         major, minor = torch.cuda.get_device_capability(index)
-        return DeviceInfo("cuda", torch.cuda.get_device_name(index), total, free, (major, minor))
+        return DeviceInfo("cuda", torch.cuda.get_device_name(index), total, free, (major, minor),
+                          index)
     if kind == "mps":
         total = torch.mps.recommended_max_memory()    # what Metal lets one process use
         free = max(total - torch.mps.driver_allocated_memory(), 0)
@@ -162,7 +160,8 @@ def describe_device(kind: str | None = None) -> DeviceInfo:
 
 def torch_device(dev: DeviceInfo) -> torch.device:
     if dev.kind == "cuda":
-        return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cuda", torch.cuda.current_device() if dev.index is None
+                            else dev.index)
     return torch.device(dev.kind)
 
 
@@ -183,25 +182,13 @@ def usable_memory(dev: DeviceInfo) -> int:
     return max(int(dev.free_memory * 0.9) - 512 * MiB, 0)
 
 
-def _bytes(tensors) -> int:
-    seen, total = set(), 0
-    for t in tensors:
-        key = (t.device.type, t.untyped_storage().data_ptr())
-        if key not in seen:                    # a tied LM head shares the embedding's memory
-            seen.add(key)
-            total += t.numel() * t.element_size()
-    return total
-
-
-def _param_tensors(params: dict):
-    yield from (v for k, v in params.items() if isinstance(v, torch.Tensor))
-    for layer in params.get("layers", ()):
-        yield from layer.values()
-
-
 def params_bytes(params: dict) -> int:
-    """Bytes the weights occupy (a tied LM head counted once)."""
-    return _bytes(_param_tensors(params))
+    """Bytes the weights occupy (a tied LM head, a view of the embedding, counted once)."""
+    tensors = [v for v in params.values() if isinstance(v, torch.Tensor)]
+    tensors += [t for layer in params.get("layers", ()) for t in layer.values()]
+    storages = {(t.device.type, t.untyped_storage().data_ptr()): t.untyped_storage().nbytes()
+                for t in tensors}
+    return sum(storages.values())
 
 
 def _activation_bytes(cfg: ModelConfig, tokens: int, batch: int) -> int:
@@ -532,7 +519,10 @@ def smollm_plan(dev: DeviceInfo, cfg: ModelConfig, size: str | None = None) -> P
 def _device_info(device) -> DeviceInfo:
     if isinstance(device, DeviceInfo):
         return device
-    return describe_device(torch.device(device).type if device is not None else None)
+    if device is None:
+        return describe_device()
+    device = torch.device(device)
+    return describe_device(device.type, device.index)
 
 
 def _plan_and_params(dev: DeviceInfo, size: str | None, model: str):
