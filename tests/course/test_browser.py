@@ -176,12 +176,28 @@ def lab_url(tmp_path, lang):
         log.close()
 
 
+def _fonts_env(tmp_path: Path) -> dict[str, str]:
+    """Chromium's environment, with the course's CJK font added to the system's fonts (a test
+    machine may have none, and the Chinese blocks would show as boxes in the screenshots)."""
+    from checks.figures import packaged_font_path
+
+    font = packaged_font_path()
+    if font is None:
+        return dict(os.environ)
+    conf = tmp_path / "fonts.conf"
+    conf.write_text('<?xml version="1.0"?><!DOCTYPE fontconfig SYSTEM "fonts.dtd"><fontconfig>'
+                    '<include ignore_missing="yes">/etc/fonts/fonts.conf</include>'
+                    f'<dir>{font.parent}</dir></fontconfig>', encoding="utf-8")
+    return dict(os.environ, FONTCONFIG_FILE=str(conf))
+
+
 @pytest.fixture
 def page(tmp_path, artifacts):
     with sync_api.sync_playwright() as pw:
         context = pw.chromium.launch_persistent_context(
             str(tmp_path / "chromium-profile"), executable_path=str(CHROMIUM), headless=True,
-            args=CHROMIUM_ARGS, viewport={"width": 1400, "height": 1000})
+            args=CHROMIUM_ARGS, viewport={"width": 1400, "height": 1000},
+            env=_fonts_env(tmp_path))
         try:
             tab = context.pages[0] if context.pages else context.new_page()
             tab.set_default_timeout(CELL_TIMEOUT * 1000)
