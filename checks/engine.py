@@ -25,7 +25,7 @@ from torch.overrides import TorchFunctionMode
 
 from . import display
 from .context import SEED_ENV
-from .i18n import _
+from .i18n import N_, _
 
 # (exercise, forbidden names and hints) of the Check calling the learner now. The grader's side of
 # a worker (checks.grader.sandbox) reads it to apply the same guards to a call it forwards.
@@ -74,15 +74,25 @@ class CheckFailure(AssertionError):
         # IPython calls this instead of printing a traceback: learners see only the diagnosis.
         return display.failure_lines(self.status, self._text())
 
+    def with_hint(self, hint: str | None) -> "CheckFailure":
+        """The same failure (same class, message and seed) naming another likely mistake."""
+        other = type(self).__new__(type(self))  # no __init__: each subclass has its own
+        other.__dict__.update(vars(self))
+        other.hint = hint
+        other.args = (other._text(),)
+        return other
+
 
 class NotStarted(CheckFailure):
-    """The exercise still raises NotImplementedError."""
+    """The exercise still raises NotImplementedError (or calls an earlier exercise of its chapter
+    that does: `message` then says which one)."""
 
     status = "not started"
 
-    def __init__(self, exercise: str):
-        super().__init__(exercise, _("not started yet: replace `raise NotImplementedError()` "
-                                     "with your implementation, then run this cell again."))
+    def __init__(self, exercise: str, message: str | None = None):
+        super().__init__(exercise, message or _(
+            "not started yet: replace `raise NotImplementedError()` with your implementation, "
+            "then run this cell again."))
 
 
 class LearnerError(CheckFailure):
@@ -96,7 +106,7 @@ class LearnerError(CheckFailure):
 
     def __init__(self, exercise: str, message: str, *, hint: str | None = None,
                  seed: int | None = None, error: str | None = None, error_text: str = "",
-                 called_with: str | None = None, where: tuple[int, str] | None = None):
+                 called_with: str | None = None, where: tuple[int, str, str] | None = None):
         self.error, self.error_text = error, error_text
         self.called_with, self.where = called_with, where
         super().__init__(exercise, message, hint=hint, seed=seed)
@@ -107,7 +117,7 @@ class LearnerError(CheckFailure):
         where = _learner_frame(exc.__traceback__)
         message = f"raised {type(exc).__name__}: {exc}\n  called with ({called_with})"
         if where:
-            message += f"\n  at line {where[0]}" + (f": {where[1]}" if where[1] else "")
+            message += "\n  " + _where_text(*where, translate=str)
         return cls(exercise, message, seed=seed, error=type(exc).__name__, error_text=str(exc),
                    called_with=called_with, where=where)
 
@@ -128,9 +138,7 @@ class LearnerError(CheckFailure):
         lines = [_("raised {error}: {text}").format(error=self.error, text=self.error_text),
                  "  " + _("called with ({arguments})").format(arguments=self.called_with)]
         if self.where:
-            line, code = self.where
-            lines.append("  " + (_("at line {line}: {code}").format(line=line, code=code) if code
-                                 else _("at line {line}").format(line=line)))
+            lines.append("  " + _where_text(*self.where))
         return "\n".join(lines)
 
 
@@ -192,9 +200,9 @@ def _shape_text(shape: Iterable[int], dims: Iterable[str] | None) -> str:
     return "[" + ", ".join(f"{d}={n}" for d, n in zip(dims, shape)) + "]"
 
 
-def _learner_frame(tb) -> tuple[int, str] | None:
-    """(line number, code) of the last traceback line that sits in the learner's own code (a
-    notebook cell or file)."""
+def _learner_frame(tb) -> tuple[int, str, str] | None:
+    """(line number, code, function name) of the last traceback line that sits in the learner's
+    own code (a notebook cell or file)."""
     skip = (os.path.dirname(__file__), os.path.dirname(torch.__file__),
             os.path.dirname(os.__file__))
     last = None
@@ -203,7 +211,24 @@ def _learner_frame(tb) -> tuple[int, str] | None:
             last = frame
     if last is None:
         return None
-    return last.lineno, (last.line or "").strip()
+    return last.lineno, (last.line or "").strip(), last.name
+
+
+_IN_FUNCTION = N_("in {function}, line {line}: {code}")
+_IN_FUNCTION_NO_CODE = N_("in {function}, line {line}")
+_AT_LINE = N_("at line {line}: {code}")
+_AT_LINE_NO_CODE = N_("at line {line}")
+
+
+def _where_text(line: int, code: str, function: str = "", translate: Callable = _) -> str:
+    """"in split_heads, line 4: return ..." (a check calls one function, but the error may come
+    from another one that it calls, so the function is named); "at line 4: ..." for code outside
+    a named function (a cell's top level, a lambda). `translate=str` gives the English."""
+    if function.isidentifier():
+        text = translate(_IN_FUNCTION if code else _IN_FUNCTION_NO_CODE)
+    else:
+        text = translate(_AT_LINE if code else _AT_LINE_NO_CODE)
+    return text.format(function=function, line=line, code=code)
 
 
 # --------------------------------------------------------------------------------------------
@@ -414,13 +439,16 @@ class Check:
         # Copies taken before the call: what the check expects is computed from the inputs as
         # they were, and a function that writes into them fails (unless the check allows it).
         before = snapshot_inputs(args, kwargs, self.fn)
+        record = _recording.get()
+        watch = record.watching() if record is not None else contextlib.nullcontext()
         try:
-            with guard:
+            with guard, watch:
                 result = self.fn(*args, **kwargs)
         except CheckFailure:
             raise
-        except NotImplementedError:
-            raise NotStarted(self.exercise) from None
+        except NotImplementedError as exc:
+            raise NotStarted(self.exercise, record and record.stub_message(
+                self.exercise, exc.__traceback__)) from None
         except Exception as exc:  # the learner's bug, reported without a traceback wall
             shown = ", ".join([describe(a) for a in args] +
                               [f"{k}={describe(v)}" for k, v in kwargs.items()])
@@ -452,8 +480,8 @@ class Check:
                                     hint=hint.format(name=name))
 
         def guarded(*args, **kwargs):
-            previous = sys.getprofile()
-            sys.setprofile(profile)
+            previous = sys.getprofile()  # a `builds_on` record's, which must go on seeing calls
+            sys.setprofile(profile if previous is None else _chain(profile, previous))
             try:
                 return inner(*args, **kwargs)
             finally:
@@ -564,6 +592,164 @@ def mismatch_text(got, want, atol, rtol, dims) -> str:
 def _num(t: torch.Tensor) -> str:
     v = float(t)
     return repr(v) if math.isnan(v) or math.isinf(v) else f"{v:.6g}"
+
+
+# --------------------------------------------------------------------------------------------
+# Earlier exercises that a check's function builds on
+
+_recording: contextvars.ContextVar = contextvars.ContextVar("checks_recording", default=None)
+_PACKAGE_DIR = os.path.dirname(__file__) + os.sep
+
+
+def _chain(first: Callable, then: Callable) -> Callable:
+    """One profile function that runs two (sys.setprofile holds only one)."""
+    def profile(frame, event, arg):
+        first(frame, event, arg)
+        then(frame, event, arg)
+    return profile
+
+
+def _qualified_name(frame) -> str:
+    code = frame.f_code
+    qualname = getattr(code, "co_qualname", None)  # Python 3.11+
+    if qualname is None:  # Python 3.10: a method is known by its `self`
+        owner = frame.f_locals.get("self") if code.co_varnames[:1] == ("self",) else None
+        qualname = code.co_name if owner is None else f"{type(owner).__name__}.{code.co_name}"
+    return qualname
+
+
+class CallRecord:
+    """Which earlier exercises of a chapter the learner's function really called while a Check
+    called it: the learner's own function (or class, through its methods) of each name, or an
+    object the checker was given for that name (chapter 04's helpers), matched by its code.
+
+    Code of this package is never the learner's. A function that runs elsewhere (the grader's
+    worker) shows no calls here, so nothing is blamed for it."""
+
+    def __init__(self, names: Iterable[str], given: Mapping[str, Any]):
+        self.names = set(names)
+        self.given = {name: obj for name, obj in given.items() if obj is not None}
+        self._given_codes = {code: name for name, obj in self.given.items()
+                             for code in _codes_of(obj)}
+        self._looked_at: set = set()
+        self.seen: dict[str, Any] = {}  # name: the function or class that ran
+
+    def called(self, name: str) -> Any | None:
+        return self.seen.get(name)
+
+    @contextlib.contextmanager
+    def watching(self):
+        previous = sys.getprofile()
+        sys.setprofile(self._profile if previous is None else _chain(self._profile, previous))
+        try:
+            yield
+        finally:
+            sys.setprofile(previous)
+
+    def _profile(self, frame, event, arg) -> None:
+        if event != "call" or frame.f_code in self._looked_at:
+            return
+        code = frame.f_code
+        self._looked_at.add(code)
+        name = self._given_codes.get(code)
+        if name is not None:
+            self.seen.setdefault(name, self.given[name])
+            return
+        head = _qualified_name(frame).partition(".")[0]
+        if head in self.names and head not in self.given and \
+                not code.co_filename.startswith(_PACKAGE_DIR):
+            obj = frame.f_globals.get(head)
+            if obj is not None:
+                self.seen.setdefault(head, obj)
+
+    def stub_message(self, exercise: str, tb) -> str | None:
+        """For a NotImplementedError raised inside an earlier exercise's stub: which one."""
+        last = None
+        for frame, _line in traceback.walk_tb(tb):
+            if not frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+                last = frame
+        if last is None:
+            return None
+        head = _qualified_name(last).partition(".")[0]
+        named = self._given_codes.get(last.f_code, head)
+        if named == exercise or named not in self.names:
+            return None
+        return _("calls {name}, which is not started yet: write {name} first (its exercise "
+                 "comes before this one), then run this check again.").format(name=named)
+
+
+def _codes_of(obj) -> list:
+    """The code objects that run when `obj` (a function, or a class's methods) is called."""
+    if isinstance(obj, type):
+        return [f.__code__ for f in vars(obj).values() if hasattr(f, "__code__")]
+    code = getattr(obj, "__code__", None)
+    return [code] if code is not None else []
+
+
+def earlier_failures(helpers: Mapping[str, Any], earlier: Mapping[str, Callable],
+                     seed: int | None) -> tuple[list[str], tuple[str, CheckFailure] | None]:
+    """Run the checks of earlier exercises on the learner's `helpers` (name: function or class;
+    for blame, only those the function really called: `record.seen`), in the chapter's order,
+    quietly and with the failed check's seed: (the names that passed, (name, failure) of the
+    first that fails or None). One not started, or a check that cannot run, names nothing."""
+    passed = []
+    for name, checker in earlier.items():
+        helper = helpers.get(name)
+        if helper is None:
+            continue
+        try:
+            with quiet():
+                checker(helper, seed=seed)
+        except NotStarted:
+            continue
+        except CheckFailure as broken:
+            return passed, (name, broken)
+        except Exception:  # a check that went wrong says nothing about the helper
+            continue
+        passed.append(name)
+    return passed, None
+
+
+def fix_first_text(exercise: str, name: str, broken: CheckFailure) -> str:
+    """The hint that sends the learner to the earlier exercise their function is built on."""
+    problem = _(broken.hint) if broken.hint else broken.shown_message.splitlines()[0]
+    return _("your {name} does not pass its own check ({problem}); {exercise} is built on it, "
+             "so fix {name} first, then run this check again").format(
+                 name=name, problem=problem, exercise=exercise)
+
+
+@contextlib.contextmanager
+def builds_on(exercise: str, earlier: Mapping[str, Callable], *,
+              given: Mapping[str, Any] | None = None,
+              hint: Callable[[CheckFailure, CallRecord], str | None] | None = None):
+    """A check of `exercise`, whose function may call earlier exercises of the same chapter:
+    `earlier` maps their names to their checkers, in the chapter's order.
+
+    Inside the block, `Check.call` records which of them the learner's function really calls.
+    When the check fails, the first one called that fails its own check is named instead ("fix X
+    first"): the later exercise cannot pass before it, and what went wrong there may not look
+    like any mistake of the later one. A helper the function did not call is never blamed.
+    `hint(failure, record)` may choose the hint itself (None: the failure's own)."""
+    record = CallRecord(earlier, given or {})
+    token = _recording.set(record)
+    try:
+        yield record
+    except (NotStarted, ForbiddenCall):
+        raise
+    except CheckFailure as failure:
+        _recording.reset(token)
+        token = None
+        if hint is not None:
+            better = hint(failure, record)
+        else:
+            _passed, broken = earlier_failures(record.seen, earlier, failure.seed)
+            better = None if broken is None else fix_first_text(exercise, *broken)
+        if better is None:
+            raise
+        raise failure.with_hint(better) from None
+    finally:
+        if token is not None:
+            _recording.reset(token)
 
 
 # --------------------------------------------------------------------------------------------

@@ -13,7 +13,8 @@ import math
 import torch
 
 from . import reference as ref
-from .engine import Check, CheckFailure, LearnerError, NotStarted, matches, quiet
+from .engine import (CallRecord, Check, CheckFailure, LearnerError, builds_on,
+                     earlier_failures, fix_first_text, matches)
 from .i18n import N_, _
 
 # --------------------------------------------------------------------------------------------
@@ -537,47 +538,40 @@ def _large_scores(c: Check) -> None:
 def check_attention(f, *, seed: int | None = None, thorough: bool = False,
                     attention_scores=None, masked_softmax=None) -> None:
     """`attention_scores` and `masked_softmax` (optional): the learner's own helpers, which
-    their `attention` presumably calls. When `attention` fails, each given helper is checked
-    too, and a helper that fails its own check is named as the likely cause."""
-    try:
+    their `attention` presumably calls. When `attention` fails, each given helper that it really
+    called is checked too, and one that fails its own check is named as the likely cause (a
+    helper that `attention` does not call is never blamed)."""
+    helpers = {"attention_scores": attention_scores, "masked_softmax": masked_softmax}
+
+    def hint(failure: CheckFailure, record: CallRecord) -> str | None:
+        return _helper_hint(failure, record, helpers)
+
+    with builds_on("attention", _HELPER_CHECKS, given=helpers, hint=hint):
         _check_attention(f, seed=seed, thorough=thorough)
-    except NotStarted:
-        raise
-    except CheckFailure as failure:
-        hint = _helper_hint(failure, attention_scores=attention_scores,
-                            masked_softmax=masked_softmax)
-        if hint is None:
-            raise
-        raise CheckFailure(failure.exercise, failure.message, hint=hint,
-                           seed=failure.seed) from None
 
 
-def _helper_hint(failure: CheckFailure, **helpers) -> str | None:
+def _helper_hint(failure: CheckFailure, record: CallRecord, helpers: dict) -> str | None:
     """A better hint for a failed attention check from the learner's helpers (None: keep the
-    failure's own): the first given helper that fails its own check is named; when every given
-    helper passes, an unexplained failure lies in how attention combines them. A helper that is
-    not started yet cannot be what a started attention calls, so it is not blamed."""
-    checkers = {"attention_scores": check_attention_scores, "masked_softmax": check_masked_softmax}
-    passed = []
-    for name, helper in helpers.items():
-        if helper is None:
-            continue
-        try:
-            with quiet():
-                checkers[name](helper, seed=failure.seed)
-        except NotStarted:
-            continue
-        except CheckFailure as broken:
-            found = _(broken.hint) if broken.hint else broken.shown_message.splitlines()[0]
-            return _("your {name} does not pass its own check ({problem}); attention is built on "
-                     "it, so fix {name} first, then run this check again").format(name=name,
-                                                                                  problem=found)
-        passed.append(name)
-    if failure.hint == UNEXPLAINED and len(passed) == len(checkers):
+    failure's own): the first helper that attention really called and that fails its own check
+    is named; when every helper passes, an unexplained failure lies in attention itself. A
+    helper that is not started yet cannot be what a started attention calls, so it is not
+    blamed."""
+    called, broken = earlier_failures(record.seen, _HELPER_CHECKS, failure.seed)
+    if broken is not None:
+        return fix_first_text("attention", *broken)
+    if failure.hint != UNEXPLAINED:
+        return None
+    others = {name: h for name, h in helpers.items() if name not in called}
+    passed, broken = earlier_failures(others, _HELPER_CHECKS, failure.seed)
+    if broken is None and len(called) + len(passed) == len(_HELPER_CHECKS):
         return _("your attention_scores and masked_softmax pass their own checks, so look at "
                  "how attention puts them together: weights = masked_softmax(attention_scores(q, "
                  "k), mask), out = weights @ v")
     return None
+
+
+_HELPER_CHECKS = {"attention_scores": check_attention_scores,
+                  "masked_softmax": check_masked_softmax}
 
 
 def _check_attention(f, *, seed: int | None, thorough: bool) -> None:

@@ -11,7 +11,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from . import reference as ref
-from .engine import Check, ForbiddenCall, LearnerError
+from .engine import Check, ForbiddenCall, LearnerError, builds_on
 from .reference.attention import torch_mha_reference
 
 HEADS_FIRST = ("B", "N", "S", "D")
@@ -172,7 +172,7 @@ def _call(c: Check, *args, hints: Mapping[str, str] | None = None, hint: str | N
                 break
         if found is None:
             raise
-        raise LearnerError(c.exercise, err.message, hint=found, seed=c.seed) from None
+        raise err.with_hint(found) from None
 
 
 def _as_triple(c: Check, got, what: str):
@@ -342,7 +342,8 @@ def _expect_fused(c, w_q, w_k, w_v, shown):
 
 
 def check_split_qkv(f, *, seed: int | None = None, thorough: bool = False) -> None:
-    with Check("split_qkv", f, seed=seed) as c:
+    with builds_on("split_qkv", {"split_heads": check_split_heads}), \
+            Check("split_qkv", f, seed=seed) as c:
         cases = []
         for _ in range(3 if thorough else 1):          # standard MHA: N_kv = N_h
             b, s, n, d = c.sizes(4, 2, 9)
@@ -393,7 +394,11 @@ def _expect_split_qkv(c, b, s, n_h, n_kv, d):
 
 
 def check_multi_head_attention(f, *, seed: int | None = None, thorough: bool = False) -> None:
-    with Check("multi_head_attention", f, seed=seed) as c:
+    # split_heads first: a split_qkv built on a broken split_heads fails because of it
+    earlier = {"split_heads": check_split_heads, "merge_heads": check_merge_heads,
+               "split_qkv": check_split_qkv}
+    with builds_on("multi_head_attention", earlier), \
+            Check("multi_head_attention", f, seed=seed) as c:
         for trial in range(3 if thorough else 1):
             b, s, n, d = c.sizes(4, 2, 9)
             h = n * d

@@ -21,7 +21,8 @@ import torch
 
 from . import reference as ref
 from .config import LLAMA2_7B, ModelConfig
-from .engine import Check, values_close
+from .engine import Check, builds_on, values_close
+from .i18n import N_
 
 NAMES = ("attn_norm", "wqkv", "wo", "ffn_norm", "w_gate", "w_up", "w_down")
 NORMS = ("attn_norm", "ffn_norm")
@@ -62,6 +63,13 @@ KV_SWAPPED = ("took K and V from the wrong column blocks: wqkv's columns are Q |
 WITH_RESIDUAL = ("added the residual x: attention_sublayer returns the sublayer's output only; "
                  "decoder_block adds x")
 NO_WO = "forgot the output projection W_O (layer['wo']) after merging the heads"
+SCALE_BY_H = N_("scaled the scores by 1/sqrt(H), the model width (cfg.hidden_size); each head "
+                "scales its scores by 1/sqrt(D_h), its own width (cfg.head_dim)")
+SCALE_BY_HEADS = N_("scaled the scores by 1/sqrt(N_h * D_h), the width of all heads together; "
+                    "each head scales its scores by 1/sqrt(D_h), its own width (cfg.head_dim)")
+SCALE_BY_H_HEADS = N_("scaled the scores by 1/sqrt(H) = 1/sqrt(N_h * D_h), the width of all heads "
+                      "together; each head scales its scores by 1/sqrt(D_h), its own width "
+                      "(cfg.head_dim)")
 
 NO_ATTN_RESIDUAL = ("missing residual around attention: U = X + Attention(RMSNorm(X)), the "
                     "sublayer's output is ADDED to X")
@@ -163,8 +171,10 @@ def random_positions(c: Check, b: int, s: int, *, batched: bool) -> torch.Tensor
 
 def _attention(x, layer, cfg, positions, *, norm="attn_norm", eps=None, rope=("q", "k"),
                arange=False, base=None, rotary_dim=-1, interleaved=True, causal=True,
-               tile=False, merge_transposed=True, swap_kv=False, wo=True, residual=False):
-    """attention_sublayer with the named mistakes (no keyword: the correct computation)."""
+               tile=False, merge_transposed=True, swap_kv=False, wo=True, residual=False,
+               scale=None):
+    """attention_sublayer with the named mistakes (no keyword: the correct computation);
+    `scale`: the scores divided by sqrt(scale) instead of sqrt(D_h)."""
     b, s, _ = x.shape
     n_h, n_kv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     eps = cfg.norm_eps if eps is None else eps
@@ -181,6 +191,8 @@ def _attention(x, layer, cfg, positions, *, norm="attn_norm", eps=None, rope=("q
     v = ref.apply_rope(v, pos, **kw) if "v" in rope else v
     if tile:
         k, v = k.repeat(1, n_h // n_kv, 1, 1), v.repeat(1, n_h // n_kv, 1, 1)
+    if scale is not None:  # (q * sqrt(D_h / scale)) k^T / sqrt(D_h) = q k^T / sqrt(scale)
+        q = q * math.sqrt(d / scale)
     out = ref.grouped_query_attention(q, k, v, ref.causal_mask(s) if causal else None)
     merged = ref.merge_heads(out) if merge_transposed else out.reshape(b, s, n_h * d)
     o = merged @ layer["wo"] if wo else merged
@@ -218,7 +230,17 @@ def _attention_mixups(x, layer, cfg, positions) -> dict:
         wrong[BASE_IGNORED] = v(base=10000.0)
     if cfg.rotary_dim != cfg.head_dim:
         wrong[ROTARY_DIM_IGNORED] = v(rotary_dim=None)
+    for mistake, width in _scale_mistakes(cfg):
+        wrong[mistake] = v(scale=width)
     return wrong
+
+
+def _scale_mistakes(cfg: ModelConfig) -> list[tuple[str, int]]:
+    """Scores scaled by the width of the model, or of all heads, instead of one head's: in these
+    configs neither is D_h; the two differ when D_h != H / N_h."""
+    h, heads = cfg.hidden_size, cfg.n_heads * cfg.head_dim
+    widths = {SCALE_BY_H_HEADS: h} if h == heads else {SCALE_BY_H: h, SCALE_BY_HEADS: heads}
+    return [(m, w) for m, w in widths.items() if w != cfg.head_dim]
 
 
 def _block(x, layer, cfg, positions, *, structure="pre", **attn):
@@ -299,6 +321,7 @@ def _attention_mistakes(cfg):
         mistakes.append((BASE_IGNORED, {"base": 10000.0}))
     if cfg.rotary_dim != cfg.head_dim:
         mistakes.append((ROTARY_DIM_IGNORED, {"rotary_dim": None}))
+    mistakes += [(mistake, {"scale": width}) for mistake, width in _scale_mistakes(cfg)]
     return mistakes
 
 
@@ -592,7 +615,8 @@ def check_attention_sublayer(f, *, seed: int | None = None, thorough: bool = Fal
 
 
 def check_decoder_block(f, *, seed: int | None = None, thorough: bool = False) -> None:
-    with Check("decoder_block", f, seed=seed) as c:
+    with builds_on("decoder_block", {"attention_sublayer": check_attention_sublayer}), \
+            Check("decoder_block", f, seed=seed) as c:
         _no_reference(c, "decoder_block")
         for cfg, b, s, batched in _cases(c, thorough):
             _run(c, cfg, b=b, s=s, batched=batched, want_fn=ref.decoder_block,
@@ -646,7 +670,9 @@ def _count_mixups(cfg: ModelConfig, want: int) -> dict:
 
 
 def check_block_param_count(f, *, seed: int | None = None, thorough: bool = False) -> None:
-    with Check("block_param_count", f, seed=seed) as c:
+    # a count may be read off the learner's own init_block_params (on the meta device)
+    with builds_on("block_param_count", {"init_block_params": check_init_block_params}), \
+            Check("block_param_count", f, seed=seed) as c:
         _no_reference(c, "block_param_count", "init_block_params")
         gqa_7b = ModelConfig(n_kv_heads=8)
         cases = [(LLAMA2_7B, "LLaMA-2-7B"), (gqa_7b, "LLaMA-2-7B shapes with GQA, N_kv = 8")]

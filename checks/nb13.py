@@ -53,7 +53,8 @@ import torch.nn.functional as F
 
 from . import reference as ref
 from .config import LLAMA2_7B, ModelConfig
-from .engine import Check, CheckFailure, LearnerError, NotStarted
+from .engine import Check, CheckFailure, LearnerError, NotStarted, builds_on
+from .i18n import N_
 from .reference import generation as gen
 from .reference import roofline
 
@@ -152,6 +153,10 @@ WASTED_FORWARD_UNCACHED = ("fed the last new token back through the model: its l
 ONE_TOO_MANY = "generated max_new_tokens + 1 tokens"
 ONE_TOO_FEW = "generated max_new_tokens - 1 tokens"
 
+SCALE_BY_H = N_("scaled the scores by 1/sqrt(H) = 1/sqrt(N_h * D_h), the width of all heads "
+                "together; each head scales its scores by 1/sqrt(D_h), its own width "
+                "(cfg.head_dim)")
+
 _FORWARD_HINT = ("this exercise asks you to write the cached forward pass yourself from the "
                  "earlier chapters' pieces (rms_norm, split_qkv, apply_rope, "
                  "grouped_query_attention, causal_mask, swiglu_ffn), not to call the course's "
@@ -244,14 +249,15 @@ def _params(c: Check, cfg: ModelConfig) -> dict:
 
 
 def _sim_forward(token_ids, params, cfg, cache, start_pos, *, offset=True, mask="bottom_right",
-                 store_rotated=True, rerotate=False, use_cache=True):
+                 store_rotated=True, rerotate=False, use_cache=True, scale_width=False):
     """forward_with_cache with the named mistake (no keyword: the correct computation).
 
     offset=False: RoPE positions 0..T-1; mask: "bottom_right", "top_left", "none", or a square
     mask that cannot fit a later chunk's scores: "square_new" (causal_mask(T)) or "square_all"
     (causal_mask(start_pos + T));
     store_rotated=False: K goes into the cache before RoPE (and is used from there as it is,
-    or, with rerotate, rotated again by 0..end-1); use_cache=False: attends to the new tokens only.
+    or, with rerotate, rotated again by 0..end-1); use_cache=False: attends to the new tokens only;
+    scale_width: the scores divided by sqrt(H) (here N_h * D_h), not by sqrt(D_h).
     """
     b, t = token_ids.shape
     end = start_pos + t
@@ -280,6 +286,8 @@ def _sim_forward(token_ids, params, cfg, cache, start_pos, *, offset=True, mask=
             m = ref.causal_mask(keys)
         else:
             m = None
+        if scale_width:  # (q / sqrt(N_h)) k^T / sqrt(D_h) = q k^T / sqrt(N_h * D_h)
+            q = q / math.sqrt(n_h)
         out = ref.grouped_query_attention(q, k_all, v_all, m)
         x = x + ref.merge_heads(out) @ layer["wo"]
         x = x + ref.swiglu_ffn(ref.rms_norm(x, layer["ffn_norm"], cfg.norm_eps),
@@ -294,6 +302,7 @@ _FORWARD_MISTAKES = {
     IGNORED_CACHE: dict(use_cache=False),
     UNROTATED_STORED: dict(store_rotated=False),
     UNROTATED_RECOMPUTED: dict(store_rotated=False, rerotate=True),
+    SCALE_BY_H: dict(scale_width=True),
 }
 
 
@@ -942,7 +951,8 @@ def _check_uncached_calls(c: Check, log: list[int], n: int, label: str) -> None:
 
 @_one_thread
 def check_generate(f, *, seed: int | None = None, thorough: bool = False) -> None:
-    with Check("generate", f, seed=seed) as c:
+    earlier = {"KVCache": check_KVCache, "forward_with_cache": check_forward_with_cache}
+    with builds_on("generate", earlier), Check("generate", f, seed=seed) as c:
         _no_reference(c, gen.generate)
         batch, p = c.sizes(2, 2, 5)
         trials = [("gqa", batch, p + 2, c.randint(5, 8)), ("mqa", 1, c.randint(2, 6),
