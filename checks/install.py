@@ -168,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m checks.install",
         description="Write the install cell into solutions/ and the Colab links into README.md "
                     f"from REPOSITORY ({REPOSITORY}); then run `make release`.")
-    parser.add_argument("--sync", action="store_true", required=True)
+    parser.add_argument("--sync", action="store_true", required=True,
+                        help="write them (the only action; without it nothing is done)")
     parser.add_argument("--root", type=Path, default=Path.cwd(),
                         help="the course repository (default: the current folder)")
     args = parser.parse_args(argv)

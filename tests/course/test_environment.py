@@ -74,6 +74,35 @@ def test_every_package_make_installs_is_pinned_within_its_range():
     assert str(_pinned_version(pins["torch"])) == "2.13.0"
 
 
+PYTHONS = ["3.10.12", "3.11.0", "3.11.2", "3.11.5", "3.11.7", "3.12.0", "3.13.0", "3.14.0"]
+
+
+def test_each_pin_holds_only_on_the_pythons_its_release_supports():
+    """A pin applied on a Python its release does not support makes `make setup` fail there
+    (soupsieve 4.1.3 needs 3.11.5; Debian's python3.11 is 3.11.2). Checked against the pinned
+    releases installed here."""
+    from importlib import metadata
+    from packaging.specifiers import SpecifierSet
+
+    checked = 0
+    for name, req in _pins().items():
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue
+        if dist.version.split("+")[0] != str(_pinned_version(req)):
+            continue
+        supported = SpecifierSet(dist.metadata.get("Requires-Python") or "")
+        for python in PYTHONS:
+            where = {"python_version": ".".join(python.split(".")[:2]),
+                     "python_full_version": python}
+            if req.marker is None or req.marker.evaluate(where):
+                assert supported.contains(python), \
+                    f"constraints.txt pins {req} on Python {python}; its release needs {supported}"
+        checked += 1
+    assert checked >= 50, "the pins are checked against the environment they came from"
+
+
 def test_makefile_installs_with_the_pins_and_the_extras():
     line = _makefile_install_line()
     assert "-c constraints.txt" in line

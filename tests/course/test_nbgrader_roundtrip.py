@@ -12,6 +12,11 @@ compare each student's score with the points of the test cells their code earns:
              an unsolved exercise) and a test cell's points raised -> exactly the solved points
 - deleter:   all but the last exercise solved; the test cells of the first and the last exercise
              deleted                                            -> exactly the solved points
+- complete_zh, half_zh: as complete and half, in the Chinese release (notebooks-zh/)
+                                                                -> the same points as in English
+- wrong_zh:  the Chinese release, every exercise solved but head_dim returning a float
+                                                                -> all but head_dim's points, and
+             head_dim's test cell shows its diagnosis in Chinese (the notebook chose Chinese)
 """
 
 from __future__ import annotations
@@ -77,8 +82,11 @@ def _solved_source(cell) -> str:
                      if line.strip() not in SOLUTION_MARK)
 
 
+WRONG_HEAD_DIM = "def head_dim(cfg):\n    return cfg.hidden_size / cfg.n_heads\n"
+
+
 def _submission(released, solutions, *, solve=(), replace_tests=None, delete_tests=(),
-                points=None):
+                points=None, wrong=None):
     nb = copy.deepcopy(released)
     answers = {_meta(c)["grade_id"]: c for c in solutions.cells if _meta(c).get("solution")}
     kept = []
@@ -86,6 +94,8 @@ def _submission(released, solutions, *, solve=(), replace_tests=None, delete_tes
         gid = _meta(cell).get("grade_id")
         if gid in solve:
             cell.source = _solved_source(answers[gid])
+        if gid in (wrong or {}):
+            cell.source = wrong[gid]
         if gid in (replace_tests or {}):
             cell.source = replace_tests[gid]
         if gid in (points or {}):
@@ -135,7 +145,14 @@ def course(tmp_path_factory):
             "solve": names[:-1],
             "delete_tests": {f"check_{names[0]}", f"check_{names[-1]}"},
         }, sum(points[n] for n in names[:-1])),
+        "complete_zh": ({"solve": names, "lang": "zh"}, sum(points.values())),
+        "half_zh": ({"solve": half, "lang": "zh"}, sum(points[n] for n in half)),
+        "wrong_zh": ({"solve": names, "wrong": {"head_dim": WRONG_HEAD_DIM}, "lang": "zh"},
+                     sum(points.values()) - points["head_dim"]),
     }
+    # The Chinese release as committed (generated from the same source: the same answer and test
+    # cells, grade ids and checksums; tests/tools/test_release.py).
+    released_zh = nbformat.read(release.NOTEBOOKS_ZH / CHAPTER / f"{CHAPTER}.ipynb", as_version=4)
     # The gradebook's student list: one with `db student add`, the others from a CSV in one call
     # (each nbgrader command costs a few seconds of start-up).
     first, *rest = students
@@ -147,7 +164,9 @@ def course(tmp_path_factory):
     for sid, (how, _) in students.items():
         folder = root / "grading" / "submitted" / sid / CHAPTER
         folder.mkdir(parents=True)
-        nbformat.write(_submission(released, solutions, **how), folder / f"{CHAPTER}.ipynb")
+        how = dict(how)
+        base = released_zh if how.pop("lang", "en") == "zh" else released
+        nbformat.write(_submission(base, solutions, **how), folder / f"{CHAPTER}.ipynb")
 
     log["autograde"] = nbgrader("autograde", CHAPTER)  # every submitted student, one call
     csv_path = root / "grades.csv"
@@ -179,7 +198,8 @@ def _cell_report(course, sid) -> str:
     return "\n".join(lines)
 
 
-STUDENTS = ["complete", "untouched", "half", "tamperer", "deleter"]
+STUDENTS = ["complete", "untouched", "half", "tamperer", "deleter", "complete_zh", "half_zh",
+            "wrong_zh"]
 
 
 @pytest.mark.parametrize("sid", STUDENTS)
@@ -234,3 +254,17 @@ def test_deleted_test_cells_come_back_after_their_answer(course):
     for gid, src in _test_cells(graded).items():
         # A re-inserted cell starts with nbgrader's one-line notice (a comment), then the source.
         assert src == source_tests[gid] or src.endswith("\n" + source_tests[gid]), gid
+
+
+def test_a_chinese_submission_reads_its_diagnosis_in_chinese(course):
+    """nbgrader runs the Chinese notebook's own first code cell, which chose Chinese: the failed
+    test cell's error is the checker's diagnosis in Chinese, and so is "not started"."""
+    def error_of(sid: str) -> str:
+        cell = next(c for c in _autograded(course, sid).cells
+                    if _meta(c).get("grade_id") == "check_head_dim")
+        return " ".join(str(o.get("evalue", "")) + " ".join(o.get("traceback", []))
+                        for o in cell.outputs if o.output_type == "error")
+    text = error_of("wrong_zh")
+    assert "可能的错误：返回了浮点数" in text, text[-1500:]
+    assert "likely mistake" not in text
+    assert "尚未开始" in _cell_report(course, "half_zh")  # its unsolved exercises
