@@ -22,9 +22,9 @@ from .i18n import N_, _
 # such as "softmax.int").
 
 
-_SOFTMAX_HINT = N_("write the softmax yourself: subtract each row's max, exponentiate, divide by the "
-                   "row sum (library softmax, log_softmax, softmin and logsumexp are off limits "
-                   "here)")
+_SOFTMAX_HINT = N_("write the softmax yourself: subtract each row's max, exponentiate, divide by "
+                   "the row sum (library softmax, log_softmax, softmin and logsumexp are off "
+                   "limits here)")
 _SDPA_HINT = N_("build attention from your own pieces: scores = Q K^T / sqrt(D), weights = "
                 "masked_softmax(scores, mask), out = weights @ V")
 
@@ -51,7 +51,8 @@ FORBID_ATTENTION = dict.fromkeys(_ATTENTION_NAMES, _SDPA_HINT)
 # --------------------------------------------------------------------------------------------
 # Diagnoses (shared by the checkers so that the same mistake reads the same everywhere)
 
-NO_SCALE = N_("forgot the scale: divide the scores by sqrt(D), D = q.shape[-1] (the head dimension)")
+NO_SCALE = N_("forgot the scale: divide the scores by sqrt(D), D = q.shape[-1] (the head "
+              "dimension)")
 SCALE_BY_D = N_("divided by D instead of sqrt(D): the scale is 1 / sqrt(D_h)")
 SCALE_BY_H = N_("scaled by sqrt(H) = sqrt(N * D), the width of all heads together, instead of "
                 "sqrt(D_h), one head's width (the last dimension of q)")
@@ -79,16 +80,17 @@ FINITE_FILL = N_("filled masked scores with a large finite number (like -1e9): a
                  "then spreads its weight evenly over keys it may not see; such a row must be all "
                  "zeros (fill with -inf and turn the NaN rows into zeros, or zero rows whose mask "
                  "is all False)")
-FULLY_MASKED_NAN = N_("a fully masked row gives NaN (its max is -inf, and -inf - (-inf) or 0 / 0 is "
-                      "NaN); return all-zero weights for such rows, e.g. torch.where on the row sum "
-                      "or nan_to_num")
+FULLY_MASKED_NAN = N_("a fully masked row gives NaN (its max is -inf, and -inf - (-inf) or 0 / 0 "
+                      "is NaN); return all-zero weights for such rows, e.g. torch.where on the "
+                      "row sum or nan_to_num")
 OVERFLOW = N_("exp overflowed or underflowed for large scores (exp(1e4) = inf, exp(-1e4) = 0): "
               "subtract each row's own max, `scores.amax(dim=-1, keepdim=True)`, before exp")
 MAX_BEFORE_MASK = N_("took the row max before masking: a masked key with a huge score makes every "
-                     "visible exp(...) underflow to 0; fill masked scores with -inf first, then take "
-                     "the max over what remains")
+                     "visible exp(...) underflow to 0; fill masked scores with -inf first, then "
+                     "take the max over what remains")
 IN_PLACE = N_("modified an input in place (`masked_fill_`, `-=`, `add_`, ...): build new tensors "
-              "instead (e.g. the out-of-place `masked_fill`) so the caller's tensors stay unchanged")
+              "instead (e.g. the out-of-place `masked_fill`) so the caller's tensors stay "
+              "unchanged")
 WEIGHTS_T_V = N_("used the transposed weights (A^T V): the output is weights @ v, row m mixing the "
                  "values with query m's weights")
 OUT_TRANSPOSED = N_("returned the output transposed ([..., D_v, S_q]): out = weights @ v has shape "
@@ -274,8 +276,8 @@ def _mask_variants(got, scores, mask) -> dict:
 def _attention_hint(mask, shape, *, large: bool, weights: bool = False):
     """What to say when no known variant reproduces attention's output: instability only where
     the scores are large enough to overflow; otherwise, how to find the broken piece."""
-    nonfinite = _nonfinite_hint(mask, shape, _step(SOFTMAX_STEP, OVERFLOW) if large else UNEXPLAINED,
-                                weights=weights)
+    default = _step(SOFTMAX_STEP, OVERFLOW) if large else UNEXPLAINED
+    nonfinite = _nonfinite_hint(mask, shape, default, weights=weights)
 
     def hint(got):
         found = nonfinite(got)
@@ -417,8 +419,8 @@ def _score_sizes(c: Check) -> tuple[int, ...]:
 def _check_scores_once(c: Check, q, k, dims) -> None:
     got = _call_unchanged(c, (q, k), hint=SHAPES)
     want = ref.attention_scores(q, k)
-    _expect(c, got, want, what=_("scores for q {q}, k {k}").format(q=list(q.shape), k=list(k.shape)),
-            dims=dims,
+    what = _("scores for q {q}, k {k}").format(q=list(q.shape), k=list(k.shape))
+    _expect(c, got, want, what=what, dims=dims,
             wrong=_scores_wrong(got, q, k))
 
 
