@@ -29,8 +29,11 @@ from .grading import DEFAULT_CELL_TIMEOUT
 from .identify import SOURCE_DIR
 from .limits import Limits, cores
 from .read import chapter_notebooks, notebooks_in
-from .report import (PROG, grade_table, pts, report_incident, status_label, status_row,
-                     write_json)
+from .outputs.gradebook import counted
+from .outputs.late import due_argument, late_text
+from .outputs.summary import summary_text
+from .outputs.writer import GradeOutputs
+from .report import PROG, Progress, grade_table, pts, report_incident, status_label, status_row
 from .results import GradingError
 
 
@@ -129,7 +132,22 @@ def _parser() -> argparse.ArgumentParser:
     grade.add_argument("paths", nargs="+", type=Path, metavar="PATH",
                        help="notebooks, or folders searched for notebooks")
     grade.add_argument("--json", type=Path, metavar="FILE",
-                       help="also write the results as JSON ('-' for stdout, no table)")
+                       help="also write the results as JSON ('-' for stdout, no table); "
+                            "rewritten as each notebook finishes, and merged with the file's "
+                            "earlier results: a submission unchanged since is not graded again")
+    grade.add_argument("--regrade", action="store_true",
+                       help="grade every submission again, changed or not")
+    grade.add_argument("--csv", type=Path, metavar="FILE",
+                       help="also write a gradebook: one row per student, a column of points "
+                            "per chapter (Canvas's gradebook import)")
+    grade.add_argument("--csv-exercises", type=Path, metavar="FILE",
+                       help="also write one row per student, a column per exercise, with each "
+                            "chapter's total, submission time and lateness")
+    grade.add_argument("--feedback", type=Path, metavar="DIR",
+                       help="also write feedback for students: DIR/<student>/<chapter>.html")
+    grade.add_argument("--due", type=due_argument, metavar="TIME",
+                       help="deadline (ISO 8601; no zone: UTC): submissions whose nbgrader "
+                            "timestamp.txt is later are marked late in every output")
     grade.set_defaults(run=_grade)
     return parser
 
@@ -174,17 +192,35 @@ def _status(args) -> int:
 
 def _grade(args) -> int:
     paths = notebooks_in(args.paths)
-    if args.json is not None and args.json.resolve() in {p.resolve() for p in paths}:
-        raise GradingError(args.json, "the JSON output would overwrite a notebook being graded")
+    outputs = GradeOutputs(args, paths)  # unwritable outputs are refused here, before grading
+    todo = outputs.to_grade(paths)
+    if outputs.kept:
+        print(f"{PROG}: {len(outputs.kept)} of {len(paths)} notebooks unchanged since they were "
+              f"graded: their results in {args.json} are kept (--regrade grades them again)",
+              file=sys.stderr, flush=True)
+        outputs.write_kept_feedback()
     to_stdout = args.json == Path("-")
-    results, problems, incident = grade_each(paths, args, lambda r: None if to_stdout else
-                                             print(grade_table(r), flush=True))
-    if len(results) > 1 and not to_stdout and incident is None:
-        print(f"total: {pts(sum(r.points for r in results))}/"
-              f"{pts(sum(r.max_points for r in results))} points in {len(results)} notebooks")
-    if args.json is not None:
-        write_json(args.json, results, problems, incident)
+
+    def show(result):
+        record = outputs.add(result)  # every output brought up to date: nothing finished is lost
+        if not to_stdout:
+            print(grade_table(result, late_text(record)), flush=True)
+
+    progress = Progress(todo, args.jobs).start()
+    try:
+        results, problems, incident = (grade_each(todo, args, show) if todo
+                                       else ([], [], None))
+    finally:
+        progress.stop()
+    outputs.write(problems, incident)
+    records = counted(outputs.all_records())
+    if not to_stdout and incident is None:
+        if len(records) > 1:
+            print(f"total: {pts(sum(r['points'] for r in records))}/"
+                  f"{pts(sum(r['max_points'] for r in records))} points in {len(records)} "
+                  "notebooks")
+            print(summary_text(outputs.summary(), records), end="")
     if incident is not None:
-        report_incident(incident, len(results) + len(problems), len(paths))
+        report_incident(incident, len(results) + len(problems), len(todo))
         return 3
     return 2 if problems else 0

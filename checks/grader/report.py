@@ -1,19 +1,19 @@
 """What the instructor sees: the progress line per graded notebook, the status and grade tables,
-the incident report, one line per notebook that cannot be graded, and the JSON report. Results
-are shown here and nowhere else, so that another output (a CSV, feedback files) is one more
-function beside these."""
+the incident report, one line per notebook that cannot be graded, and the class summary. The
+files written (the JSON report, CSVs, feedback pages) are `checks.grader.outputs`'s."""
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
+import threading
+import time
 from pathlib import Path
 
-from .grading import peak_memory_mib
 from .results import PASSED, GradingError, GradingIncident, NotebookResult
 
 PROG = "python -m checks"
+HEARTBEAT = 30.0  # seconds without a notebook finishing before a "still grading" line
 
 
 def report_problem(problem: GradingError) -> None:
@@ -21,12 +21,70 @@ def report_problem(problem: GradingError) -> None:
     print(f"{PROG}: {problem}", file=sys.stderr, flush=True)
 
 
+class Progress:
+    """The progress lines on stderr: one per graded notebook with an estimate of the time left,
+    and, while no notebook has finished for `HEARTBEAT` seconds, a line naming the notebooks
+    still being graded (a slow or hanging cell), so that a quiet run is not mistaken for a dead
+    one. `start` before grading, `stop` after."""
+
+    def __init__(self, paths: list[Path], jobs: int, heartbeat: float = HEARTBEAT):
+        self.paths, self.jobs, self.heartbeat = list(paths), max(1, jobs), heartbeat
+        self.finished: set[Path] = set()
+        self.started = self.last = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="progress", daemon=True)
+
+    def start(self) -> "Progress":
+        global _progress
+        _progress = self
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        global _progress
+        _progress = None
+        self._stop.set()
+
+    def finish(self, path: Path) -> str:
+        """Note a finished notebook; the estimate of the time left ('' before one is known)."""
+        self.finished.add(path)
+        self.last = time.monotonic()
+        done, left = len(self.finished), len(self.paths) - len(self.finished)
+        if not left:
+            return ""
+        return f", about {_duration((self.last - self.started) / done * left)} left"
+
+    def running(self) -> list[Path]:
+        """The notebooks being graded now: the first `jobs` not finished (they start in order)."""
+        return [p for p in self.paths if p not in self.finished][: self.jobs]
+
+    def _watch(self) -> None:
+        while not self._stop.wait(min(self.heartbeat, 5.0)):
+            quiet = time.monotonic() - self.last
+            if quiet >= self.heartbeat and self.running():
+                names = ", ".join(map(str, self.running()))
+                print(f"[{len(self.finished)}/{len(self.paths)}] still grading {names}: "
+                      f"{_duration(quiet)} since the last notebook finished (a slow cell, or "
+                      "one that will be stopped at its time limit)", file=sys.stderr,
+                      flush=True)
+                self.last = time.monotonic()
+
+
+_progress: Progress | None = None
+
+
 def progress_line(done: int, total: int, path: Path, outcome: tuple) -> None:
     """One line on stderr per graded notebook (one that cannot be graded gets its error line)."""
+    eta = _progress.finish(path) if _progress is not None else ""
     if outcome[0] == "result":
         r = outcome[1]
         print(f"[{done}/{total}] {path}: {pts(r.points)}/{pts(r.max_points)} points "
-              f"({r.seconds:.1f} s)", file=sys.stderr, flush=True)
+              f"({r.seconds:.1f} s{eta})", file=sys.stderr, flush=True)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds} s" if seconds < 60 else f"{seconds // 60} min {seconds % 60:02d} s"
 
 
 def report_incident(incident: GradingIncident, graded: int, total: int) -> None:
@@ -50,11 +108,13 @@ def status_row(result: NotebookResult, width: int) -> str:
     return f"{label:<{width}}{f'{result.passed}/{len(result.exercises)}':>8}   {todo}".rstrip()
 
 
-def grade_table(result: NotebookResult) -> str:
-    """One notebook: a header line, one line per exercise, the notebook's error if any."""
-    width = shutil.get_terminal_size((100, 24)).columns
+def grade_table(result: NotebookResult, late: str = "") -> str:
+    """One notebook: a header line, one line per exercise, the notebook's error if any. Lines
+    are cut at the terminal's width on a terminal only: redirected, every message is whole."""
+    width = shutil.get_terminal_size((100, 24)).columns if sys.stdout.isatty() else 0
     name_width = max([len(e.name) for e in result.exercises] + [8]) + 2
     student = f"  [student {result.student}]" if result.student else ""
+    student += f"  [{late.upper()}]" if late else ""
     lines = [f"{result.chapter}  {result.path}  {pts(result.points)}/{pts(result.max_points)}"
              f" points  ({result.seconds:.1f} s){student}"]
     for e in result.exercises:
@@ -71,30 +131,10 @@ def grade_table(result: NotebookResult) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_json(target: Path, results: list[NotebookResult], problems: list[GradingError],
-                incident: GradingIncident | None = None):
-    data = {
-        "points": sum(r.points for r in results),
-        "max_points": sum(r.max_points for r in results),
-        "notebooks": [r.to_dict() for r in results],
-        "errors": [{"path": p.path, "error": p.problem} for p in problems],
-        "grader_memory_mib": round(max([peak_memory_mib()]
-                                        + [r.grader_memory_mib for r in results]), 1),
-    }
-    if incident is not None:
-        data["incident"] = {"what": incident.what, "files": incident.changed,
-                            "notebooks": incident.notebooks}
-    text = json.dumps(data, indent=2, ensure_ascii=False) + "\n"
-    if target == Path("-"):
-        sys.stdout.write(text)
-    else:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text, encoding="utf-8")
-
-
 def pts(value: float) -> str:
     return f"{value:g}"
 
 
 def _clip(line: str, width: int) -> str:
-    return line if len(line) <= width else line[:max(width - 1, 20)] + "…"
+    """`line` cut to `width` (0: not cut)."""
+    return line if not width or len(line) <= width else line[:max(width - 1, 20)] + "…"

@@ -1,0 +1,91 @@
+"""Feedback for students: `DIR/<student>/<chapter>.html`, each exercise's points and the
+grader's diagnosis (what the checks said, the error's name and message), the notebook's own
+problems (a cell skipped because it hung or crashed), and lateness. Nothing of the hidden tests:
+the diagnoses are the grader's one-line messages, never a cell's source or a traceback. Every
+piece of text is escaped: student names, messages and file names are the students' to choose."""
+
+from __future__ import annotations
+
+import html
+import re
+from pathlib import Path
+
+from .gradebook import student_label
+from .late import late_text
+from .store import atomic_write
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+_STATUS_CLASS = {"passed": "ok", "failed": "no", "not started": "todo", "error": "no"}
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 60rem; color: #222; }
+h1 { font-size: 1.4rem; } .total { font-size: 1.1rem; margin: .5rem 0 1rem; }
+table { border-collapse: collapse; width: 100%; }
+th, td { text-align: left; padding: .4rem .6rem; border-bottom: 1px solid #ddd;
+         vertical-align: top; }
+td.points { white-space: nowrap; font-variant-numeric: tabular-nums; }
+.ok { color: #176117; } .no { color: #a11; } .todo { color: #8a5a00; }
+.late { color: #a11; font-weight: bold; } .note { color: #555; }
+.message { overflow-wrap: anywhere; }
+"""
+
+
+def feedback_path(folder: Path, record: dict) -> Path:
+    """Where a record's page goes: a folder per student (its name made safe as a file name)."""
+    return Path(folder) / safe_name(student_label(record)) / f"{safe_name(record['chapter'])}.html"
+
+
+def safe_name(text: str) -> str:
+    """A name that is one plain path component: no separators, no leading dot, not empty."""
+    name = _UNSAFE.sub("_", text).strip("._") or "unnamed"
+    return name[:120]
+
+
+def write_feedback(folder: Path, record: dict) -> Path:
+    target = feedback_path(folder, record)
+    atomic_write(target, feedback_html(record))
+    return target
+
+
+def feedback_html(record: dict) -> str:
+    e = html.escape
+    student = record.get("student") or "—"
+    title = f"{record['chapter']}: feedback for {student}"
+    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+             f"<title>{e(title)}</title><style>{_STYLE}</style></head><body>",
+             f"<h1>{e(title)}</h1>",
+             f'<p class="total">{_pts(record["points"])} / {_pts(record["max_points"])} '
+             f"points, {record.get('passed', 0)} of {len(record['exercises'])} exercises "
+             "passed</p>"]
+    parts += _submission_lines(record)
+    parts.append("<table><thead><tr><th>exercise</th><th>points</th><th>result</th>"
+                 "<th>diagnosis</th></tr></thead><tbody>")
+    for exercise in record["exercises"]:
+        css = _STATUS_CLASS.get(exercise["status"], "no")
+        parts.append(f"<tr><td>{e(exercise['name'])}</td><td class=\"points\">"
+                     f"{_pts(exercise['points'])} / {_pts(exercise['max_points'])}</td>"
+                     f'<td class="{css}">{e(exercise["status"])}</td>'
+                     f'<td class="message">{e(exercise.get("message") or "")}</td></tr>')
+    parts.append("</tbody></table>")
+    for skipped in record.get("skipped") or []:
+        parts.append(f'<p class="note">Skipped: {e(str(skipped.get("cell", "")))}: '
+                     f'{e(str(skipped.get("why", "")))}</p>')
+    if record.get("error"):
+        parts.append(f'<p class="note">{e(record["error"])}</p>')
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"
+
+
+def _submission_lines(record: dict) -> list[str]:
+    lines = []
+    if record.get("submitted_at"):
+        lines.append(f'<p class="note">Submitted {html.escape(record["submitted_at"])}'
+                     + (f' (due {html.escape(record["due"])})' if record.get("due") else "")
+                     + "</p>")
+    if record.get("late"):
+        lines.append(f'<p class="late">{html.escape(late_text(record))}</p>')
+    return lines
+
+
+def _pts(value: float) -> str:
+    return f"{value:g}"

@@ -1,0 +1,112 @@
+"""The CSVs: `gradebook_csv`, one row per student and a column per chapter (points), laid out as
+Canvas's gradebook import reads it; `exercises_csv`, one row per student and a column per
+exercise, with each chapter's submission time and lateness, for the instructor.
+
+A record that does not count (`"counted": false`: a notebook graded as another chapter than its
+name says) is left out of both. Where a student has two records of one chapter, the one with more
+points is used (both are in the JSON)."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+# Canvas matches a row to a student by ID, SIS User ID or SIS Login ID; the student's folder name
+# is written as the SIS Login ID, the others are left empty (Canvas fills what it knows).
+CANVAS_COLUMNS = ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
+POINTS_POSSIBLE = "    Points Possible"  # Canvas's own export has this row; its import reads it
+
+
+def student_label(record: dict) -> str:
+    """The student's name, or the notebook's path for a notebook no student is named for."""
+    return record.get("student") or record["path"]
+
+
+def counted(records: list[dict]) -> list[dict]:
+    return [r for r in records if r.get("counted", True)]
+
+
+def by_student(records: list[dict]) -> dict[str, dict[str, dict]]:
+    """student -> chapter -> the record with the most points."""
+    table: dict[str, dict[str, dict]] = {}
+    for record in counted(records):
+        chapters = table.setdefault(student_label(record), {})
+        best = chapters.get(record["chapter"])
+        if best is None or record["points"] > best["points"]:
+            chapters[record["chapter"]] = record
+    return dict(sorted(table.items()))
+
+
+def chapters_of(records: list[dict]) -> list[str]:
+    return sorted({r["chapter"] for r in counted(records)})
+
+
+def gradebook_csv(records: list[dict]) -> str:
+    """Student, ID, SIS User ID, SIS Login ID, Section, then one column of points per chapter;
+    a chapter a student has no notebook for is empty (Canvas leaves such a grade alone)."""
+    chapters = chapters_of(records)
+    maxima = _max_points(records)
+    rows = [CANVAS_COLUMNS + chapters,
+            [POINTS_POSSIBLE, "", "", "", ""] + [_number(maxima[c]) for c in chapters]]
+    for student, mine in by_student(records).items():
+        rows.append([student, "", "", student, ""]
+                    + [_number(mine[c]["points"]) if c in mine else "" for c in chapters])
+    return _csv(rows)
+
+
+def exercises_csv(records: list[dict]) -> str:
+    """student, then per chapter: one column per exercise ('<chapter>/<exercise>'), its total,
+    when it was submitted and whether that was late ('yes', 'no', or empty when unknown)."""
+    chapters = chapters_of(records)
+    names = _exercise_names(records)
+    header = ["student"]
+    for chapter in chapters:
+        header += [f"{chapter}/{name}" for name in names[chapter]]
+        header += [f"{chapter} total", f"{chapter} submitted", f"{chapter} late"]
+    rows = [header]
+    for student, mine in by_student(records).items():
+        row = [student]
+        for chapter in chapters:
+            record = mine.get(chapter)
+            points = {e["name"]: e["points"] for e in record["exercises"]} if record else {}
+            row += [_number(points[n]) if n in points else "" for n in names[chapter]]
+            row += [_number(record["points"]), record.get("submitted_at") or "",
+                    _yes_no(record.get("late"))] if record else ["", "", ""]
+        rows.append(row)
+    return _csv(rows)
+
+
+def _exercise_names(records: list[dict]) -> dict[str, list[str]]:
+    names: dict[str, list[str]] = {}
+    for record in counted(records):
+        known = names.setdefault(record["chapter"], [])
+        known += [e["name"] for e in record["exercises"] if e["name"] not in known]
+    return names
+
+
+def _max_points(records: list[dict]) -> dict[str, float]:
+    maxima: dict[str, float] = {}
+    for record in counted(records):
+        maxima[record["chapter"]] = max(maxima.get(record["chapter"], 0), record["max_points"])
+    return maxima
+
+
+def _yes_no(value) -> str:
+    return "" if value is None else ("yes" if value else "no")
+
+
+def _number(value: float) -> str:
+    return f"{value:g}"
+
+
+def _csv(rows: list[list[str]]) -> str:
+    buffer = io.StringIO()
+    # A spreadsheet runs a cell that starts with = + - @ as a formula: student names are
+    # folder names anyone can choose, so such a cell gets a leading apostrophe.
+    csv.writer(buffer, lineterminator="\n").writerows(
+        [[_defused(cell) for cell in row] for row in rows])
+    return buffer.getvalue()
+
+
+def _defused(cell: str) -> str:
+    return "'" + cell if cell[:1] in ("=", "+", "-", "@", "\t", "\r") else cell

@@ -1,0 +1,89 @@
+"""The JSON report as a store: written atomically (a temporary file beside it, then `os.replace`)
+after every notebook, so that Ctrl-C, SIGTERM or a full disk never loses a finished result and a
+reader never sees half a file; merged with what the file held before, so that re-grading one
+student keeps the class; and consulted before grading, so that a re-run grades only submissions
+whose file changed (by SHA-256) since it was graded."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from ..results import GradingError
+
+
+def atomic_write(target: Path, text: str) -> None:
+    """Replace `target` with `text` in one step: a reader sees the old file or the new one."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.",
+                                         suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(temporary, target)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def check_writable_file(target: Path, what: str) -> None:
+    """Refuse (one line) an output file that cannot be written, before any grading starts."""
+    if target.is_dir():
+        raise GradingError(target, f"the {what} output is a folder, not a file")
+    _check_writable_folder(target.parent, target, what)
+    if target.exists() and not os.access(target, os.W_OK):
+        raise GradingError(target, f"cannot write the {what} output here (permission denied)")
+
+
+def check_writable_folder(folder: Path, what: str) -> None:
+    if folder.exists() and not folder.is_dir():
+        raise GradingError(folder, f"the {what} output is a file, not a folder")
+    _check_writable_folder(folder, folder, what)
+
+
+def _check_writable_folder(folder: Path, shown: Path, what: str) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        handle, probe = tempfile.mkstemp(dir=folder, prefix=".checks-probe-")
+        os.close(handle)
+        os.unlink(probe)
+    except OSError as exc:
+        raise GradingError(shown, f"cannot write the {what} output here "
+                                  f"({exc.strerror or type(exc).__name__})") from None
+
+
+def file_hash(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def record_key(path: str | os.PathLike) -> str:
+    """Which submission a record is: its file's real path (so `a/../b.ipynb` is `b.ipynb`)."""
+    return os.path.realpath(path)
+
+
+def load_records(target: Path | None) -> dict[str, dict]:
+    """The notebooks' records of an earlier report at `target`, by `record_key`; none when there
+    is no report yet. A report that cannot be read is refused (one line), never overwritten."""
+    if target is None or target == Path("-") or not target.exists():
+        return {}
+    try:
+        data = json.loads(target.read_text(encoding="utf-8"))
+        records = data["notebooks"]
+        return {record_key(r["path"]): r for r in records}
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        raise GradingError(target, "is not a report of `checks grade` (its results would be "
+                                   "overwritten; move it away or name another --json file)"
+                           ) from None
+
+
+def unchanged(path: Path, previous: dict[str, dict]) -> dict | None:
+    """The earlier record of this submission when its file has not changed since."""
+    record = previous.get(record_key(path))
+    if record is not None and record.get("sha256") == file_hash(path):
+        return record
+    return None

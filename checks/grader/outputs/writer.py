@@ -1,0 +1,135 @@
+"""`GradeOutputs`: every file `checks grade` writes (--json, --csv, --csv-exercises,
+--feedback), checked before grading starts and brought up to date after each notebook, so that
+an interrupted run keeps every result it finished. With --json, the report of an earlier run is
+merged: its records stay, those graded again are replaced, and a submission whose file has not
+changed since it was graded is not graded again (unless --regrade)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from ..grading import peak_memory_mib
+from ..results import GradingError, GradingIncident, NotebookResult
+from .feedback import write_feedback
+from .gradebook import counted, exercises_csv, gradebook_csv
+from .late import lateness
+from .store import (atomic_write, check_writable_file, check_writable_folder, file_hash,
+                    load_records, record_key, unchanged)
+from .summary import class_summary
+
+
+class GradeOutputs:
+    def __init__(self, args, paths: list[Path]):
+        self.json = args.json
+        self.csv = getattr(args, "csv", None)
+        self.csv_exercises = getattr(args, "csv_exercises", None)
+        self.feedback = getattr(args, "feedback", None)
+        self.due = getattr(args, "due", None)
+        self.regrade = getattr(args, "regrade", False)
+        self._refuse_overwriting_inputs(paths)
+        self._check_writable()
+        self.records: dict[str, dict] = load_records(self.json) if self._merging else {}
+        self.kept: list[dict] = []
+
+    @property
+    def _merging(self) -> bool:
+        return self.json is not None and self.json != Path("-")
+
+    def _files(self) -> list[tuple[Path, str]]:
+        files = [(self.json, "JSON"), (self.csv, "CSV"), (self.csv_exercises, "CSV")]
+        return [(path, what) for path, what in files if path is not None and path != Path("-")]
+
+    def _refuse_overwriting_inputs(self, paths: list[Path]) -> None:
+        inputs = {p.resolve() for p in paths}
+        for path, what in self._files():
+            if path.resolve() in inputs:
+                raise GradingError(path, f"the {what} output would overwrite a notebook being "
+                                         "graded")
+
+    def _check_writable(self) -> None:
+        for path, what in self._files():
+            check_writable_file(path, what)
+        if self.feedback is not None:
+            check_writable_folder(self.feedback, "feedback")
+
+    def to_grade(self, paths: list[Path]) -> list[Path]:
+        """The submissions to grade now: all, or (merging) those new or changed since the
+        report's records of them; the others' records are kept (`self.kept`)."""
+        if not self._merging or self.regrade:
+            return list(paths)
+        todo = []
+        for path in paths:
+            record = unchanged(path, self.records)
+            if record is None:
+                todo.append(path)
+            else:
+                self.kept.append(record)
+        return todo
+
+    def record(self, result: NotebookResult) -> dict:
+        """The JSON record of a result: its fields, the submission's hash, its lateness."""
+        data = result.to_dict()
+        path = Path(result.path)
+        data["sha256"] = file_hash(path) if path.is_file() else None
+        data.update(lateness(path, self.due))
+        if data.get("late_warning"):
+            data["warnings"] = [*data["warnings"], data.pop("late_warning")]
+        return data
+
+    def add(self, result: NotebookResult) -> dict:
+        """One notebook finished: into the records, and every output rewritten (atomically)."""
+        record = self.record(result)
+        self.records[record_key(result.path)] = record
+        self.write(final=False)
+        if self.feedback is not None:
+            write_feedback(self.feedback, record)
+        return record
+
+    def all_records(self) -> list[dict]:
+        return list(self.records.values())
+
+    def summary(self) -> list[dict]:
+        return class_summary(self.all_records())
+
+    def write(self, problems: list[GradingError] = (), incident: GradingIncident | None = None,
+              *, final: bool = True) -> None:
+        records = self.all_records()
+        if self.json is not None and (final or self._merging):
+            text = json.dumps(report_data(records, problems, incident, complete=final),
+                              indent=2, ensure_ascii=False) + "\n"
+            if self.json == Path("-"):
+                sys.stdout.write(text)
+            else:
+                atomic_write(self.json, text)
+        if self.csv is not None:
+            atomic_write(self.csv, gradebook_csv(records))
+        if self.csv_exercises is not None:
+            atomic_write(self.csv_exercises, exercises_csv(records))
+
+    def write_kept_feedback(self) -> None:
+        """Feedback pages for the records kept from the earlier run (they may be new here)."""
+        if self.feedback is not None:
+            for record in self.kept:
+                write_feedback(self.feedback, record)
+
+
+def report_data(records: list[dict], problems, incident: GradingIncident | None, *,
+                complete: bool = True) -> dict:
+    """The JSON report. `complete` is false while grading is still going on (or was stopped)."""
+    mine = counted(records)
+    data = {
+        "points": sum(r["points"] for r in mine),
+        "max_points": sum(r["max_points"] for r in mine),
+        "complete": complete,
+        "notebooks": records,
+        "errors": [{"path": p.path, "error": p.problem} for p in problems],
+        "summary": class_summary(records),
+        "grader_memory_mib": round(max([peak_memory_mib()]
+                                       + [r.get("grader_memory_mib", 0) for r in records]), 1),
+    }
+    if incident is not None:
+        data["incident"] = {"what": incident.what, "files": incident.changed,
+                            "notebooks": incident.notebooks}
+    return data
