@@ -1,0 +1,129 @@
+"""Inside Gradescope's container (run_autograder): grade `<root>/submission/` with
+`python -m checks grade` (the sandboxed grader, in its own process), and write
+`<root>/results/results.json` in Gradescope's format: one test per exercise of the chapters this
+autograder was built for (`score`, `max_score`, `name`, `number`, `output`: the grader's
+diagnosis, `status`, `visibility`), the overall `score`, and the grader's table as `output`.
+
+A chapter whose notebook is missing from the submission scores zero with a test per exercise
+saying so; a submission that cannot be graded at all (an incident) scores zero and says why.
+results.json is always written: without it Gradescope shows only "autograder failed"."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from ..read import is_test_cell, read_notebook
+from ..score import exercise_name
+
+CONFIG = "gradescope.json"  # in source/course/: the chapters, the grader's options
+PASSED = "passed"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="run_autograder")
+    parser.add_argument("--root", type=Path, default=Path("/autograder"))
+    root = parser.parse_args(argv).root
+    course = root / "source" / "course"
+    config = json.loads((course / CONFIG).read_text(encoding="utf-8"))
+    started = time.monotonic()
+    report, table, status = grade_submission(root / "submission", course, config)
+    results = gradescope_results(report, table, status, course, config)
+    results["execution_time"] = round(time.monotonic() - started)
+    target = root / "results" / "results.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    print(table)  # Gradescope shows the autograder's stdout to instructors only
+    return 0
+
+
+def grade_submission(submission: Path, course: Path, config: dict) -> tuple[dict, str, int]:
+    """(the JSON report of `checks grade`, its printed table and stderr, its exit status)."""
+    with tempfile.TemporaryDirectory(prefix="checks-gradescope-") as scratch:
+        report_path = Path(scratch) / "report.json"
+        command = [sys.executable, "-m", "checks", "grade", str(submission),
+                   "--json", str(report_path), "--source", str(course / "solutions"),
+                   *config.get("grade_options", [])]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [str(course), *filter(None, [os.environ.get("PYTHONPATH")])]))
+        done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=scratch)
+        table = (done.stdout + done.stderr).strip()
+        try:
+            report = json.loads(report_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            report = {"notebooks": [], "errors": []}
+    return report, table, done.returncode
+
+
+def gradescope_results(report: dict, table: str, status: int, course: Path,
+                       config: dict) -> dict:
+    tests, notes = [], []
+    best = _best_record_per_chapter(report.get("notebooks", []))
+    for chapter in config["chapters"]:
+        record = best.get(chapter)
+        if record is None:
+            notes.append(f"{chapter}: no notebook of this chapter in the submission")
+        tests += _chapter_tests(chapter, record, course, len(tests))
+        if record is not None and record.get("error"):
+            notes.append(f"{chapter}: {record['error']}")
+    notes += [f"{e['path'].rsplit('/', 1)[-1]}: {e['error']}" for e in report.get("errors", [])]
+    if status not in (0, 2, 3):
+        notes.append(f"the grader itself failed (exit status {status}); the instructor sees its "
+                     "output")
+    if "incident" in report or status == 3:
+        notes.append("grading stopped: the submission changed files it may not change; the "
+                     "instructor will look at it")
+        for test in tests:
+            test.update(score=0.0, status="failed")
+    score = sum(t["score"] for t in tests)
+    return {"score": score, "output": "\n".join(notes) or "graded", "visibility": "visible",
+            "stdout_visibility": "hidden", "tests": tests}
+
+
+def _best_record_per_chapter(records: list[dict]) -> dict[str, dict]:
+    best: dict[str, dict] = {}
+    for record in records:
+        if not record.get("counted", True):
+            continue
+        known = best.get(record["chapter"])
+        if known is None or record["points"] > known["points"]:
+            best[record["chapter"]] = record
+    return best
+
+
+def _chapter_tests(chapter: str, record: dict | None, course: Path, before: int) -> list[dict]:
+    """One Gradescope test per exercise of the chapter, in the notebook's order."""
+    graded = {e["name"]: e for e in (record or {}).get("exercises", [])}
+    tests = []
+    for number, (name, max_points) in enumerate(chapter_exercises(chapter, course), 1):
+        exercise = graded.get(name)
+        if exercise is None:
+            why = ("no notebook of this chapter in the submission" if record is None
+                   else "not graded")
+            score, status, output = 0.0, "failed", why
+        else:
+            score = float(exercise["points"])
+            status = PASSED if exercise["status"] == PASSED else "failed"
+            output = exercise["message"] or exercise["status"]
+        tests.append({"name": f"{chapter}: {name}", "number": f"{chapter[:2]}.{number}",
+                      "score": score, "max_score": float(max_points), "status": status,
+                      "output": output, "visibility": "visible"})
+    return tests
+
+
+def chapter_exercises(chapter: str, course: Path) -> list[tuple[str, float]]:
+    """(exercise, points) of a chapter, from its source notebook's test cells."""
+    source = read_notebook(course / "solutions" / chapter / f"{chapter}.ipynb")
+    return [(exercise_name(c.metadata["nbgrader"]["grade_id"]),
+             float(c.metadata["nbgrader"].get("points", 0)))
+            for c in source.cells if is_test_cell(c)]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
