@@ -47,6 +47,10 @@ def check_writable_folder(folder: Path, what: str) -> None:
 
 
 def _check_writable_folder(folder: Path, shown: Path, what: str) -> None:
+    blocking = next((p for p in [folder, *folder.parents] if p.exists()), None)
+    if blocking is not None and not blocking.is_dir():
+        raise GradingError(shown, f"cannot write the {what} output here ({blocking} is a file, "
+                                  "not a folder)")
     try:
         folder.mkdir(parents=True, exist_ok=True)
         handle, probe = tempfile.mkstemp(dir=folder, prefix=".checks-probe-")

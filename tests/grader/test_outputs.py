@@ -1,0 +1,381 @@
+"""What `python -m checks grade` writes for instructors, end to end on a class folder (complete,
+blank, partial and wrong students, one named like an attack): the JSON rewritten as each
+notebook finishes and merged on a re-run (only new or changed submissions graded again), the two
+CSVs, feedback pages (escaped, nothing of the hidden tests, looked at in Chromium), the class
+summary, late marking from nbgrader's timestamp.txt, the table not cut when redirected, outputs
+that cannot be written refused before grading, and Ctrl-C / SIGTERM keeping what finished."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from checks.grader import report
+from checks.grader.outputs import gradebook, late
+from checks.grader.outputs.feedback import feedback_html, safe_name
+from checks.grader.outputs.store import atomic_write
+
+from ..support import submissions as sub
+
+pytestmark = [pytest.mark.slow, pytest.mark.grader_workers]
+
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO / "build" / "test-artifacts" / "feedback"
+CHROMIUM = Path(os.environ.get("CHROMIUM", "/usr/bin/chromium"))
+CHAPTER = "01_notation"
+HOSTILE = "<img src=x onerror=alert(1)>&eve"  # a student folder's name is the student's to choose
+DUE = "2026-03-01T23:59:00+00:00"
+EXPECTED = {  # student: points per exercise
+    "complete": {"head_dim": 1, "kv_group_size": 1, "validate_config": 2, "tensor_shape": 2},
+    "blank": {"head_dim": 0, "kv_group_size": 0, "validate_config": 0, "tensor_shape": 0},
+    "partial": {"head_dim": 1, "kv_group_size": 1, "validate_config": 0, "tensor_shape": 0},
+    "wrong": {"head_dim": 0, "kv_group_size": 1, "validate_config": 2, "tensor_shape": 2},
+    HOSTILE: {"head_dim": 0, "kv_group_size": 1, "validate_config": 2, "tensor_shape": 2},
+}
+STAMPS = {"complete": "2026-03-01 10:00:00.000000 UTC",  # on time
+          "wrong": "2026-03-02 10:05:00.123456 UTC"}     # 10 h 6 min late
+
+
+def class_notebooks() -> dict[str, object]:
+    """The class's submissions of chapter 01, by student."""
+    solution = sub.solution()
+    partial = sub.release()
+    for gid in ("head_dim", "kv_group_size"):
+        sub.cell(partial, gid).source = sub.cell(solution, gid).source
+    wrong = sub.solution()
+    answer = sub.cell(wrong, "head_dim")
+    assert "return int(cfg.head_dim)" in answer.source
+    answer.source = answer.source.replace("return int(cfg.head_dim)", "return int(cfg.dim)")
+    return {"complete": solution, "blank": sub.release(), "partial": partial, "wrong": wrong,
+            HOSTILE: wrong}
+
+
+def make_class(root: Path, *, nbgrader_layout: bool = True) -> Path:
+    """submitted/<student>/01_notation/01_notation.ipynb (+ timestamp.txt for two), or the plain
+    <student>/01_notation/01_notation.ipynb."""
+    base = root / "submitted" if nbgrader_layout else root
+    for student, nb in class_notebooks().items():
+        path = sub.write(nb, base / student / CHAPTER / f"{CHAPTER}.ipynb")
+        if nbgrader_layout and student in STAMPS:
+            (path.parent / "timestamp.txt").write_text(STAMPS[student])
+    return base
+
+
+def grade(*args, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "checks", "grade", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+
+
+def points_of(records: list[dict]) -> dict[str, dict[str, float]]:
+    return {r["student"]: {e["name"]: e["points"] for e in r["exercises"]} for r in records}
+
+
+def hidden_test_lines() -> set[str]:
+    """Every line of the source notebooks' hidden tests (chapter 01's are the ones graded)."""
+    lines = set()
+    for notebook in (REPO / "solutions").glob("*/*.ipynb"):
+        for cell in sub.solution(notebook).cells:
+            for block in re.findall(r"### BEGIN HIDDEN TESTS(.*?)### END HIDDEN TESTS",
+                                    cell.source, re.DOTALL):
+                lines |= {line.strip() for line in block.splitlines() if len(line.strip()) > 10}
+    return lines
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """The class graded once with every output; (folder, outputs folder, the run)."""
+    root = tmp_path_factory.mktemp("class")
+    base = make_class(root / "course")
+    out = root / "out"
+    done = grade(base, "--json", out / "grades.json", "--csv", out / "gradebook.csv",
+                 "--csv-exercises", out / "exercises.csv", "--feedback", out / "feedback",
+                 "--due", DUE, "--jobs", "2")
+    assert done.returncode == 0, done.stderr
+    return base, out, done
+
+
+def test_json_has_every_student_lateness_and_the_summary(graded):
+    base, out, done = graded
+    data = json.loads((out / "grades.json").read_text())
+    assert data["complete"] is True
+    assert points_of(data["notebooks"]) == EXPECTED
+    by_student = {r["student"]: r for r in data["notebooks"]}
+    assert by_student["wrong"]["late"] is True
+    assert by_student["wrong"]["late_by_seconds"] == 10 * 3600 + 6 * 60
+    assert by_student["complete"]["late"] is False
+    assert by_student["blank"]["late"] is None and by_student["blank"]["submitted_at"] is None
+    assert all(len(r["sha256"]) == 64 for r in data["notebooks"])
+    summary = {row["exercise"]: row for row in data["summary"]}
+    for exercise in EXPECTED["complete"]:
+        passed = sum(points[exercise] > 0 for points in EXPECTED.values())
+        assert (summary[exercise]["passed"], summary[exercise]["graded"]) == (passed, 5)
+    diagnoses = summary["head_dim"]["diagnoses"]
+    assert diagnoses[0]["count"] == 2 and "has no attribute 'dim'" in diagnoses[0]["message"]
+    assert diagnoses[1] == {"status": "not started", "count": 1,
+                            "message": "still raises NotImplementedError"}
+
+
+def test_table_is_whole_when_redirected_and_ends_with_the_summary(graded):
+    _, _, done = graded
+    assert "…" not in done.stdout
+    long_lines = [line for line in done.stdout.splitlines() if len(line) > 100]
+    assert any("has no attribute 'dim'" in line for line in long_lines)  # not cut at 100
+    assert "[LATE BY 10 H 6 MIN]" in done.stdout
+    summary = done.stdout[done.stdout.index("class summary: 5 notebooks, 1 submitted late"):]
+    assert "01_notation/head_dim" in summary and "2 × failed" in summary
+    assert "total: 18/30 points in 5 notebooks" in done.stdout
+    progress = [line for line in done.stderr.splitlines() if line.startswith("[")]
+    assert len(progress) == 5 and "left)" in progress[0] and "left" not in progress[-1]
+
+
+def test_gradebook_csv_is_canvas_shaped(graded):
+    _, out, _ = graded
+    rows = list(csv.reader(io.StringIO((out / "gradebook.csv").read_text())))
+    assert rows[0] == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section", CHAPTER]
+    assert rows[1] == ["    Points Possible", "", "", "", "", "6"]
+    body = {row[0]: row for row in rows[2:]}
+    assert set(body) == set(EXPECTED)
+    for student, points in EXPECTED.items():
+        assert body[student] == [student, "", "", student, "", f"{sum(points.values()):g}"]
+
+
+def test_exercises_csv_has_a_column_per_exercise_and_lateness(graded):
+    _, out, _ = graded
+    rows = list(csv.DictReader(io.StringIO((out / "exercises.csv").read_text())))
+    assert {row["student"] for row in rows} == set(EXPECTED)
+    for row in rows:
+        points = EXPECTED[row["student"]]
+        assert {name: float(row[f"{CHAPTER}/{name}"]) for name in points} == points
+        assert float(row[f"{CHAPTER} total"]) == sum(points.values())
+    late_column = {row["student"]: row[f"{CHAPTER} late"] for row in rows}
+    assert late_column == {"complete": "no", "wrong": "yes", "blank": "", "partial": "",
+                           HOSTILE: ""}
+
+
+def test_feedback_pages_are_escaped_and_hold_no_hidden_test(graded):
+    _, out, _ = graded
+    pages = sorted((out / "feedback").glob("*/*.html"))
+    assert [p.relative_to(out / "feedback").as_posix() for p in pages] == sorted(
+        f"{safe_name(s)}/{CHAPTER}.html" for s in EXPECTED)
+    hidden = hidden_test_lines()
+    assert "assert head_dim(LLAMA2_7B) == 128" in hidden  # the check below can see a leak
+    for page in pages:
+        text = page.read_text()
+        assert not [line for line in hidden if line in text], page
+        assert "<img" not in text and "<script" not in text
+    hostile = (out / "feedback" / safe_name(HOSTILE) / f"{CHAPTER}.html").read_text()
+    assert "&lt;img src=x onerror=alert(1)&gt;&amp;eve" in hostile
+    wrong = (out / "feedback" / "wrong" / f"{CHAPTER}.html").read_text()
+    assert "5 / 6 points" in wrong and "late by 10 h 6 min" in wrong
+    assert "has no attribute &#x27;dim&#x27;" in wrong
+
+
+def test_feedback_page_in_a_browser(graded):
+    sync_api = pytest.importorskip("playwright.sync_api")
+    if not CHROMIUM.exists():
+        pytest.skip(f"needs Debian's chromium at {CHROMIUM} (apt-get install chromium)")
+    _, out, _ = graded
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True,
+                                     args=["--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page(viewport={"width": 1000, "height": 600})
+            alerts = []
+            page.on("dialog", lambda dialog: (alerts.append(dialog.message), dialog.dismiss()))
+            for student in ("wrong", HOSTILE):
+                page.goto((out / "feedback" / safe_name(student) / f"{CHAPTER}.html").as_uri())
+                page.screenshot(path=str(ARTIFACTS / f"{safe_name(student)}.png"),
+                                full_page=True)
+                assert page.locator("h1").inner_text() == f"{CHAPTER}: feedback for {student}"
+                rows = page.locator("tbody tr")
+                assert rows.count() == 4
+                assert "0 / 1" in rows.nth(0).inner_text()
+                assert page.locator("img").count() == 0
+        finally:
+            browser.close()
+    assert alerts == []
+
+
+def test_a_rerun_grades_only_what_changed_and_merges(graded, tmp_path):
+    base, out, _ = graded
+    report_file = tmp_path / "grades.json"
+    report_file.write_text((out / "grades.json").read_text())
+    before = json.loads(report_file.read_text())
+
+    again = grade(base, "--json", report_file, "--jobs", "2")  # nothing changed: nothing graded
+    assert again.returncode == 0, again.stderr
+    assert "5 of 5 notebooks unchanged" in again.stderr
+    assert not [line for line in again.stderr.splitlines() if line.startswith("[")]
+    assert json.loads(report_file.read_text())["notebooks"] == before["notebooks"]
+
+    fixed = base / "wrong" / CHAPTER / f"{CHAPTER}.ipynb"  # the student hands in a fix
+    sub.write(sub.solution(), fixed)
+    one = grade(fixed.parent, "--json", report_file)  # one student's folder alone
+    assert one.returncode == 0, one.stderr
+    merged = json.loads(report_file.read_text())
+    assert points_of(merged["notebooks"]) == {**EXPECTED, "wrong": EXPECTED["complete"]}
+    assert merged["points"] == 18 + 1
+
+    rest = grade(base, "--json", report_file, "--jobs", "2")  # the class: nothing new
+    assert "5 of 5 notebooks unchanged" in rest.stderr
+
+
+def test_the_plain_layout_gets_every_output(tmp_path):
+    base = make_class(tmp_path / "submissions", nbgrader_layout=False)
+    students = ["complete", "wrong"]
+    paths = [base / s / CHAPTER / f"{CHAPTER}.ipynb" for s in students]
+    out = tmp_path / "out"
+    done = grade(*paths, "--json", out / "g.json", "--csv", out / "g.csv", "--feedback",
+                 out / "fb", "--due", DUE, "--jobs", "2")
+    assert done.returncode == 0, done.stderr
+    records = json.loads((out / "g.json").read_text())["notebooks"]
+    assert [r["points"] for r in records] == [6, 5]
+    assert all(r["late"] is None for r in records)  # no timestamp.txt: lateness unknown
+    rows = list(csv.reader(io.StringIO((out / "g.csv").read_text())))[2:]
+    assert [row[0] for row in rows] == sorted(gradebook.student_label(r) for r in records)
+    assert [row[-1] for row in rows] == [
+        f"{gradebook.by_student(records)[row[0]][CHAPTER]['points']:g}" for row in rows]
+    assert len(list((out / "fb").glob(f"*/{CHAPTER}.html"))) == 2
+
+
+UNWRITABLE = {  # option: a target that cannot be written (we may be root: permissions mean
+    # nothing to root, so the targets are under a file, or in a file system nobody writes)
+    "--json": "{file}/grades.json",
+    "--csv": "/proc/h6/gradebook.csv",
+    "--csv-exercises": "{file}/x.csv",
+    "--feedback": "{file}",
+}
+
+
+@pytest.mark.parametrize("option, target", UNWRITABLE.items(), ids=UNWRITABLE.keys())
+def test_an_unwritable_output_is_refused_before_grading(tmp_path, option, target):
+    notebook = sub.write(sub.solution(), tmp_path / CHAPTER / f"{CHAPTER}.ipynb")
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    started = time.monotonic()
+    done = grade(notebook, option, target.format(file=a_file), timeout=60)
+    assert done.returncode == 2
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "cannot write" in lines[0] or "not a folder" in lines[0] or "a file" in lines[0]
+    assert done.stdout == ""  # nothing graded
+    assert time.monotonic() - started < 30
+
+
+@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_an_interrupted_run_keeps_every_finished_result(tmp_path, how):
+    base = make_class(tmp_path / "course")
+    report_file = tmp_path / "grades.json"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "checks", "grade", str(base), "--json", str(report_file),
+         "--jobs", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ, OMP_NUM_THREADS="1"))
+    deadline = time.monotonic() + 300
+    finished = []
+    while time.monotonic() < deadline and not finished:
+        time.sleep(0.2)
+        if report_file.exists():
+            finished = json.loads(report_file.read_text())["notebooks"]
+    assert finished, "no notebook finished in time"
+    process.send_signal(how)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode != 0  # stopped, not finished: the class has 5 notebooks
+    data = json.loads(report_file.read_text())  # whole and valid, never half written
+    assert data["complete"] is False
+    kept = points_of(data["notebooks"])
+    assert 1 <= len(kept) < 5
+    assert all(kept[student] == EXPECTED[student] for student in kept)
+    assert not list(tmp_path.glob(".grades.json.*.tmp"))  # no temporary file left behind
+
+    rerun = grade(base, "--json", report_file, "--jobs", "2")  # the rest, merged
+    assert f"{len(kept)} of 5 notebooks unchanged" in rerun.stderr
+    assert points_of(json.loads(report_file.read_text())["notebooks"]) == EXPECTED
+
+
+# --------------------------------------------------------------------------------------------
+# the pieces, without workers
+
+
+def test_times_and_lateness(tmp_path):
+    assert late.parse_time("2026-03-01 10:00:00.5 UTC").isoformat() == \
+        "2026-03-01T10:00:00.500000+00:00"
+    assert late.parse_time("2026-03-01T11:00+01:00") == late.parse_time("2026-03-01T10:00")
+    with pytest.raises(Exception, match="not an ISO time"):
+        late.due_argument("next friday")
+    notebook = tmp_path / "01_notation.ipynb"
+    (tmp_path / "timestamp.txt").write_text("garbage")
+    fields = late.lateness(notebook, late.parse_time(DUE))
+    assert fields["late"] is None and "lateness unknown" in fields["late_warning"]
+    (tmp_path / "timestamp.txt").write_text("2026-03-03 23:59:30 UTC")
+    fields = late.lateness(notebook, late.parse_time(DUE))
+    assert fields["late"] is True and fields["late_by_seconds"] == 2 * 86400 + 30
+    assert late.late_text(fields) == "late by 2 d"
+
+
+def test_feedback_escapes_every_field():
+    record = {"student": "<b>x</b>", "chapter": "01_notation", "points": 1, "max_points": 2,
+              "passed": 1, "error": "<script>alert(1)</script>",
+              "skipped": [{"cell": "<i>c</i>", "why": "<u>w</u>"}],
+              "submitted_at": "<s>", "due": None, "late": False,
+              "exercises": [{"name": "<n>", "points": 1, "max_points": 2, "status": "failed",
+                             "message": "\"'<&>"}]}
+    page = feedback_html(record)
+    for raw in ("<b>x", "<script>", "<i>c", "<u>w", "<s>", "<n>", "\"'<&>"):
+        assert raw not in page
+    assert "&quot;&#x27;&lt;&amp;&gt;" in page
+    assert safe_name("../../etc") == "etc" and safe_name("..") == "unnamed"
+
+
+def test_csv_cells_that_a_spreadsheet_would_run_are_defused():
+    record = {"student": "=HYPERLINK(\"http://x\")", "chapter": CHAPTER, "points": 1,
+              "max_points": 6, "path": "p", "exercises": []}
+    rows = list(csv.reader(io.StringIO(gradebook.gradebook_csv([record]))))
+    assert rows[2][0] == "'=HYPERLINK(\"http://x\")"
+
+
+def test_the_table_is_cut_only_on_a_terminal(monkeypatch):
+    from checks.grader.results import ExerciseResult, NotebookResult
+    result = NotebookResult("p.ipynb", CHAPTER, [ExerciseResult("head_dim", 0, 1, "failed",
+                                                                "x" * 300)])
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: False, raising=False)
+    assert "x" * 300 in report.grade_table(result)
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True, raising=False)
+    monkeypatch.setattr(report.shutil, "get_terminal_size", lambda *a: os.terminal_size((80, 24)))
+    assert max(map(len, report.grade_table(result).splitlines())) == 80
+
+
+def test_progress_says_what_is_still_running(capsys):
+    paths = [Path("a.ipynb"), Path("b.ipynb"), Path("c.ipynb")]
+    progress = report.Progress(paths, jobs=2, heartbeat=0.3).start()
+    try:
+        progress.finish(paths[0])
+        time.sleep(5.5)  # the watch looks at most every 5 s
+    finally:
+        progress.stop()
+    err = capsys.readouterr().err
+    assert "[1/3] still grading b.ipynb, c.ipynb" in err
+
+
+def test_atomic_write_leaves_the_old_file_when_writing_fails(tmp_path, monkeypatch):
+    target = tmp_path / "grades.json"
+    target.write_text("old")
+
+    def full_disk(*args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    with pytest.raises(OSError):
+        atomic_write(target, "new")
+    assert target.read_text() == "old" and list(tmp_path.iterdir()) == [target]
