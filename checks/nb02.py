@@ -14,7 +14,8 @@ from collections.abc import Callable
 import torch
 
 from . import reference as ref
-from .engine import Check, LearnerError, describe
+from .engine import Check, LearnerError, builds_on, describe
+from .i18n import N_, _
 from .reference.tokens import vocab_bytes
 
 ARTICLE_SENTENCE = "我喜欢学习 AI Infra"
@@ -28,7 +29,7 @@ _SEPARATORS = (" ", " ", " ", ", ", "\n", "。")
 
 def _random_text(c: Check, n_words: int) -> str:
     parts = []
-    for _ in range(n_words):
+    for _n in range(n_words):
         parts += [c.choice(_WORDS), c.choice(_SEPARATORS)]
     return "".join(parts[:-1])
 
@@ -41,7 +42,7 @@ def _fail_on_error(c: Check, call: Callable, hints: dict[str, str], what: str):
         first = err.message.splitlines()[0]
         for exc_name, hint in hints.items():
             if first.startswith(f"raised {exc_name}"):
-                c.fail(f"{what} {first}", hint)
+                c.fail(f"{what} {err.summary()}", hint)
         raise
 
 
@@ -65,20 +66,23 @@ def _expect_list(c: Check, got, want: list, *, what: str, wrong=None) -> None:
         return
     hint = c.diagnose(got, wrong, 0.0, 0.0)
     if normal is None:
-        c.fail(f"{what} should be a list of ints, got {describe(got)}.",
-               hint or "return a plain Python list of ints")
+        c.fail(_("{what} should be a list of ints, got {kind}.").format(what=what,
+                                                                      kind=describe(got)),
+               hint or _("return a plain Python list of ints"))
     k = next((i for i, (g, w) in enumerate(zip(normal, want)) if g != w),
              min(len(normal), len(want)))
-    got_at = repr(normal[k]) if k < len(normal) else "the end of the list"
-    want_at = repr(want[k]) if k < len(want) else "the end of the list"
-    c.fail(f"{what} is wrong from position {k}: got {got_at}, expected {want_at} "
-           f"(length {len(normal)}, expected {len(want)}).", hint)
+    got_at = repr(normal[k]) if k < len(normal) else _("the end of the list")
+    want_at = repr(want[k]) if k < len(want) else _("the end of the list")
+    c.fail(_("{what} is wrong from position {position}: got {got}, expected {want} (length "
+             "{length}, expected {want_length}).").format(
+        what=what, position=k, got=got_at, want=want_at, length=len(normal),
+        want_length=len(want)), hint)
 
 
 def _unchanged(c: Check, before, after, what: str) -> None:
     if before != after:
-        c.fail(f"changed its input {what} in place.",
-               "build and return a new list; the caller's list must stay as it was")
+        c.fail(_("changed its input {what} in place.").format(what=what),
+               _("build and return a new list; the caller's list must stay as it was"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -87,13 +91,16 @@ def _unchanged(c: Check, before, after, what: str) -> None:
 
 def _utf8_mixups(text: str) -> dict:
     return {
-        "used ord() per character: a character is one code point, but UTF-8 stores it in 1 to 4 "
-        "bytes (3 for a Chinese character); use text.encode('utf-8')": [ord(ch) for ch in text],
-        "returned a bytes object: return list(...) of it, a list of ints": text.encode("utf-8"),
-        "returned the characters, not their byte values": list(text),
-        "encoded as UTF-16, not UTF-8": list(text.encode("utf-16-le")),
-        "encoded as UTF-16 (with its byte-order mark), not UTF-8": list(text.encode("utf-16")),
-        "added a byte-order mark (utf-8-sig): plain UTF-8 has none":
+        _("used ord() per character: a character is one code point, but UTF-8 stores it in 1 to "
+          "4 bytes (3 for a Chinese character); use text.encode('utf-8')"):
+            [ord(ch) for ch in text],
+        _("returned a bytes object: return list(...) of it, a list of ints"):
+            text.encode("utf-8"),
+        _("returned the characters, not their byte values"): list(text),
+        _("encoded as UTF-16, not UTF-8"): list(text.encode("utf-16-le")),
+        _("encoded as UTF-16 (with its byte-order mark), not UTF-8"):
+            list(text.encode("utf-16")),
+        _("added a byte-order mark (utf-8-sig): plain UTF-8 has none"):
             list(text.encode("utf-8-sig")),
     }
 
@@ -101,12 +108,12 @@ def _utf8_mixups(text: str) -> dict:
 def check_utf8_bytes(f, *, seed: int | None = None, thorough: bool = False) -> None:
     with Check("utf8_bytes", f, seed=seed) as c:
         texts = [ARTICLE_SENTENCE, "Transformer", "naïve 🙂", "", "\n"]
-        texts += [_random_text(c, c.randint(3, 12)) for _ in range(8 if thorough else 3)]
+        texts += [_random_text(c, c.randint(3, 12)) for _n in range(8 if thorough else 3)]
         for text in texts:
             got = c.call(text)
             _expect_list(c, got, ref.utf8_bytes(text), what=f"utf8_bytes({describe(text)})",
                          wrong=_utf8_mixups(text))
-        c.properties[:] = ["Chinese, accents and emoji as UTF-8 bytes"]
+        c.properties[:] = [_("Chinese, accents and emoji as UTF-8 bytes")]
 
 
 # --------------------------------------------------------------------------------------------
@@ -144,22 +151,22 @@ def _merge_drop_last(ids, pair, new_id):
 
 
 _MERGE_MISTAKES = {
-    "overlapping occurrences: occurrences may not share an id, so [a, a, a] with the pair "
-    "(a, a) becomes [X, a], not [X, X]": _merge_overlapping,
-    "after a match, skip both ids of the pair (move on by 2, not 1)": _merge_step_one,
-    "merged from the right: scan left to right, so [a, a, a] becomes [X, a], not [a, X]":
+    N_("overlapping occurrences: occurrences may not share an id, so [a, a, a] with the pair "
+       "(a, a) becomes [X, a], not [X, X]"): _merge_overlapping,
+    N_("after a match, skip both ids of the pair (move on by 2, not 1)"): _merge_step_one,
+    N_("merged from the right: scan left to right, so [a, a, a] becomes [X, a], not [a, X]"):
         _merge_right_to_left,
-    "merged only the first occurrence: replace every occurrence": _merge_first_only,
-    "dropped the last id: an id that starts no pair is copied as it is, the last one too":
+    N_("merged only the first occurrence: replace every occurrence"): _merge_first_only,
+    N_("dropped the last id: an id that starts no pair is copied as it is, the last one too"):
         _merge_drop_last,
 }
 
 
 def _merge_mixups(ids, pair, new_id) -> dict:
     want = ref.bpe_merge(ids, pair, new_id)
-    mixups = {k: (lambda m=m: m(ids, pair, new_id)) for k, m in _MERGE_MISTAKES.items()}
-    mixups["returned a tuple: return a list"] = tuple(want)
-    mixups["returned a tensor: return a list of ints"] = lambda: torch.tensor(want)
+    mixups = {_(k): (lambda m=m: m(ids, pair, new_id)) for k, m in _MERGE_MISTAKES.items()}
+    mixups[_("returned a tuple: return a list")] = tuple(want)
+    mixups[_("returned a tensor: return a list of ints")] = lambda: torch.tensor(want)
     return mixups
 
 
@@ -168,9 +175,9 @@ def check_bpe_merge(f, *, seed: int | None = None, thorough: bool = False) -> No
         cases = [([5, 5, 5], (5, 5), 256), ([7, 1, 2, 1, 2, 9, 1], (1, 2), 300),
                  ([5, 5, 5, 5], (5, 5), 257), ([3, 4, 1, 2], (1, 2), 999),
                  ([2, 1, 3], (1, 2), 256), ([], (1, 2), 256), ([1], (1, 2), 256)]
-        for _ in range(12 if thorough else 4):
-            alphabet = [c.randint(0, 400) for _ in range(3)]
-            ids = [c.choice(alphabet) for _ in range(c.randint(6, 20))]
+        for _n in range(12 if thorough else 4):
+            alphabet = [c.randint(0, 400) for _n in range(3)]
+            ids = [c.choice(alphabet) for _n in range(c.randint(6, 20))]
             i = c.randint(0, len(ids) - 1)
             cases.append((ids, (ids[i], ids[i + 1]), c.randint(400, 1000)))
         for ids, pair, new_id in cases:
@@ -180,12 +187,16 @@ def check_bpe_merge(f, *, seed: int | None = None, thorough: bool = False) -> No
             _expect_list(c, got, ref.bpe_merge(ids, pair, new_id),
                          what=f"bpe_merge({ids}, {pair}, {new_id})",
                          wrong=_merge_mixups(ids, pair, new_id))
-        c.properties[:] = ["non-overlapping, left to right", "every occurrence",
-                           "input list left unchanged"]
+        c.properties[:] = [_("non-overlapping, left to right"), _("every occurrence"),
+                           _("input list left unchanged")]
 
 
 # --------------------------------------------------------------------------------------------
 # bpe_train
+
+# The earlier exercises that bpe_train and bpe_encode are built on, in the chapter's order: a
+# broken one that the learner's function calls is named ("fix bpe_merge first").
+_BUILT_ON = {"utf8_bytes": check_utf8_bytes, "bpe_merge": check_bpe_merge}
 
 
 def _train_variant(text: str, num_merges: int, *, tie: str = "first", start: int = 256,
@@ -215,43 +226,45 @@ def _train_variant(text: str, num_merges: int, *, tie: str = "first", start: int
 
 
 _TRAIN_MISTAKES = {
-    "ties went to the smallest pair: among equally frequent pairs take the one that occurs "
-    "first in the current sequence": dict(tie="smallest"),
-    "ties went to the largest pair: among equally frequent pairs take the one that occurs "
-    "first in the current sequence": dict(tie="largest"),
-    "ties went to the pair that occurs last: among equally frequent pairs take the one that "
-    "occurs first in the current sequence": dict(tie="last"),
-    "new ids start at 256 (ids 0-255 are the single bytes), not 255": dict(start=255),
-    "new ids start at 256 (ids 0-255 are the single bytes), not 0": dict(start=0),
-    "new ids start at 256 (ids 0-255 are the single bytes), not 257": dict(start=257),
-    "the same pair won every round: merge the chosen pair into the sequence "
-    "(ids = bpe_merge(...)) before counting again": dict(update=False),
-    "counted non-overlapping occurrences: count every adjacent position, overlapping ones "
-    "included ([a, a, a] holds (a, a) twice)": dict(count="occurrences"),
-    "merged overlapping occurrences while training: use bpe_merge's non-overlapping, "
-    "left-to-right rule": dict(merge=_merge_overlapping),
-    "merged from the right while training: use bpe_merge's left-to-right rule":
+    N_("ties went to the smallest pair: among equally frequent pairs take the one that occurs "
+       "first in the current sequence"): dict(tie="smallest"),
+    N_("ties went to the largest pair: among equally frequent pairs take the one that occurs "
+       "first in the current sequence"): dict(tie="largest"),
+    N_("ties went to the pair that occurs last: among equally frequent pairs take the one that "
+       "occurs first in the current sequence"): dict(tie="last"),
+    N_("new ids start at 256 (ids 0-255 are the single bytes), not 255"): dict(start=255),
+    N_("new ids start at 256 (ids 0-255 are the single bytes), not 0"): dict(start=0),
+    N_("new ids start at 256 (ids 0-255 are the single bytes), not 257"): dict(start=257),
+    N_("the same pair won every round: merge the chosen pair into the sequence "
+       "(ids = bpe_merge(...)) before counting again"): dict(update=False),
+    N_("counted non-overlapping occurrences: count every adjacent position, overlapping ones "
+       "included ([a, a, a] holds (a, a) twice)"): dict(count="occurrences"),
+    N_("merged overlapping occurrences while training: use bpe_merge's non-overlapping, "
+       "left-to-right rule"): dict(merge=_merge_overlapping),
+    N_("merged from the right while training: use bpe_merge's left-to-right rule"):
         dict(merge=_merge_right_to_left),
-    "started from ord() code points: byte-level BPE starts from the UTF-8 bytes":
+    N_("started from ord() code points: byte-level BPE starts from the UTF-8 bytes"):
         dict(codes=lambda t: [ord(ch) for ch in t]),
-    "stopped when the best pair occurs only once: keep merging until num_merges merges are "
-    "made or no pair is left": dict(min_count=2),
+    N_("stopped when the best pair occurs only once: keep merging until num_merges merges are "
+       "made or no pair is left"): dict(min_count=2),
 }
 
 
 def _merge_items(c: Check, got, what: str) -> list:
     """The learner's merges as [((a, b), new_id), ...] in insertion order (ints only)."""
     if type(got) is not dict:
-        c.fail(f"{what} should return a dict {{(a, b): new_id}}, got {describe(got)}.")
+        c.fail(_("{what} should return a dict {{(a, b): new_id}}, got {kind}.").format(
+            what=what, kind=describe(got)))
     items = []
     for key, value in got.items():
         ok = (type(key) is tuple and len(key) == 2 and
               all(isinstance(x, numbers.Integral) and not isinstance(x, bool)
                   for x in (*key, value)))
         if not ok:
-            c.fail(f"{what} has the entry {key!r}: {value!r}; each key should be a pair of ids "
-                   f"(a tuple of two ints) and each value the new id (an int).",
-                   "map each pair to its new id: {(a, b): 256, ...}, not new id -> pair"
+            c.fail(_("{what} has the entry {key}: {value}; each key should be a pair of ids "
+                     "(a tuple of two ints) and each value the new id (an int).").format(
+                what=what, key=repr(key), value=repr(value)),
+                   _("map each pair to its new id: {(a, b): 256, ...}, not new id -> pair")
                    if isinstance(key, numbers.Integral) else None)
         items.append(((int(key[0]), int(key[1])), int(value)))
     return items
@@ -261,41 +274,43 @@ def _train_case(c: Check, text: str, num_merges: int) -> None:
     what = f"bpe_train({describe(text)}, {num_merges})"
     want = list(ref.bpe_train(text, num_merges).items())
     runs_out = len(want) < num_merges  # the sequence has fewer than two ids before the end
-    early = "stop early when the sequence has no pair left (fewer than two ids)"
+    early = _("stop early when the sequence has no pair left (fewer than two ids)")
     got = _fail_on_error(c, lambda: c.call(text, num_merges),
                          {"ValueError": early, "IndexError": early} if runs_out else {},
                          what=what)
     items = _merge_items(c, got, what)
     if items != want and sorted(items) == sorted(want):
-        c.fail(f"{what} learned the right merges but the dict is in another order.",
-               "insert each merge when it is learned: the dict's order is the merge order, "
-               "which encoding relies on")
-    wrong = {k: (lambda kw=kw: list(_train_variant(text, num_merges, **kw).items()))
+        c.fail(_("{what} learned the right merges but the dict is in another order.").format(
+            what=what), _("insert each merge when it is learned: the dict's order is the merge "
+                          "order, which encoding relies on"))
+    wrong = {_(k): (lambda kw=kw: list(_train_variant(text, num_merges, **kw).items()))
              for k, kw in _TRAIN_MISTAKES.items()}
     if items != want:
         hint = c.diagnose(items, wrong, 0.0, 0.0)
         k = next((i for i, (g, w) in enumerate(zip(items, want)) if g != w),
                  min(len(items), len(want)))
-        got_at = f"{items[k][0]} -> {items[k][1]}" if k < len(items) else "no merge"
-        want_at = f"{want[k][0]} -> {want[k][1]}" if k < len(want) else "no merge"
-        c.fail(f"{what}: merge number {k + 1} is {got_at}, expected {want_at} "
-               f"({len(items)} merges in all, expected {len(want)}).", hint)
+        got_at = f"{items[k][0]} -> {items[k][1]}" if k < len(items) else _("no merge")
+        want_at = f"{want[k][0]} -> {want[k][1]}" if k < len(want) else _("no merge")
+        c.fail(_("{what}: merge number {number} is {got}, expected {want} ({count} merges in "
+                 "all, expected {want_count}).").format(
+            what=what, number=k + 1, got=got_at, want=want_at, count=len(items),
+            want_count=len(want)), hint)
     c.note(what)
 
 
 def check_bpe_train(f, *, seed: int | None = None, thorough: bool = False) -> None:
-    with Check("bpe_train", f, seed=seed) as c:
+    with builds_on("bpe_train", _BUILT_ON), Check("bpe_train", f, seed=seed) as c:
         # Every mistake in _TRAIN_MISTAKES gives a different result on the first text (found by
         # a search); the second is a five-way tie with first != smallest != largest != last.
         cases = [("m byyy学m", 6), ("dcabzyme dcabzyme", 4), ("aaa bcbc", 4),
                  (ARTICLE_SENTENCE + " " + ARTICLE_SENTENCE, 8), ("abcd", 3)]
-        for _ in range(6 if thorough else 2):
+        for _n in range(6 if thorough else 2):
             cases.append((_random_text(c, c.randint(8, 25)), c.randint(5, 25)))
         cases += [("ab", 3), ("a", 2), ("", 2), ("abc", 0)]
         for text, num_merges in cases:
             _train_case(c, text, num_merges)
-        c.properties[:] = ["most frequent pair, ties to the first occurrence",
-                           "new ids from 256 in merge order", "stops when no pair is left"]
+        c.properties[:] = [_("most frequent pair, ties to the first occurrence"),
+                           _("new ids from 256 in merge order"), _("stops when no pair is left")]
 
 
 # --------------------------------------------------------------------------------------------
@@ -333,28 +348,29 @@ def _encode_with(ids, merges, order, merge=ref.bpe_merge):
 
 def _encode_mixups(text, merges) -> dict:
     b = ref.utf8_bytes(text)
-    fix = "apply the merges in training order (lowest new id first), whatever the text"
+    fix = _("apply the merges in training order (lowest new id first), whatever the text")
     return {
-        f"applied the merges in reverse order: {fix}":
+        _("applied the merges in reverse order: {fix}").format(fix=fix):
             lambda: _encode_with(b, merges, list(merges)[::-1]),
-        f"picked pairs by how often they occur in this text: {fix}":
+        _("picked pairs by how often they occur in this text: {fix}").format(fix=fix):
             lambda: _encode_by_frequency(b, merges),
-        f"merged the leftmost learned pair first: {fix}": lambda: _encode_leftmost(b, merges),
-        "merged only the first occurrence of each pair: bpe_merge replaces every occurrence":
+        _("merged the leftmost learned pair first: {fix}").format(fix=fix):
+            lambda: _encode_leftmost(b, merges),
+        _("merged only the first occurrence of each pair: bpe_merge replaces every occurrence"):
             lambda: _encode_with(b, merges, list(merges), _merge_first_only),
-        "returned the UTF-8 bytes without applying the merges": b,
-        "started from ord() code points: start from the UTF-8 bytes":
+        _("returned the UTF-8 bytes without applying the merges"): b,
+        _("started from ord() code points: start from the UTF-8 bytes"):
             lambda: _encode_with([ord(ch) for ch in text], merges, list(merges)),
     }
 
 
 def check_bpe_encode(f, *, seed: int | None = None, thorough: bool = False) -> None:
-    with Check("bpe_encode", f, seed=seed) as c:
+    with builds_on("bpe_encode", _BUILT_ON), Check("bpe_encode", f, seed=seed) as c:
         # Each wrong order gives a different result on the first case (found by a search); in
         # the second, (b, c) was learned before (a, b), so "abcab" encodes as [a, bc, ab].
         cases = [("baababab", {(97, 97): 256, (98, 97): 257, (257, 98): 258}),
                  ("abcab", {(98, 99): 256, (97, 98): 257})]
-        for _ in range(3 if thorough else 1):
+        for _n in range(3 if thorough else 1):
             corpus = _random_text(c, c.randint(15, 30))
             merges = ref.bpe_train(corpus, c.randint(10, 30))
             cases += [(corpus, merges), (ARTICLE_SENTENCE, merges),
@@ -364,21 +380,22 @@ def check_bpe_encode(f, *, seed: int | None = None, thorough: bool = False) -> N
             given = dict(merges)
             got = c.call(text, given)
             if given != merges or list(given) != list(merges):
-                c.fail("changed the merges dict it was given.", "read the merges; do not "
-                       "modify them")
+                c.fail(_("changed the merges dict it was given."),
+                       _("read the merges; do not modify them"))
             _expect_list(c, got, ref.bpe_encode(text, merges),
-                         what=f"bpe_encode({describe(text)}) with {len(merges)} merges",
+                         what=_("{call} with {count} merges").format(
+                             call=f"bpe_encode({describe(text)})", count=len(merges)),
                          wrong=_encode_mixups(text, merges))
-        c.properties[:] = ["merges applied in training order", "Chinese text",
-                           "no merges: the UTF-8 bytes"]
+        c.properties[:] = [_("merges applied in training order"), _("Chinese text"),
+                           _("no merges: the UTF-8 bytes")]
 
 
 # --------------------------------------------------------------------------------------------
 # bpe_decode
 
 
-_APART = ("decoded each token separately: a character's bytes can be split across tokens; "
-          "join all tokens' bytes first, then decode once")
+_APART = N_("decoded each token separately: a character's bytes can be split across tokens; "
+             "join all tokens' bytes first, then decode once")
 
 
 def _decode_mixups(ids, merges) -> dict:
@@ -388,27 +405,27 @@ def _decode_mixups(ids, merges) -> dict:
     # Whole-sequence mistakes first: on valid UTF-8 they cannot match a wrong answer, and on
     # invalid bytes they are the better explanation.
     return {
-        "dropped invalid bytes (errors='ignore'); use errors='replace' so that they show up "
-        "as U+FFFD (�)": lambda: joined.decode("utf-8", errors="ignore"),
-        "escaped invalid bytes (errors='backslashreplace'); use errors='replace'":
+        _("dropped invalid bytes (errors='ignore'); use errors='replace' so that they show up "
+          "as U+FFFD (�)"): lambda: joined.decode("utf-8", errors="ignore"),
+        _("escaped invalid bytes (errors='backslashreplace'); use errors='replace'"):
             lambda: joined.decode("utf-8", errors="backslashreplace"),
-        "decoded one character per byte (Latin-1): decode the joined bytes as UTF-8":
+        _("decoded one character per byte (Latin-1): decode the joined bytes as UTF-8"):
             lambda: joined.decode("latin-1"),
-        _APART: lambda: "".join(p.decode("utf-8", errors="replace") for p in pieces),
-        "decoded each token separately and dropped the broken pieces (errors='ignore'): a "
-        "character's bytes can be split across tokens; join all tokens' bytes first, then "
-        "decode once": lambda: "".join(p.decode("utf-8", errors="ignore") for p in pieces),
+        _(_APART): lambda: "".join(p.decode("utf-8", errors="replace") for p in pieces),
+        _("decoded each token separately and dropped the broken pieces (errors='ignore'): a "
+          "character's bytes can be split across tokens; join all tokens' bytes first, then "
+          "decode once"): lambda: "".join(p.decode("utf-8", errors="ignore") for p in pieces),
     }
 
 
-_EXPAND_HINT = ("expand each merged id (256 and up) back into its bytes through the merges, "
-                "recursively: a merge's two parts can be merged ids themselves")
+_EXPAND_HINT = N_("expand each merged id (256 and up) back into its bytes through the merges, "
+                   "recursively: a merge's two parts can be merged ids themselves")
 
 
 def check_bpe_decode(f, *, seed: int | None = None, thorough: bool = False) -> None:
     with Check("bpe_decode", f, seed=seed) as c:
         cases = []
-        for _ in range(3 if thorough else 1):
+        for _n in range(3 if thorough else 1):
             corpus = _random_text(c, c.randint(15, 30)) + " " + ARTICLE_SENTENCE
             merges = ref.bpe_train(corpus, c.randint(10, 30))
             for text in (ARTICLE_SENTENCE, corpus, _random_text(c, c.randint(4, 12)), "",
@@ -420,22 +437,22 @@ def check_bpe_decode(f, *, seed: int | None = None, thorough: bool = False) -> N
             got = _fail_on_error(c, lambda: c.call(list(ids), dict(merges)), {
                 "UnicodeDecodeError": _APART, "ValueError": _EXPAND_HINT,
                 "KeyError": _EXPAND_HINT, "IndexError": _EXPAND_HINT},
-                what=f"on valid UTF-8, {what}")
+                what=_("on valid UTF-8, {what}").format(what=what))
             c.expect_equal(got, text, what=what, wrong=_decode_mixups(ids, merges))
-        c.note("round trip, Chinese included")
+        c.note(_("round trip, Chinese included"))
         # Token sequences that are not valid UTF-8 (a model can generate them): U+FFFD, no error.
         merges = cases[0][1]
         broken = [ref.utf8_bytes("学")[:2] + ref.utf8_bytes(" ok"), [0xFF, 0x41],
                   ref.utf8_bytes("ok ") + [0x80]]
         for ids in broken:
-            what = f"bpe_decode({ids}) (not valid UTF-8)"
+            what = _("{call} (not valid UTF-8)").format(call=f"bpe_decode({ids})")
             got = _fail_on_error(c, lambda: c.call(list(ids), dict(merges)), {
-                "UnicodeDecodeError": "decode with errors='replace': invalid bytes become "
-                                      "U+FFFD (�) instead of an error"}, what=what)
+                "UnicodeDecodeError": _("decode with errors='replace': invalid bytes become "
+                                        "U+FFFD (�) instead of an error")}, what=what)
             c.expect_equal(got, ref.bpe_decode(ids, merges), what=what,
                            wrong=_decode_mixups(ids, merges))
-        c.properties[:] = ["round trip, Chinese included", "characters split across tokens",
-                           "invalid UTF-8 becomes U+FFFD"]
+        c.properties[:] = [_("round trip, Chinese included"), _("characters split across tokens"),
+                           _("invalid UTF-8 becomes U+FFFD")]
 
 
 # --------------------------------------------------------------------------------------------
@@ -446,7 +463,8 @@ def _expect_typed(c: Check, got, want: torch.Tensor, *, what: str, dims, hint: s
                   wrong=None) -> None:
     """expect_tensor with a specific hint when only the dtype is wrong."""
     if isinstance(got, torch.Tensor) and got.shape == want.shape and got.dtype != want.dtype:
-        c.fail(f"{what} has dtype {got.dtype}, expected {want.dtype}.", hint)
+        c.fail(_("{what} has dtype {got}, expected {want}.").format(what=what, got=got.dtype,
+                                                                   want=want.dtype), hint)
     c.expect_tensor(got, want, what=what, dims=dims, wrong=wrong)
 
 
@@ -465,45 +483,48 @@ def _pad_case(c: Check, sequences: list[list[int]], pad_id: int) -> None:
     out = c.call(given, pad_id)
     _unchanged(c, sequences, given, "sequences")
     if not isinstance(out, (tuple, list)) or len(out) != 2:
-        c.fail(f"should return a pair (token_ids, attention_mask), got {describe(out)}.")
+        c.fail(_("should return a pair (token_ids, attention_mask), got {kind}.").format(
+            kind=describe(out)))
     ids, mask = out
     want_ids, want_mask = ref.pad_batch(sequences, pad_id)
     s = want_ids.shape[1]
     left_ids, left_mask = _left_pad(sequences, pad_id, s)
-    what = f"for {len(sequences)} sequences of lengths {[len(q) for q in sequences]}"
+    what = _("for {count} sequences of lengths {lengths}").format(
+        count=len(sequences), lengths=[len(q) for q in sequences])
     _expect_typed(c, ids, want_ids, what=f"token_ids {what}", dims=("B", "S"),
-                  hint="token ids index the embedding table: make them torch.long (int64)",
-                  wrong={"padded on the left; this course pads on the right (real tokens "
-                         "first, padding after them)": left_ids,
-                         "padded with 0 instead of pad_id":
+                  hint=_("token ids index the embedding table: make them torch.long (int64)"),
+                  wrong={_("padded on the left; this course pads on the right (real tokens "
+                           "first, padding after them)"): left_ids,
+                         _("padded with 0 instead of pad_id"):
                              lambda: want_ids.masked_fill(~want_mask, 0),
-                         "returned the ids as floats": lambda: want_ids.float()})
+                         _("returned the ids as floats"): lambda: want_ids.float()})
     _expect_typed(c, mask, want_mask, what=f"attention_mask {what}", dims=("B", "S"),
-                  hint="the mask is a BoolTensor: build it from a comparison (e.g. position < "
-                       "length) or call .bool()",
-                  wrong={"the mask is True at padding; True marks the real tokens": ~want_mask,
-                         "built the mask as token_ids != pad_id, but a real token can have the "
-                         "id pad_id: build the mask from the sequence lengths":
+                  hint=_("the mask is a BoolTensor: build it from a comparison (e.g. position < "
+                         "length) or call .bool()"),
+                  wrong={_("the mask is True at padding; True marks the real tokens"):
+                             ~want_mask,
+                         _("built the mask as token_ids != pad_id, but a real token can have "
+                           "the id pad_id: build the mask from the sequence lengths"):
                              want_ids != pad_id,
-                         "the mask marks the last positions (left padding); with right padding "
-                         "the real tokens come first": left_mask})
+                         _("the mask marks the last positions (left padding); with right "
+                           "padding the real tokens come first"): left_mask})
 
 
 def check_pad_batch(f, *, seed: int | None = None, thorough: bool = False) -> None:
     with Check("pad_batch", f, seed=seed) as c:
-        for _ in range(6 if thorough else 2):
+        for _n in range(6 if thorough else 2):
             b, s = c.sizes(2, 2, 9)
-            lengths = [s, c.randint(1, s)] + [c.randint(1, s + 1) for _ in range(b - 2)]
+            lengths = [s, c.randint(1, s)] + [c.randint(1, s + 1) for _n in range(b - 2)]
             pad_id = c.randint(1, 300)
-            seqs = [[c.randint(0, 300) for _ in range(n)] for n in lengths]
+            seqs = [[c.randint(0, 300) for _n in range(n)] for n in lengths]
             seqs[0][c.randint(0, s)] = pad_id  # a real token that happens to equal pad_id
             order = torch.randperm(b, generator=c.gen).tolist()
             _pad_case(c, [seqs[i] for i in order], pad_id)
         _pad_case(c, [[4, 5, 6], [7, 8, 9]], 0)              # nothing to pad
         _pad_case(c, [[10, 11, 12, 13]], 2)                  # a batch of one
         _pad_case(c, [[3, 1, 4], [], [1, 5]], 0)             # an empty sequence
-        c.properties[:] = ["right padding with pad_id", "mask True at real tokens (bool)",
-                           "a real token equal to pad_id"]
+        c.properties[:] = [_("right padding with pad_id"), _("mask True at real tokens (bool)"),
+                           _("a real token equal to pad_id")]
 
 
 # --------------------------------------------------------------------------------------------
@@ -512,15 +533,16 @@ def check_pad_batch(f, *, seed: int | None = None, thorough: bool = False) -> No
 
 def _embed_mixups(ids: torch.Tensor, table: torch.Tensor) -> dict:
     return {
-        "selected columns (table[:, ids]): each ROW of the table is one token's vector":
+        _("selected columns (table[:, ids]): each ROW of the table is one token's vector"):
             lambda: table[:, ids],
-        "looked up rows of the transposed table: each ROW of the table is one token's vector":
+        _("looked up rows of the transposed table: each ROW of the table is one token's vector"):
             lambda: table.T[ids],
-        "dropped the batch axis: the result is [B, S, H]": lambda: table[ids[0]],
-        "swapped B and S: keep token_ids' [B, S] layout": lambda: table[ids.T],
-        "flattened the token ids: the result is [B, S, H], not [B * S, H]":
+        _("dropped the batch axis: the result is [B, S, H]"): lambda: table[ids[0]],
+        _("swapped B and S: keep token_ids' [B, S] layout"): lambda: table[ids.T],
+        _("flattened the token ids: the result is [B, S, H], not [B * S, H]"):
             lambda: table[ids.reshape(-1)],
-        "summed over the sequence: every position keeps its own vector": lambda: table[ids].sum(1),
+        _("summed over the sequence: every position keeps its own vector"):
+            lambda: table[ids].sum(1),
     }
 
 
@@ -529,12 +551,12 @@ def _forbid(name: str, hint: str) -> dict[str, str]:
     return {name: hint}
 
 
-_KEEP_DTYPE = "keep the table's dtype: the lookup copies rows, it does not convert them"
+_KEEP_DTYPE = N_("keep the table's dtype: the lookup copies rows, it does not convert them")
 
 
 def check_embed(f, *, seed: int | None = None, thorough: bool = False) -> None:
-    forbid = _forbid("embedding", "select the rows yourself: indexing the table with the ids "
-                                  "(table[token_ids]) is the whole lookup")
+    forbid = _forbid("embedding", N_("select the rows yourself: indexing the table with the "
+                                     "ids (table[token_ids]) is the whole lookup"))
     with Check("embed", f, seed=seed, forbid=forbid) as c:
         trials = 6 if thorough else 2
         for trial, dtype in enumerate([torch.float32] * trials + [torch.float16, torch.bfloat16]):
@@ -544,22 +566,24 @@ def check_embed(f, *, seed: int | None = None, thorough: bool = False) -> None:
             table = c.randn(v, h, dtype=dtype)
             got = c.call(ids.clone(), table.clone())
             _expect_typed(c, got, ref.embed(ids, table),
-                          what=f"embed for token_ids [B={b}, S={s}] and a {str(dtype)[6:]} "
-                               f"table [|V|={v}, H={h}]", dims=("B", "S", "H"),
+                          what=_("embed for token_ids [B={b}, S={s}] and a {dtype} table "
+                                 "[|V|={v}, H={h}]").format(b=b, s=s, dtype=str(dtype)[6:], v=v,
+                                                            h=h), dims=("B", "S", "H"),
                           hint=_KEEP_DTYPE, wrong=_embed_mixups(ids, table))
         # The article's shapes with a narrower table: [1, 10] ids from |V| = 32000.
         ids = c.randint(0, 32000, (1, 10))
         table = c.randn(32000, 8)
-        c.expect_tensor(c.call(ids, table), ref.embed(ids, table), what="X for the article's "
-                        "token_ids [1, 10] and |V| = 32000", dims=("B", "S", "H"),
+        c.expect_tensor(c.call(ids, table), ref.embed(ids, table),
+                        what=_("X for the article's token_ids [1, 10] and |V| = 32000"),
+                        dims=("B", "S", "H"),
                         wrong=_embed_mixups(ids, table))
-        c.properties[:] = ["rows of the table in [B, S, H]", "fp16/bf16 kept",
-                           "the article's [1, 10] ids"]
+        c.properties[:] = [_("rows of the table in [B, S, H]"), _("fp16/bf16 kept"),
+                           _("the article's [1, 10] ids")]
 
 
 def check_one_hot(f, *, seed: int | None = None, thorough: bool = False) -> None:
-    forbid = _forbid("one_hot", "compare token_ids[..., None] with torch.arange(vocab_size), "
-                                "then convert to float")
+    forbid = _forbid("one_hot", N_("compare token_ids[..., None] with "
+                                   "torch.arange(vocab_size), then convert to float"))
     with Check("one_hot", f, seed=seed, forbid=forbid) as c:
         for trial in range(5 if thorough else 2):
             b, s, v, h = c.sizes(4, 2, 14)
@@ -567,17 +591,18 @@ def check_one_hot(f, *, seed: int | None = None, thorough: bool = False) -> None
             ids = c.randint(0, v - 1, (b, s))  # the last id unused: V is not ids.max() + 1
             want = ref.one_hot(ids, v)
             got = c.call(ids.clone(), v)
-            _expect_typed(c, got, want, what=f"one_hot for token_ids [B={b}, S={s}], "
-                          f"vocab_size={v}", dims=("B", "S", "V"),
-                          hint="return float32 (torch.float): a one-hot matrix is multiplied "
-                               "with float tables",
-                          wrong={"put the one-hot axis in the middle: it is the last axis, "
-                                 "[B, S, V]": lambda: want.transpose(1, 2),
-                                 "put the one-hot axis first: it is the last axis, [B, S, V]":
+            _expect_typed(c, got, want, what=_("one_hot for token_ids [B={b}, S={s}], "
+                                               "vocab_size={v}").format(b=b, s=s, v=v),
+                          dims=("B", "S", "V"),
+                          hint=_("return float32 (torch.float): a one-hot matrix is multiplied "
+                                 "with float tables"),
+                          wrong={_("put the one-hot axis in the middle: it is the last axis, "
+                                   "[B, S, V]"): lambda: want.transpose(1, 2),
+                                 _("put the one-hot axis first: it is the last axis, [B, S, V]"):
                                      lambda: want.permute(2, 0, 1),
-                                 "used token_ids.max() + 1 as the vocabulary size; use "
-                                 "vocab_size": lambda: ref.one_hot(ids, int(ids.max()) + 1),
-                                 "set the row of the position, not of the token id":
+                                 _("used token_ids.max() + 1 as the vocabulary size; use "
+                                   "vocab_size"): lambda: ref.one_hot(ids, int(ids.max()) + 1),
+                                 _("set the row of the position, not of the token id"):
                                      lambda: ref.one_hot(torch.arange(s).expand(b, s), v)})
             table = c.randn(v, h)
             c.expect_tensor(got @ table, ref.embed(ids, table), what="one_hot(ids) @ table",
@@ -588,18 +613,23 @@ def check_one_hot(f, *, seed: int | None = None, thorough: bool = False) -> None
 def check_embedding_table_bytes(f, *, seed: int | None = None, thorough: bool = False) -> None:
     with Check("embedding_table_bytes", f, seed=seed) as c:
         cases = [(32000, 4096, 2), (32000, 4096, 4), (128256, 4096, 2)]
-        for _ in range(6 if thorough else 2):
+        for _n in range(6 if thorough else 2):
             cases.append((c.randint(1000, 200000), 64 * c.randint(4, 128), c.choice([2, 4, 8])))
         cases.append((32000, 4096, 1))
         for v, h, bpp in cases:
             n = v * h * bpp
             c.expect_equal(c.call(v, h, bpp), n, what=f"embedding_table_bytes({v}, {h}, {bpp})",
-                           wrong={"forgot bytes_per_param: |V| * H counts parameters, not "
-                                  "bytes": v * h,
-                                  "returned a float: compute with integers (no `/`)": float(n),
-                                  "counted bits (times 8); the answer is in bytes": n * 8,
-                                  "divided by bytes_per_param; multiply by it": v * h // bpp,
-                                  "converted to MiB; return plain bytes": n / 2**20,
-                                  "converted to MiB with //; return plain bytes": n // 2**20,
-                                  "added |V| + H; the table has |V| * H entries": (v + h) * bpp})
-        c.properties[:] = ["|V| * H * bytes_per_param as an int", "the article's 32000 x 4096"]
+                           wrong=_bytes_mixups(v, h, bpp))
+        c.properties[:] = [_("|V| * H * bytes_per_param as an int"),
+                           _("the article's 32000 x 4096")]
+
+
+def _bytes_mixups(v: int, h: int, bpp: int) -> dict:
+    n = v * h * bpp
+    return {_("forgot bytes_per_param: |V| * H counts parameters, not bytes"): v * h,
+            _("returned a float: compute with integers (no `/`)"): float(n),
+            _("counted bits (times 8); the answer is in bytes"): n * 8,
+            _("divided by bytes_per_param; multiply by it"): v * h // bpp,
+            _("converted to MiB; return plain bytes"): n / 2**20,
+            _("converted to MiB with //; return plain bytes"): n // 2**20,
+            _("added |V| + H; the table has |V| * H entries"): (v + h) * bpp}

@@ -14,7 +14,8 @@ import torch.nn.functional as F
 
 from checks import nb02
 from checks import reference as ref
-from checks.engine import ForbiddenCall
+from checks.context import LANG_ENV
+from checks.engine import CheckFailure, ForbiddenCall
 
 from ..support.catalogue import Wrong, exercises, implementations
 
@@ -516,3 +517,78 @@ WRONG = {
 
 
 EXERCISES = exercises(CORRECT, WRONG)
+
+
+# --------------------------------------------------------------------------------------------
+# bpe_train and bpe_encode are built on utf8_bytes and bpe_merge: a broken one they call is named
+
+
+_LEARNER_CELL = '''
+def utf8_bytes(text):
+    return list(text.encode("utf-8"))
+
+def bpe_merge(ids, pair, new_id):                 # broken: merges only the first occurrence
+    for i in range(len(ids) - 1):
+        if (ids[i], ids[i + 1]) == pair:
+            return ids[:i] + [new_id] + ids[i + 2:]
+    return list(ids)
+
+def bpe_train(text, num_merges):
+    ids, merges = utf8_bytes(text), {}
+    for k in range(num_merges):
+        counts = {}
+        for pair in zip(ids, ids[1:]):
+            counts[pair] = counts.get(pair, 0) + 1
+        if not counts:
+            break
+        best = max(counts, key=counts.get)
+        merges[best] = 256 + k
+        ids = bpe_merge(ids, best, 256 + k)
+    return merges
+
+def bpe_encode(text, merges):
+    ids = utf8_bytes(text)
+    for pair, new_id in merges.items():
+        ids = bpe_merge(ids, pair, new_id)
+    return ids
+'''
+
+
+def _learner_cell(source: str) -> dict:
+    """Run `source` as a notebook cell would: its functions module-level in a namespace of their
+    own, their code in no file of the package."""
+    namespace = {"__name__": "__main__"}
+    exec(compile(source, "<learner cell>", "exec"), namespace)
+    return namespace
+
+
+@pytest.mark.parametrize("exercise", ["bpe_train", "bpe_encode"])
+def test_a_broken_bpe_merge_is_named_fix_it_first(exercise):
+    ns = _learner_cell(_LEARNER_CELL)
+    with pytest.raises(CheckFailure) as info:
+        getattr(nb02, f"check_{exercise}")(ns[exercise], seed=0)
+    text = str(info.value)
+    assert "your bpe_merge does not pass its own check (merged only the first occurrence" \
+        in text
+    assert f"{exercise} is built on it, so fix bpe_merge first" in text
+
+
+def test_a_broken_bpe_merge_that_is_not_called_is_not_blamed():
+    cell = _LEARNER_CELL.replace("ids = bpe_merge(ids, pair, new_id)", "ids = ids[::-1]")
+    ns = _learner_cell(cell)
+    with pytest.raises(CheckFailure) as info:
+        nb02.check_bpe_encode(ns["bpe_encode"], seed=0)
+    assert "bpe_merge" not in str(info.value).split("likely mistake")[-1]
+
+
+def test_chapter_02_reads_in_chinese(monkeypatch):
+    monkeypatch.setenv(LANG_ENV, "zh")
+    ns = _learner_cell(_LEARNER_CELL)
+    with pytest.raises(CheckFailure) as info:
+        nb02.check_bpe_merge(ns["bpe_merge"], seed=0)
+    text = str(info.value)
+    assert "可能的错误：只合并了第一次出现：每一次出现都要替换" in text, text
+    assert "expected" not in text and "likely mistake" not in text
+    with pytest.raises(CheckFailure) as info:
+        nb02.check_bpe_train(ns["bpe_train"], seed=0)
+    assert "所以请先修好 bpe_merge" in str(info.value), str(info.value)
