@@ -64,7 +64,7 @@ def _grade(folder: Path, report: Path, lang: str | None) -> dict[str, dict]:
     done = subprocess.run([sys.executable, "-m", "checks", "grade", str(folder), "--jobs", "2",
                            "--json", str(report)], capture_output=True, text=True, timeout=1500,
                           cwd=folder.parent, env=env)
-    assert done.returncode in (0, 1), done.stderr[-2000:]
+    assert done.returncode in (0, 1) and report.is_file(), done.stderr[-2000:]
     notebooks = json.loads(report.read_text(encoding="utf-8"))["notebooks"]
     return {nb["chapter"]: nb for nb in notebooks}
 
