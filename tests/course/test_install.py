@@ -65,18 +65,24 @@ def _source_copy(dest: Path) -> Path:
     """The repository as a fresh clone has it (notebooks, solutions and tests included, so that
     the wheel's contents prove they are left out), without this clone's environment and builds."""
     shutil.copytree(ROOT, dest, ignore=shutil.ignore_patterns(
-        ".git", ".venv", "build", "grading", "__pycache__", "*.egg-info", ".ipynb_checkpoints"))
+        ".git", ".venv", "build", "grading", "*.egg-info", ".ipynb_checkpoints"))
     return dest
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
+def built(tmp_path_factory) -> tuple[Path, Path]:
+    """(the wheel, the copy of the repository it was built from)."""
     work = tmp_path_factory.mktemp("wheel")
     source = _source_copy(work / "src")
     _timed("build the wheel", [sys.executable, "-m", "pip", "wheel", "--no-deps",
                                "--no-build-isolation", "-q", str(source), "-w", str(work / "dist")])
-    (built,) = (work / "dist").glob("llama_course_checks-*.whl")
-    return built
+    (wheel,) = (work / "dist").glob("llama_course_checks-*.whl")
+    return wheel, source
+
+
+@pytest.fixture(scope="module")
+def wheel(built) -> Path:
+    return built[0]
 
 
 @pytest.fixture(scope="module")
@@ -186,13 +192,14 @@ def _install_line(venv: Path, wheel: Path) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def test_the_wheel_holds_the_package_and_nothing_else(wheel):
+def test_the_wheel_holds_the_package_and_nothing_else(built):
+    wheel, source = built
     names = zipfile.ZipFile(wheel).namelist()
     info = [n for n in names if ".dist-info/" in n]
     package = sorted(n for n in names if n not in info)
     assert all(n.startswith("checks/") for n in package), [n for n in package
                                                            if not n.startswith("checks/")]
-    expected = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "checks").rglob("*")
+    expected = sorted(str(p.relative_to(source)) for p in (source / "checks").rglob("*")
                       if p.is_file() and "__pycache__" not in p.parts)
     assert package == expected, "every file of checks/ (its data too), nothing more"
     assert not any(n.endswith(".ipynb") or n.startswith(("solutions/", "tests/", "notebooks"))
