@@ -10,29 +10,32 @@ import torch
 
 from . import reference as ref
 from .engine import Check, LearnerError
+from .i18n import N_, _
 
-_NOT_BOOL = ("a mask is boolean (True = may attend): build it from a comparison such as `<=`, or "
-             "pass dtype=torch.bool; 0/1 integers or floats are a different kind of mask")
-_TOP_LEFT = ("top-left aligned (`torch.tril(torch.ones(q_len, k_len))`): the queries are the LAST "
-             "q_len of the k_len positions, so query i sits at position k_len - q_len + i and sees "
-             "keys 0 ..= k_len - q_len + i; shift the diagonal by k_len - q_len")
-_INVERTED = ("inverted: True must mean 'may attend' (the past and the query's own position), "
-             "not 'blocked'; `torch.triu(..., diagonal=1)` marks the blocked future instead")
-_INVERTED_TOP_LEFT = ("inverted and top-left aligned (`torch.triu(ones(q_len, k_len), diagonal=1)` "
-                      "marks the blocked keys of a top-left triangle): True must mean 'may "
-                      "attend', and query i sits at position k_len - q_len + i")
-_NO_DIAGONAL = ("off by one: a query may also attend to its own position, so the diagonal "
-                "must be True (use `<=`, not `<`)")
-_ONE_AHEAD = ("off by one: each query also sees the next, future key; the last key query i may see "
-              "is its own position k_len - q_len + i")
-_TRANSPOSED = ("transposed: rows are queries and columns are keys, so the mask is "
-               "[q_len, k_len] and row i is True up to and including query i's own position")
+_NOT_BOOL = N_("a mask is boolean (True = may attend): build it from a comparison such as `<=`, "
+               "or pass dtype=torch.bool; 0/1 integers or floats are a different kind of mask")
+_TOP_LEFT = N_("top-left aligned (`torch.tril(torch.ones(q_len, k_len))`): the queries are the "
+               "LAST q_len of the k_len positions, so query i sits at position k_len - q_len + i "
+               "and sees keys 0 ..= k_len - q_len + i; shift the diagonal by k_len - q_len")
+_INVERTED = N_("inverted: True must mean 'may attend' (the past and the query's own position), "
+               "not 'blocked'; `torch.triu(..., diagonal=1)` marks the blocked future instead")
+_INVERTED_TOP_LEFT = N_("inverted and top-left aligned (`torch.triu(ones(q_len, k_len), "
+                        "diagonal=1)` marks the blocked keys of a top-left triangle): True must "
+                        "mean 'may attend', and query i sits at position k_len - q_len + i")
+_NO_DIAGONAL = N_("off by one: a query may also attend to its own position, so the diagonal "
+                  "must be True (use `<=`, not `<`)")
+_ONE_AHEAD = N_("off by one: each query also sees the next, future key; the last key query i may "
+                "see is its own position k_len - q_len + i")
+_TRANSPOSED = N_("transposed: rows are queries and columns are keys, so the mask is "
+                 "[q_len, k_len] and row i is True up to and including query i's own position")
 
 
 def _expect_mask(c: Check, got, want: torch.Tensor, *, what: str, dims, wrong=None) -> None:
     """expect_tensor for boolean masks, with a specific hint when the dtype is not bool."""
     if isinstance(got, torch.Tensor) and got.shape == want.shape and got.dtype != torch.bool:
-        c.fail(f"{what} has dtype {got.dtype}, expected torch.bool.", _NOT_BOOL)
+        c.fail(_("{what} has dtype {got}, expected torch.bool.").format(what=what,
+                                                                       got=got.dtype),
+               _NOT_BOOL)
     c.expect_tensor(got, want, what=what, dims=dims, wrong=wrong)
 
 
@@ -54,7 +57,7 @@ def _lengths_to_mask(lengths: list[int], s: int, *, left: bool = False) -> torch
 
 def _padded_batch(c: Check, b: int, s: int, *, left: bool = False) -> torch.Tensor:
     """attention_mask [B, S]: one full row, one padded row, the rest random lengths >= 1."""
-    lengths = [s, c.randint(1, s)] + [c.randint(1, s + 1) for _ in range(b - 2)]
+    lengths = [s, c.randint(1, s)] + [c.randint(1, s + 1) for _n in range(b - 2)]
     order = torch.randperm(b, generator=c.gen).tolist()
     return _lengths_to_mask([lengths[i] for i in order], s, left=left)
 
@@ -67,16 +70,16 @@ def _causal_mixups(q: int, k: int) -> dict:
     want = ref.causal_mask(q, k)
     ones = torch.ones(q, k, dtype=torch.bool)
     mixups = {
-        _TOP_LEFT: ones.tril(),
-        _INVERTED: ~want,
-        _INVERTED_TOP_LEFT: ones.triu(1),
-        _NO_DIAGONAL: ones.tril(k - q - 1),
-        _ONE_AHEAD: ones.tril(k - q + 1),
-        _TRANSPOSED: want.T.contiguous(),
+        _(_TOP_LEFT): ones.tril(),
+        _(_INVERTED): ~want,
+        _(_INVERTED_TOP_LEFT): ones.triu(1),
+        _(_NO_DIAGONAL): ones.tril(k - q - 1),
+        _(_ONE_AHEAD): ones.tril(k - q + 1),
+        _(_TRANSPOSED): want.T.contiguous(),
     }
     if q != k:
-        mixups["ignored k_len: the mask has one row per query and one column per key, "
-               "[q_len, k_len]"] = ref.causal_mask(q)
+        mixups[_("ignored k_len: the mask has one row per query and one column per key, "
+                 "[q_len, k_len]")] = ref.causal_mask(q)
     return mixups
 
 
@@ -85,28 +88,30 @@ def check_causal_mask(f, *, seed: int | None = None, thorough: bool = False) -> 
         # The article's example, 我 喜欢 学习 AI: four tokens, k_len left to its default.
         _expect_mask(c, c.call(4), ref.causal_mask(4), what="causal_mask(4)",
                      dims=("S_q", "S_k"), wrong=_causal_mixups(4, 4))
-        c.headline("the article's 4-token example")
-        for _ in range(3 if thorough else 1):
+        c.headline(_("the article's 4-token example"))
+        for _n in range(3 if thorough else 1):
             s = c.randint(5, 12)
             _expect_mask(c, c.call(s, s), ref.causal_mask(s), what=f"causal_mask({s}, {s})",
                          dims=("S_q", "S_k"), wrong=_causal_mixups(s, s))
         _expect_mask(c, c.call(1), ref.causal_mask(1), what="causal_mask(1)",
                      dims=("S_q", "S_k"), wrong=_causal_mixups(1, 1))
-        c.headline("square masks")
+        c.headline(_("square masks"))
         # Chunked prefill: fewer queries than keys; the queries are the last q_len positions.
-        for _ in range(4 if thorough else 2):
+        for _n in range(4 if thorough else 2):
             q = c.randint(2, 7)
             k = q + c.randint(2, 7)
             _expect_mask(c, c.call(q, k), ref.causal_mask(q, k),
-                         what=f"causal_mask({q}, {k}) (q_len < k_len, as in chunked prefill)",
+                         what=_("{call} (q_len < k_len, as in chunked prefill)").format(
+                             call=f"causal_mask({q}, {k})"),
                          dims=("S_q", "S_k"), wrong=_causal_mixups(q, k))
-        c.headline("bottom-right aligned for q_len < k_len")
+        c.headline(_("bottom-right aligned for q_len < k_len"))
         # A decode step: one query, the newest token, sees every cached key.
         k = c.randint(3, 12)
         _expect_mask(c, c.call(1, k), ref.causal_mask(1, k),
-                     what=f"causal_mask(1, {k}) (one decode step over {k} keys)",
+                     what=_("{call} (one decode step over {count} keys)").format(
+                         call=f"causal_mask(1, {k})", count=k),
                      dims=("S_q", "S_k"), wrong=_causal_mixups(1, k))
-        c.headline("a decode query sees every key")
+        c.headline(_("a decode query sees every key"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -115,12 +120,12 @@ def check_causal_mask(f, *, seed: int | None = None, thorough: bool = False) -> 
 
 def _bidirectional_mixups(q: int, k: int) -> dict:
     return {
-        "returned a causal mask: in bidirectional attention (an encoder, or cross-attention) "
-        "every query sees every key": ref.causal_mask(q, k),
-        "inverted: True means 'may attend', so a bidirectional mask is all True":
+        _("returned a causal mask: in bidirectional attention (an encoder, or cross-attention) "
+          "every query sees every key"): ref.causal_mask(q, k),
+        _("inverted: True means 'may attend', so a bidirectional mask is all True"):
             torch.zeros(q, k, dtype=torch.bool),
-        "ignored k_len: the mask is [q_len, k_len]": torch.ones(q, q, dtype=torch.bool),
-        "transposed: rows are queries and columns are keys, [q_len, k_len]":
+        _("ignored k_len: the mask is [q_len, k_len]"): torch.ones(q, q, dtype=torch.bool),
+        _("transposed: rows are queries and columns are keys, [q_len, k_len]"):
             torch.ones(k, q, dtype=torch.bool),
     }
 
@@ -130,19 +135,19 @@ def check_bidirectional_mask(f, *, seed: int | None = None, thorough: bool = Fal
         s = c.randint(3, 10)
         _expect_mask(c, c.call(s), ref.bidirectional_mask(s), what=f"bidirectional_mask({s})",
                      dims=("S_q", "S_k"), wrong=_bidirectional_mixups(s, s))
-        for _ in range(3 if thorough else 1):
+        for _n in range(3 if thorough else 1):
             # cross-attention: target queries against source keys, both ways round
             q, k = c.sizes(2, 2, 11)
             for a, b in ((q, k), (k, q)):
                 _expect_mask(c, c.call(a, b), ref.bidirectional_mask(a, b),
                              what=f"bidirectional_mask({a}, {b})", dims=("S_q", "S_k"),
                              wrong=_bidirectional_mixups(a, b))
-        c.headline("q_len != k_len (cross-attention)")
+        c.headline(_("q_len != k_len (cross-attention)"))
         k = c.randint(2, 10)
         _expect_mask(c, c.call(1, k), ref.bidirectional_mask(1, k),
                      what=f"bidirectional_mask(1, {k})", dims=("S_q", "S_k"),
                      wrong=_bidirectional_mixups(1, k))
-        c.headline("every query sees every key")
+        c.headline(_("every query sees every key"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -151,43 +156,44 @@ def check_bidirectional_mask(f, *, seed: int | None = None, thorough: bool = Fal
 
 def _padding_mixups(am: torch.Tensor) -> dict:
     return {
-        "returned [B, S]: add a head axis and a query axis, [B, 1, 1, S], so that the mask "
-        "broadcasts against scores [B, N, S_q, S_k]": am.clone(),
-        "masked queries instead of keys ([B, 1, S, 1]): padding hides padded KEYS, so the "
-        "sequence axis must be the last one, [B, 1, 1, S]": am[:, None, :, None],
-        "masked padded queries as well as keys ([B, 1, S, S]): only the keys are masked, "
-        "[B, 1, 1, S]; a padded query's output is simply ignored later": (
+        _("returned [B, S]: add a head axis and a query axis, [B, 1, 1, S], so that the mask "
+          "broadcasts against scores [B, N, S_q, S_k]"): am.clone(),
+        _("masked queries instead of keys ([B, 1, S, 1]): padding hides padded KEYS, so the "
+          "sequence axis must be the last one, [B, 1, 1, S]"): am[:, None, :, None],
+        _("masked padded queries as well as keys ([B, 1, S, S]): only the keys are masked, "
+          "[B, 1, 1, S]; a padded query's output is simply ignored later"): (
             am[:, None, :, None] & am[:, None, None, :]),
-        "put the sequence on the wrong axis ([B, S, 1, 1]): keys are the last axis, "
-        "[B, 1, 1, S]": am[:, :, None, None],
-        "added only one axis ([B, 1, S]): scores are [B, N, S_q, S_k], so the mask needs a head "
-        "axis and a query axis, [B, 1, 1, S]": am[:, None, :],
-        "inverted: True marks real tokens (may attend); padding positions are False":
+        _("put the sequence on the wrong axis ([B, S, 1, 1]): keys are the last axis, "
+          "[B, 1, 1, S]"): am[:, :, None, None],
+        _("added only one axis ([B, 1, S]): scores are [B, N, S_q, S_k], so the mask needs a "
+          "head axis and a query axis, [B, 1, 1, S]"): am[:, None, :],
+        _("inverted: True marks real tokens (may attend); padding positions are False"):
             ~am[:, None, None, :],
     }
 
 
 def check_padding_mask(f, *, seed: int | None = None, thorough: bool = False) -> None:
     with Check("padding_mask", f, seed=seed) as c:
-        cases = [("the article's sentence and a shorter one, right-padded",
+        cases = [(_("the article's sentence and a shorter one, right-padded"),
                   _lengths_to_mask([4, 3], 4))]
-        for _ in range(3 if thorough else 1):
+        for _n in range(3 if thorough else 1):
             b, s = c.sizes(2, 2, 10)
-            cases.append(("a right-padded batch", _padded_batch(c, b, s)))
+            cases.append((_("a right-padded batch"), _padded_batch(c, b, s)))
         b, s = c.sizes(2, 2, 10)
-        cases.append(("a left-padded batch", _padded_batch(c, b, s, left=True)))
+        cases.append((_("a left-padded batch"), _padded_batch(c, b, s, left=True)))
         for label, am in cases:
             before = am.clone()
             got = c.call(am)
             b, s = am.shape
             _expect_mask(c, got, ref.padding_mask(am),
-                         what=f"padding_mask of {label} (attention_mask [B={b}, S={s}])",
+                         what=_("padding_mask of {case} (attention_mask [B={b}, S={s}])")
+                         .format(case=label, b=b, s=s),
                          dims=("B", "N", "S_q", "S_k"), wrong=_padding_mixups(am))
             if not torch.equal(am, before):
-                c.fail("changed the attention_mask it was given.",
-                       "build a new tensor (or a view) instead of writing into the input")
-        c.headline("padded keys masked, shape [B, 1, 1, S]")
-        c.headline("right and left padding")
+                c.fail(_("changed the attention_mask it was given."),
+                       _("build a new tensor (or a view) instead of writing into the input"))
+        c.headline(_("padded keys masked, shape [B, 1, 1, S]"))
+        c.headline(_("right and left padding"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -199,15 +205,15 @@ def _combine_mixups(masks: list[torch.Tensor]) -> dict:
     for m in masks[1:]:
         ored = ored | m
     return {
-        "combined with OR: a query may attend to a key only if EVERY mask allows it, "
-        "so combine with AND (`&`)": ored,
-        "kept only the first mask: AND all of them together": masks[0],
-        "kept only the last mask: AND all of them together": masks[-1],
+        _("combined with OR: a query may attend to a key only if EVERY mask allows it, "
+          "so combine with AND (`&`)"): ored,
+        _("kept only the first mask: AND all of them together"): masks[0],
+        _("kept only the last mask: AND all of them together"): masks[-1],
     }
 
 
-_VARARGS = ("accept any number of masks, `def combine_masks(*masks)`, and AND them all together "
-            "(one mask alone comes back unchanged)")
+_VARARGS = N_("accept any number of masks, `def combine_masks(*masks)`, and AND them all "
+              "together (one mask alone comes back unchanged)")
 
 
 def check_combine_masks(f, *, seed: int | None = None, thorough: bool = False) -> None:
@@ -222,39 +228,46 @@ def check_combine_masks(f, *, seed: int | None = None, thorough: bool = False) -
             except LearnerError as err:
                 first = err.message.splitlines()[0]
                 if "TypeError" in first and "argument" in first:
-                    c.fail(f"combine_masks with {len(masks)} mask(s) {first}", _VARARGS)
+                    c.fail(_("combine_masks with {count} mask(s) {error}").format(
+                        count=len(masks), error=err.summary()), _VARARGS)
                 shapes = {tuple(m.shape) for m in masks}
                 if len(shapes) > 1:
-                    c.fail(f"combine_masks({label}) {first}",
-                           "masks of different shapes must broadcast against each other: `a & b` "
-                           "broadcasts; stacking them, or writing into the first one with `&=`, "
-                           "does not")
+                    c.fail(f"combine_masks({label}) {err.summary()}",
+                           _("masks of different shapes must broadcast against each other: "
+                             "`a & b` broadcasts; stacking them, or writing into the first one "
+                             "with `&=`, does not"))
                 raise
             if any(not torch.equal(m, m0) for m, m0 in zip(masks, before)):
-                c.fail(f"changed one of its input masks in place ({label}).",
-                       "`&=` (or `logical_and_`) writes into the first mask, which the caller "
-                       "still uses; build a new tensor with `&`")
+                c.fail(_("changed one of its input masks in place ({case}).").format(
+                    case=label),
+                       _("`&=` (or `logical_and_`) writes into the first mask, which the caller "
+                         "still uses; build a new tensor with `&`"))
             _expect_mask(c, got, ref.combine_masks(*masks), what=f"combine_masks({label})",
                          dims=dims, wrong=_combine_mixups(masks))
 
         # Same shapes first, so that writing into the first mask shows up.
-        for _ in range(3 if thorough else 1):
+        for _n in range(3 if thorough else 1):
             x, y = _random_bool(c, sq, sk), _random_bool(c, sq, sk)
-            run([x, y], f"two random [{sq}, {sk}] masks", ("S_q", "S_k"))
-        c.headline("AND of two masks")
+            run([x, y], _("two random {shape} masks").format(shape=f"[{sq}, {sk}]"),
+                ("S_q", "S_k"))
+        c.headline(_("AND of two masks"))
         am = _padded_batch(c, b, s)
         run([ref.causal_mask(s), ref.padding_mask(am)],
-            f"causal [{s}, {s}], padding [{b}, 1, 1, {s}]", ("B", "N", "S_q", "S_k"))
-        c.headline("causal & padding broadcast to [B, 1, S, S]")
+            _("causal {causal}, padding {padding}").format(causal=f"[{s}, {s}]",
+                                                            padding=f"[{b}, 1, 1, {s}]"),
+            ("B", "N", "S_q", "S_k"))
+        c.headline(_("causal & padding broadcast to [B, 1, S, S]"))
         am = _padded_batch(c, b, sk)
         heads = _random_bool(c, 1, n, sq, sk)
         run([ref.causal_mask(sq, sk), ref.padding_mask(am), heads],
-            f"three masks: [{sq}, {sk}], [{b}, 1, 1, {sk}], [1, {n}, {sq}, {sk}]",
+            _("three masks: {shapes}").format(
+                shapes=f"[{sq}, {sk}], [{b}, 1, 1, {sk}], [1, {n}, {sq}, {sk}]"),
             ("B", "N", "S_q", "S_k"))
-        c.headline("three masks")
+        c.headline(_("three masks"))
         one = _random_bool(c, b, 1, sq, sk)
-        run([one], f"a single [{b}, 1, {sq}, {sk}] mask", ("B", "N", "S_q", "S_k"))
-        c.headline("a single mask")
+        run([one], _("a single {shape} mask").format(shape=f"[{b}, 1, {sq}, {sk}]"),
+            ("B", "N", "S_q", "S_k"))
+        c.headline(_("a single mask"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -265,13 +278,13 @@ def _additive_mixups(mask: torch.Tensor, dtype: torch.dtype) -> dict:
     m = mask.bool()
     zero = torch.zeros(m.shape, dtype=dtype)
     return {
-        "inverted signs: 0 where the mask is True (may attend) and -inf where it is False":
+        _("inverted signs: 0 where the mask is True (may attend) and -inf where it is False"):
             zero.masked_fill(m, float("-inf")),
-        "returned the mask as 0/1 numbers: the additive mask is 0 where True and -inf where "
-        "False": m.to(dtype),
-        "multiplied by -inf: 0 * -inf is NaN; use `masked_fill` or `torch.where` instead":
+        _("returned the mask as 0/1 numbers: the additive mask is 0 where True and -inf where "
+          "False"): m.to(dtype),
+        _("multiplied by -inf: 0 * -inf is NaN; use `masked_fill` or `torch.where` instead"):
             (1 - m.to(dtype)) * float("-inf"),
-        "+inf instead of -inf: blocked scores must go to -inf so that exp() gives 0":
+        _("+inf instead of -inf: blocked scores must go to -inf so that exp() gives 0"):
             zero.masked_fill(~m, float("inf")),
     }
 
@@ -282,31 +295,32 @@ def _expect_additive(c: Check, got, mask: torch.Tensor, dtype: torch.dtype, *, w
     if isinstance(got, torch.Tensor) and got.shape == want.shape:
         if got.dtype != want.dtype:
             if got.dtype == torch.bool:
-                hint = ("returned a boolean mask: the additive mask holds numbers, 0 where the "
-                        "mask is True and -inf where it is False")
+                hint = _("returned a boolean mask: the additive mask holds numbers, 0 where the "
+                         "mask is True and -inf where it is False")
             elif got.dtype == torch.float32:
-                hint = ("ignored the `dtype` argument: create the additive mask in the requested "
-                        "dtype, the dtype of the scores it is added to")
+                hint = _("ignored the `dtype` argument: create the additive mask in the "
+                         "requested dtype, the dtype of the scores it is added to")
             else:
-                hint = "create the additive mask with the requested dtype (`dtype=dtype`)"
-            c.fail(f"{what} has dtype {got.dtype}, expected {want.dtype} (the dtype asked for).",
-                   hint)
+                hint = _("create the additive mask with the requested dtype (`dtype=dtype`)")
+            c.fail(_("{what} has dtype {got}, expected {want} (the dtype asked for).").format(
+                what=what, got=got.dtype, want=want.dtype), hint)
         if got.is_floating_point():
             blocked = ~mask.bool()
             vals = got.detach()[blocked]
             if (vals.numel() and bool(torch.isfinite(vals).all()) and bool((vals < 0).all())
                     and bool((got.detach()[~blocked] == 0).all())):
-                c.fail(f"{what} holds {float(vals.max()):g} at blocked positions, expected -inf.",
-                       "used a large finite number (such as -1e9 or the dtype's minimum) instead "
-                       "of -inf: the convention is exactly float('-inf'), so exp() gives exactly "
-                       "0 and a fully masked row cannot pass unnoticed")
+                c.fail(_("{what} holds {value} at blocked positions, expected -inf.").format(
+                    what=what, value=f"{float(vals.max()):g}"),
+                       _("used a large finite number (such as -1e9 or the dtype's minimum) "
+                         "instead of -inf: the convention is exactly float('-inf'), so exp() "
+                         "gives exactly 0 and a fully masked row cannot pass unnoticed"))
         # Exact comparison: the engine's relative tolerance would call any finite number
         # close to -inf (|got - want| = inf <= rtol * |want| = inf).
         if got.dtype == want.dtype and not _same_exactly(got, want):
             mixups = _additive_mixups(mask, dtype)
             hint = next((m for m, v in mixups.items() if _same_exactly(got, v)), None)
-            c.fail(f"{what} has the right shape but wrong values; "
-                   f"{_exact_mismatch(got, want, dims)}", hint)
+            c.fail(_("{what} has the right shape but wrong values; {mismatch}").format(
+                what=what, mismatch=_exact_mismatch(got, want, dims)), hint)
     c.expect_tensor(got, want, what=what, dims=dims, wrong=_additive_mixups(mask, dtype))
 
 
@@ -323,8 +337,9 @@ def _exact_mismatch(got: torch.Tensor, want: torch.Tensor, dims) -> str:
     bad = ~((got == want) | (got.isnan() & want.isnan()))
     index = tuple(int(i) for i in bad.nonzero()[0])
     where = ", ".join(f"{d}={i}" for d, i in zip(dims, index))
-    return (f"{int(bad.sum())} of {bad.numel()} entries differ; first at [{where}]: got "
-            f"{float(got[index]):g}, expected {float(want[index]):g}.")
+    return _("{count} of {total} entries differ; first at [{where}]: got {got}, expected "
+             "{want}.").format(count=int(bad.sum()), total=bad.numel(), where=where,
+                               got=f"{float(got[index]):g}", want=f"{float(want[index]):g}")
 
 
 def check_to_additive_mask(f, *, seed: int | None = None, thorough: bool = False) -> None:
@@ -333,17 +348,20 @@ def check_to_additive_mask(f, *, seed: int | None = None, thorough: bool = False
         causal = ref.causal_mask(4)
         _expect_additive(c, c.call(causal), causal, torch.float32,
                          what="to_additive_mask(causal_mask(4))", dims=("S_q", "S_k"))
-        c.headline("0 where True, -inf where False")
-        for _ in range(3 if thorough else 1):
+        c.headline(_("0 where True, -inf where False"))
+        for _n in range(3 if thorough else 1):
             m = _random_bool(c, sq, sk)
             _expect_additive(c, c.call(m, dtype=torch.float32), m, torch.float32,
-                             what=f"to_additive_mask of a random [{sq}, {sk}] mask",
+                             what=_("to_additive_mask of a random {shape} mask").format(
+                                 shape=f"[{sq}, {sk}]"),
                              dims=("S_q", "S_k"))
         combined = ref.combine_masks(ref.causal_mask(sk), ref.padding_mask(_padded_batch(c, b, sk)))
         dtypes = [torch.float16, torch.bfloat16, torch.float64]
         for dtype in dtypes if thorough else [c.choice(dtypes[:2]), torch.float64]:
             name = str(dtype).removeprefix("torch.")
             _expect_additive(c, c.call(combined, dtype=dtype), combined, dtype,
-                             what=f"to_additive_mask(causal & padding [{b}, 1, {sk}, {sk}], "
-                                  f"dtype={name})", dims=("B", "N", "S_q", "S_k"))
-        c.headline("the requested dtype")
+                             what=_("to_additive_mask(causal & padding {shape}, "
+                                    "dtype={dtype})").format(shape=f"[{b}, 1, {sk}, {sk}]",
+                                                             dtype=name),
+                             dims=("B", "N", "S_q", "S_k"))
+        c.headline(_("the requested dtype"))

@@ -8,6 +8,8 @@ from torch.nn.attention.bias import causal_lower_right, causal_upper_left
 
 from checks import nb03
 from checks import reference as ref
+from checks.context import LANG_ENV
+from checks.engine import CheckFailure
 
 from ..support.catalogue import Wrong, assert_rejects, exercises, implementations
 
@@ -231,3 +233,15 @@ def test_top_left_decode_step_is_explained():
                              Wrong("top-left only when q != k", square_only_right, "top-left"),
                              seed=0)
     assert "k_len - q_len + i" in str(failure)
+
+
+def test_chapter_03_reads_in_chinese(monkeypatch):
+    monkeypatch.setenv(LANG_ENV, "zh")
+    with pytest.raises(CheckFailure) as info:
+        nb03.check_causal_mask(_causal_top_left, seed=0)
+    text = str(info.value)
+    assert "可能的错误：左上对齐了（`torch.tril(torch.ones(q_len, k_len))`）" in text, text
+    assert "likely mistake" not in text and "expected" not in text
+    with pytest.raises(CheckFailure) as info:
+        nb03.check_to_additive_mask(lambda m, dtype=torch.float32: m.to(dtype), seed=0)
+    assert "把 Mask 返回成了 0/1 数值" in str(info.value), str(info.value)
