@@ -63,7 +63,8 @@ class Progress:
             quiet = time.monotonic() - self.last
             if quiet >= self.heartbeat and self.running():
                 names = ", ".join(map(str, self.running()))
-                print(f"[{len(self.finished)}/{len(self.paths)}] still grading {names}: "
+                done = f"{len(self.finished)} of {len(self.paths)} done"
+                print(f"… still grading {names} ({done}): "
                       f"{_duration(quiet)} since the last notebook finished (a slow cell, or "
                       "one that will be stopped at its time limit)", file=sys.stderr,
                       flush=True)

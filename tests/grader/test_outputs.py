@@ -365,7 +365,7 @@ def test_progress_says_what_is_still_running(capsys):
     finally:
         progress.stop()
     err = capsys.readouterr().err
-    assert "[1/3] still grading b.ipynb, c.ipynb" in err
+    assert "… still grading b.ipynb, c.ipynb (1 of 3 done)" in err
 
 
 def test_atomic_write_leaves_the_old_file_when_writing_fails(tmp_path, monkeypatch):
