@@ -23,6 +23,7 @@ from torch.utils._pytree import tree_flatten
 
 from . import reference as ref
 from .engine import Check, CheckFailure, ForbiddenCall, tolerance
+from .i18n import N_, _
 
 # --------------------------------------------------------------------------------------------
 # Exercise 1: kv_head_index
@@ -37,17 +38,17 @@ def _kv_index_mixups(n_heads: int, n_kv: int) -> dict:
     g = n_heads // n_kv
     heads = range(n_heads)
     return {
-        "used h % N_kv (round-robin groups); the course's groups are consecutive: query heads "
-        "0..G-1 share KV head 0, so h reads KV head h // G": [h % n_kv for h in heads],
-        "used h // N_kv: divide by the group size G = N_h / N_kv, not by the number of KV heads":
-            [h // n_kv for h in heads],
-        "returned the query head itself, as if N_kv were N_h (that is MHA); with fewer KV heads "
-        "G = N_h / N_kv query heads share one": list(heads),
-        "divided by N_h, which sends every head to KV head 0 (that is MQA); divide by "
-        "G = N_h / N_kv": [h // n_heads for h in heads],
-        "counted heads from 1 as the article's table does; the course counts from 0":
+        _("used h % N_kv (round-robin groups); the course's groups are consecutive: query heads "
+          "0..G-1 share KV head 0, so h reads KV head h // G"): [h % n_kv for h in heads],
+        _("used h // N_kv: divide by the group size G = N_h / N_kv, not by the number of KV "
+          "heads"): [h // n_kv for h in heads],
+        _("returned the query head itself, as if N_kv were N_h (that is MHA); with fewer KV "
+          "heads G = N_h / N_kv query heads share one"): list(heads),
+        _("divided by N_h, which sends every head to KV head 0 (that is MQA); divide by "
+          "G = N_h / N_kv"): [h // n_heads for h in heads],
+        _("counted heads from 1 as the article's table does; the course counts from 0"):
             [h // g + 1 for h in heads],
-        "rounded h / G to the nearest integer; use floor division h // G":
+        _("rounded h / G to the nearest integer; use floor division h // G"):
             [round(h / g) for h in heads],
     }
 
@@ -55,7 +56,7 @@ def _kv_index_mixups(n_heads: int, n_kv: int) -> dict:
 def check_kv_head_index(f, *, seed: int | None = None, thorough: bool = False) -> None:
     with Check("kv_head_index", f, seed=seed) as c:
         cases = [(32, 8), (32, 32), (32, 1)]  # LLaMA-2-7B shapes as GQA, MHA, MQA
-        for _ in range(6 if thorough else 2):
+        for _n in range(6 if thorough else 2):
             n_kv, g = c.sizes(2, 2, 6)
             cases.append((n_kv * g, n_kv))
         for n_heads, n_kv in cases:
@@ -63,20 +64,23 @@ def check_kv_head_index(f, *, seed: int | None = None, thorough: bool = False) -
             for h in range(n_heads):
                 value = c.call(h, n_heads, n_kv)
                 if not _integral(value):
-                    c.fail(f"kv_head_index({h}, n_heads={n_heads}, n_kv_heads={n_kv}) returned "
-                           f"{type(value).__name__} {value!r}; it should return a Python int.",
-                           "use integer (floor) division `//`" if isinstance(value, float)
+                    c.fail(_("{call} returned {kind} {value}; it should return a Python int.")
+                           .format(call=f"kv_head_index({h}, n_heads={n_heads}, "
+                                        f"n_kv_heads={n_kv})",
+                                   kind=type(value).__name__, value=repr(value)),
+                           _("use integer (floor) division `//`") if isinstance(value, float)
                            else None)
                 got.append(int(value))
             want = [ref.kv_head_index(h, n_heads, n_kv) for h in range(n_heads)]
             if got != want:
                 h = next(i for i in range(n_heads) if got[i] != want[i])
                 g, j = n_heads // n_kv, want[h]
-                c.fail(f"kv_head_index({h}, n_heads={n_heads}, n_kv_heads={n_kv}) returned "
-                       f"{got[h]}, expected {j}: with G = {g}, query heads {j * g}..{j * g + g - 1}"
-                       f" share KV head {j}.", c.diagnose(got, _kv_index_mixups(n_heads, n_kv),
-                                                          0.0, 0.0))
-        c.note("consecutive groups for GQA, MHA (N_kv = N_h) and MQA (N_kv = 1)")
+                c.fail(_("{call} returned {got}, expected {want}: with G = {g}, query heads "
+                         "{first}..{last} share KV head {want}.").format(
+                    call=f"kv_head_index({h}, n_heads={n_heads}, n_kv_heads={n_kv})",
+                    got=got[h], want=j, g=g, first=j * g, last=j * g + g - 1),
+                       c.diagnose(got, _kv_index_mixups(n_heads, n_kv), 0.0, 0.0))
+        c.note(_("consecutive groups for GQA, MHA (N_kv = N_h) and MQA (N_kv = 1)"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -85,10 +89,10 @@ def check_kv_head_index(f, *, seed: int | None = None, thorough: bool = False) -
 
 def check_repeat_kv(f, *, seed: int | None = None, thorough: bool = False) -> None:
     with Check("repeat_kv", f, seed=seed) as c:
-        c.note("repeat-interleave head order (head h is KV head h // n_rep)")
-        c.note("N_kv = 1, n_rep = 1 and float64 inputs")
+        c.note(_("repeat-interleave head order (head h is KV head h // n_rep)"))
+        c.note(_("N_kv = 1, n_rep = 1 and float64 inputs"))
         cases = []
-        for _ in range(4 if thorough else 2):
+        for _n in range(4 if thorough else 2):
             b, n_kv, s, d, n_rep = c.sizes(5, 2, 9)
             cases.append((b, n_kv, s, d, n_rep, torch.float32))
         b, s, d, n_rep = c.sizes(4, 2, 9)
@@ -102,28 +106,28 @@ def check_repeat_kv(f, *, seed: int | None = None, thorough: bool = False) -> No
             x_before = x.clone()
             got = c.call(x, n_rep)
             if not torch.equal(x, x_before):
-                c.fail("modified its input x in place; return a new tensor instead.")
+                c.fail(_("modified its input x in place; return a new tensor instead."))
             c.expect_tensor(got, ref.repeat_kv(x, n_rep),
-                            what=f"repeat_kv(x of [B={b}, N_kv={n_kv}, S={s}, D={d}], "
-                                 f"n_rep={n_rep})",
+                            what=_("repeat_kv(x of {shape}, n_rep={n_rep})").format(
+                                shape=f"[B={b}, N_kv={n_kv}, S={s}, D={d}]", n_rep=n_rep),
                             dims=("B", "N_kv*n_rep", "S", "D"), wrong=_repeat_mixups(x, n_rep))
 
 
 def _repeat_mixups(x: torch.Tensor, n_rep: int) -> dict:
     return {
-        "repeated the whole block of heads (tiling, like `x.repeat(1, n_rep, 1, 1)` or "
-        "`torch.cat([x] * n_rep, dim=1)`): head h then reads KV head h % N_kv; use "
-        "repeat-interleave order, where each KV head's copies sit next to each other":
+        _("repeated the whole block of heads (tiling, like `x.repeat(1, n_rep, 1, 1)` or "
+          "`torch.cat([x] * n_rep, dim=1)`): head h then reads KV head h % N_kv; use "
+          "repeat-interleave order, where each KV head's copies sit next to each other"):
             lambda: x.repeat(1, n_rep, 1, 1),
-        "repeated along the sequence axis (dim 2); repeat the heads axis, dim 1":
+        _("repeated along the sequence axis (dim 2); repeat the heads axis, dim 1"):
             lambda: x.repeat_interleave(n_rep, dim=2),
-        "repeated along the feature axis (dim 3); repeat the heads axis, dim 1":
+        _("repeated along the feature axis (dim 3); repeat the heads axis, dim 1"):
             lambda: x.repeat_interleave(n_rep, dim=3),
-        "repeated along the batch axis (dim 0); repeat the heads axis, dim 1":
+        _("repeated along the batch axis (dim 0); repeat the heads axis, dim 1"):
             lambda: x.repeat_interleave(n_rep, dim=0),
-        "`repeat_interleave` without `dim=` flattens the tensor first; pass dim=1":
+        _("`repeat_interleave` without `dim=` flattens the tensor first; pass dim=1"):
             lambda: x.repeat_interleave(n_rep),
-        "returned x unchanged; each KV head must appear n_rep times": lambda: x,
+        _("returned x unchanged; each KV head must appear n_rep times"): lambda: x,
     }
 
 
@@ -148,9 +152,10 @@ _VIEWS = frozenset({"view", "view_as", "expand", "expand_as", "broadcast_to", "u
                     "alias", "reshape", "reshape_as", "flatten", "contiguous", "unfold", "to",
                     "type_as", "float", "double", "half", "bfloat16", "clone"})
 _MATMULS = frozenset({"matmul", "__matmul__", "__rmatmul__"})
-_FOLD_HINT = ("fold the G query heads of a group into the rows of one matrix: "
-              "q.reshape(B, N_kv, G * S_q, D) @ k.transpose(-2, -1) gives [B, N_kv, G * S_q, S_k] "
-              "scores without copying K; do the same for the weights times V")
+_FOLD_HINT = N_("fold the G query heads of a group into the rows of one matrix: "
+                 "q.reshape(B, N_kv, G * S_q, D) @ k.transpose(-2, -1) gives "
+                 "[B, N_kv, G * S_q, S_k] scores without copying K; do the same for the weights "
+                 "times V")
 
 
 def _tensors(tree) -> list[torch.Tensor]:
@@ -203,16 +208,19 @@ class _NoRepeatedKV(TorchFunctionMode):
         if name in _COPYING and self._touches_kv(inputs):
             raise ForbiddenCall(
                 self.watch.exercise,
-                f"calls `{name}` on the keys or values: that materialises the repeated K/V, "
-                "which grouped-query attention exists to avoid.", hint=_FOLD_HINT)
+                _("calls `{name}` on the keys or values: that materialises the repeated K/V, "
+                  "which grouped-query attention exists to avoid.").format(name=name),
+                hint=_FOLD_HINT)
         if self.watch.divisors:
             if name not in _VIEWS:
                 for t in inputs:
                     if self.watch.repeated(t.numel()):
-                        self._fail(f"a tensor of shape {list(t.shape)} goes into `{name}`",
-                                   "an expanded view of K or V costs nothing until an operation "
-                                   "such as this one reads it; then it is copied or processed "
-                                   f"once per query head. Instead, {_FOLD_HINT}")
+                        self._fail(_("a tensor of shape {shape} goes into `{name}`").format(
+                                       shape=list(t.shape), name=name),
+                                   _("an expanded view of K or V costs nothing until an "
+                                     "operation such as this one reads it; then it is copied or "
+                                     "processed once per query head. Instead, {fold}").format(
+                                       fold=_(_FOLD_HINT)))
             if name in _MATMULS and len(inputs) >= 2:
                 self._check_matmul(name, inputs[0], inputs[1])
         out = func(*args, **kwargs)
@@ -221,18 +229,20 @@ class _NoRepeatedKV(TorchFunctionMode):
             for t in _tensors(out):
                 if self.watch.repeated(t.numel()) and _storage(t) not in storages:
                     if name == "__getitem__":
-                        hint = ("indexing with a list or tensor of head indices (k[:, idx]) "
-                                "copies the selected heads; slices and single indices (k[:, j]) "
-                                "are views.")
+                        hint = _("indexing with a list or tensor of head indices (k[:, idx]) "
+                                 "copies the selected heads; slices and single indices "
+                                 "(k[:, j]) are views.")
                     elif name in _VIEWS:
-                        hint = ("expand() alone is free, but making the expanded K/V contiguous "
-                                "(reshape, contiguous, clone) copies it; that is what repeat_kv "
-                                "does.")
+                        hint = _("expand() alone is free, but making the expanded K/V "
+                                 "contiguous (reshape, contiguous, clone) copies it; that is "
+                                 "what repeat_kv does.")
                     else:
-                        hint = ("a tensor with one K (or V) per query head is a copy, however it "
-                                "is filled.")
-                    self._fail(f"`{name}` built a tensor of shape {list(t.shape)}",
-                               f"{hint} Instead, {_FOLD_HINT}")
+                        hint = _("a tensor with one K (or V) per query head is a copy, however "
+                                 "it is filled.")
+                    self._fail(_("`{name}` built a tensor of shape {shape}").format(
+                                   name=name, shape=list(t.shape)),
+                               _("{hint} Instead, {fold}").format(hint=hint,
+                                                                  fold=_(_FOLD_HINT)))
         return out
 
     def _touches_kv(self, inputs) -> bool:
@@ -253,19 +263,22 @@ class _NoRepeatedKV(TorchFunctionMode):
             if x.dim() >= 3 and math.prod(x.shape[:-2]) < math.prod(batch):
                 expanded = [*batch, *x.shape[-2:]]
                 if self.watch.repeated(math.prod(expanded)):
-                    self._fail(f"`{name}` broadcasts an operand of shape {list(x.shape)} to "
-                               f"{expanded}",
-                               "torch.matmul implements broadcast batch dimensions by expanding "
-                               "the operand and copying it into one big batch, so a "
-                               "[B, N_kv, 1, S_k, D] view of K against [B, N_kv, G, S_q, D] "
-                               f"queries copies K once per query head. Instead, {_FOLD_HINT}")
+                    self._fail(_("`{name}` broadcasts an operand of shape {shape} to "
+                                 "{expanded}").format(name=name, shape=list(x.shape),
+                                                      expanded=expanded),
+                               _("torch.matmul implements broadcast batch dimensions by "
+                                 "expanding the operand and copying it into one big batch, so a "
+                                 "[B, N_kv, 1, S_k, D] view of K against [B, N_kv, G, S_q, D] "
+                                 "queries copies K once per query head. Instead, {fold}").format(
+                                   fold=_(_FOLD_HINT)))
 
     def _fail(self, what: str, hint: str):
         raise CheckFailure(self.watch.exercise,
-                           f"materialises the repeated K/V: {what}, which holds a KV head's keys "
-                           "(or values) once for each of the G query heads sharing it "
-                           f"({self.watch.sizes_text}). The G query heads of a group must share "
-                           "their KV head without copying it.",
+                           _("materialises the repeated K/V: {what}, which holds a KV head's "
+                             "keys (or values) once for each of the G query heads sharing it "
+                             "({sizes}). The G query heads of a group must share their KV head "
+                             "without copying it.").format(what=what,
+                                                           sizes=self.watch.sizes_text),
                            hint=hint)
 
 
@@ -282,8 +295,8 @@ def _watched(f, watch: _Watch):
 
 
 _FORBID_SDPA = {"scaled_dot_product_attention":
-                "write the grouping yourself; the demo after the exercise compares your function "
-                "with F.scaled_dot_product_attention(..., enable_gqa=True)"}
+                N_("write the grouping yourself; the demo after the exercise compares your "
+                   "function with F.scaled_dot_product_attention(..., enable_gqa=True)")}
 
 
 def _prime_sizes(c: Check, *, n_kv: int | None = None, s_q: int | None = None,
@@ -345,32 +358,39 @@ def _gqa_mixups(q, k, v, mask) -> dict:
     n_h, n_kv = q.shape[1], k.shape[1]
     d = q.shape[-1]
     wrong = {
-        "query head h read KV head h % N_kv (round-robin groups, as from `repeat` instead of "
-        "`repeat_interleave`, or from viewing q as [B, G, N_kv, S_q, D]); the groups are "
-        "consecutive: q must be viewed as [B, N_kv, G, S_q, D]":
+        _("query head h read KV head h % N_kv (round-robin groups, as from `repeat` instead of "
+          "`repeat_interleave`, or from viewing q as [B, G, N_kv, S_q, D]); the groups are "
+          "consecutive: q must be viewed as [B, N_kv, G, S_q, D]"):
             lambda: _gqa64(q, k, v, mask, kv_index=[h % n_kv for h in range(n_h)]),
-        "query head h read KV head h // N_kv; divide by the group size G = N_h / N_kv":
+        _("query head h read KV head h // N_kv; divide by the group size G = N_h / N_kv"):
             lambda: _gqa64(q, k, v, mask, kv_index=[h // n_kv for h in range(n_h)]),
-        "forgot the 1/sqrt(D_h) scale": lambda: _gqa64(q, k, v, mask, scale=1.0),
-        "scaled by 1/D_h instead of 1/sqrt(D_h)": lambda: _gqa64(q, k, v, mask, scale=1 / d),
-        "softmax over the query axis; it runs over the keys (last axis)":
+        _("forgot the 1/sqrt(D_h) scale"): lambda: _gqa64(q, k, v, mask, scale=1.0),
+        _("scaled by 1/D_h instead of 1/sqrt(D_h)"): lambda: _gqa64(q, k, v, mask, scale=1 / d),
+        # N_h is a product of small primes and D_h a larger prime (or, for MHA, another size),
+        # so N_h * D_h is never D_h or D_h squared: this scale is told apart from the others.
+        _(SCALE_BY_H): lambda: _gqa64(q, k, v, mask, scale=1 / math.sqrt(n_h * d)),
+        _("softmax over the query axis; it runs over the keys (last axis)"):
             lambda: _gqa64(q, k, v, mask, softmax_dim=-2),
     }
     if mask is not None:
         wrong.update({
-            "ignored the mask": lambda: _gqa64(q, k, v, mask, mask_mode="ignore"),
-            "mask inverted: True means 'may attend'":
+            _("ignored the mask"): lambda: _gqa64(q, k, v, mask, mask_mode="ignore"),
+            _("mask inverted: True means 'may attend'"):
                 lambda: _gqa64(q, k, v, mask, mask_mode="inverted"),
-            "added the boolean mask to the scores; blocked positions need -inf (masked_fill), "
-            "not +0/+1": lambda: _gqa64(q, k, v, mask, mask_mode="added"),
-            "fully masked query rows came out as NaN; they must give zeros (softmax of a row of "
-            "-inf is NaN: zero those rows, as chapter 04's masked_softmax does)":
+            _("added the boolean mask to the scores; blocked positions need -inf (masked_fill), "
+              "not +0/+1"): lambda: _gqa64(q, k, v, mask, mask_mode="added"),
+            _("fully masked query rows came out as NaN; they must give zeros (softmax of a row "
+              "of -inf is NaN: zero those rows, as chapter 04's masked_softmax does)"):
                 lambda: _gqa64(q, k, v, mask, masked_rows="nan"),
-            "fully masked query rows came out as the mean of V: filling blocked scores with a "
-            "large finite negative number gives such rows uniform weights; they must give zeros":
-                lambda: _gqa64(q, k, v, mask, masked_rows="mean"),
+            _("fully masked query rows came out as the mean of V: filling blocked scores with a "
+              "large finite negative number gives such rows uniform weights; they must give "
+              "zeros"): lambda: _gqa64(q, k, v, mask, masked_rows="mean"),
         })
     return wrong
+
+
+SCALE_BY_H = N_("scaled by 1/sqrt(H) = 1/sqrt(N_h * D_h), the width of all query heads together, "
+                "instead of 1/sqrt(D_h), one head's width (the last dimension of q)")
 
 
 def _run_gqa(c: Check, watch: _Watch, sizes, *, mask_kind=None, dtype=torch.float32,
@@ -403,19 +423,26 @@ def _run_gqa(c: Check, watch: _Watch, sizes, *, mask_kind=None, dtype=torch.floa
     got = c.call(*args)
     watch.divisors = ()
     if isinstance(got, tuple):
-        c.fail(f"returned a tuple of {len(got)} items; return only the output tensor "
-               "[B, N_h, S_q, D_v].", "chapter 04's attention returns (out, weights); this "
-               "function returns out alone")
+        c.fail(_("returned a tuple of {count} items; return only the output tensor "
+                 "[B, N_h, S_q, D_v].").format(count=len(got)),
+               _("chapter 04's attention returns (out, weights); this function returns out "
+                 "alone"))
     if not all(torch.equal(t, t0) for t, t0 in zip((q, k, v), before)):
-        c.fail("modified q, k or v in place; leave the inputs untouched.")
-    shown = "no mask" if mask is None else f"{mask_kind} mask {list(mask.shape)}"
+        c.fail(_("modified q, k or v in place; leave the inputs untouched."))
+    shown = _("no mask") if mask is None else _(_MASK_KINDS[mask_kind]).format(
+        shape=list(mask.shape))
     want = ref.grouped_query_attention(q, k, v, mask)
     atol = _large_score_atol(q, k, v) if q_scale > 1 else None
     if q_scale > 1:
         _expect_stable(c, got, want, q, k, mask, atol)
     c.expect_tensor(got, want,
-                    what=f"output for {label} ({watch.sizes_text}; {dtype}; {shown})",
+                    what=_("output for {case} ({sizes}; {dtype}; {mask})").format(
+                        case=_(label), sizes=watch.sizes_text, dtype=dtype, mask=shown),
                     dims=("B", "N_h", "S_q", "D_v"), wrong=_gqa_mixups(q, k, v, mask), atol=atol)
+
+
+_MASK_KINDS = {"causal": N_("causal mask {shape}"), "padding": N_("padding mask {shape}"),
+               "per_head": N_("per_head mask {shape}")}
 
 
 def _large_score_atol(q, k, v) -> float:
@@ -455,11 +482,11 @@ def _expect_stable(c: Check, got, want, q, k, mask, atol: float) -> None:
     broken = ~got.isfinite().all(-1) | (got == 0).all(-1)
     if (risky.any() and not row_ok[risky].all() and row_ok[~risky].all()
             and broken[risky & ~row_ok].all()):
-        c.fail(f"wrong values (inf, NaN or zeros) exactly on the {int((~row_ok).sum())} query "
-               "rows whose scores are large enough to overflow exp() (or to underflow it to all "
-               "zeros); every other row is right.",
-               "softmax overflowed: exp of a large score is inf. Subtract each row's maximum "
-               "score before exponentiating (or use chapter 04's masked_softmax)")
+        c.fail(_("wrong values (inf, NaN or zeros) exactly on the {count} query rows whose "
+                 "scores are large enough to overflow exp() (or to underflow it to all zeros); "
+                 "every other row is right.").format(count=int((~row_ok).sum())),
+               _("softmax overflowed: exp of a large score is inf. Subtract each row's maximum "
+                 "score before exponentiating (or use chapter 04's masked_softmax)"))
 
 
 def check_grouped_query_attention(f, *, seed: int | None = None, thorough: bool = False) -> None:
@@ -467,9 +494,10 @@ def check_grouped_query_attention(f, *, seed: int | None = None, thorough: bool 
         watch = _Watch()
         c.fn = _watched(f, watch)
         # Shown in the pass summary (a failure below stops the check before it is displayed).
-        for prop in ("GQA, MQA (N_kv = 1) and MHA (N_kv = N_h), with S_q != S_k",
-                     "bottom-right causal, padding and per-head masks; fully masked rows give 0",
-                     "repeated K/V never materialised"):
+        for prop in (_("GQA, MQA (N_kv = 1) and MHA (N_kv = N_h), with S_q != S_k"),
+                     _("bottom-right causal, padding and per-head masks; fully masked rows "
+                       "give 0"),
+                     _("repeated K/V never materialised")):
             c.note(prop)
         _run_gqa(c, watch, _prime_sizes(c, kv_more=True))
         _run_gqa(c, watch, _prime_sizes(c, kv_more=True), mask_kind="causal")
@@ -479,18 +507,18 @@ def check_grouped_query_attention(f, *, seed: int | None = None, thorough: bool 
         _run_gqa(c, watch, (b, n_kv, 1, s, s, d, d), mask_kind="causal",
                  label="MHA (N_kv = N_h)")
         _run_gqa(c, watch, _prime_sizes(c, s_q=1), mask_kind="causal",
-                 label="a decode step (S_q = 1)")
+                 label=N_("a decode step (S_q = 1)"))
         sizes = list(_prime_sizes(c))
         sizes[3], sizes[4] = max(sizes[3:5]), min(sizes[3:5])  # S_q > S_k: leading rows see nothing
         _run_gqa(c, watch, tuple(sizes), mask_kind="causal",
-                 label="S_q > S_k, whose first rows are fully masked")
+                 label=N_("S_q > S_k, whose first rows are fully masked"))
         _run_gqa(c, watch, _prime_sizes(c), mask_kind="per_head",
-                 label="a per-head mask with fully masked rows")
-        _run_gqa(c, watch, _prime_sizes(c), mask_kind="padding", label="a padding mask")
+                 label=N_("a per-head mask with fully masked rows"))
+        _run_gqa(c, watch, _prime_sizes(c), mask_kind="padding", label=N_("a padding mask"))
         _run_gqa(c, watch, _prime_sizes(c), q_scale=60.0, mask_kind="causal",
-                 label="large scores (up to a few hundred)")
+                 label=N_("large scores (up to a few hundred)"))
         _run_gqa(c, watch, _prime_sizes(c), mask_kind="causal", dtype=torch.float64)
-        for _ in range(4 if thorough else 0):
+        for _n in range(4 if thorough else 0):
             _run_gqa(c, watch, _prime_sizes(c), mask_kind=c.choice([None, "causal", "per_head"]))
             _run_gqa(c, watch, _prime_sizes(c, n_kv=1), mask_kind="causal", label="MQA")
 
@@ -501,11 +529,11 @@ def check_grouped_query_attention(f, *, seed: int | None = None, thorough: bool 
 
 def check_kv_cache_bytes(f, *, seed: int | None = None, thorough: bool = False) -> None:
     with Check("kv_cache_bytes", f, seed=seed) as c:
-        c.note("2 L B S N_kv D_h s, exact")
-        c.note("the article's LLaMA-2-7B numbers: MHA, GQA 1/4, MQA 1/32")
+        c.note(_("2 L B S N_kv D_h s, exact"))
+        c.note(_("the article's LLaMA-2-7B numbers: MHA, GQA 1/4, MQA 1/32"))
         cases = []
         # 1 byte first (fp8/int8), then 4 (fp32): 2-byte slips then differ from a missing 2.
-        for nbytes in [1, 4] + [c.choice([1, 4]) for _ in range(4 if thorough else 0)]:
+        for nbytes in [1, 4] + [c.choice([1, 4]) for _n in range(4 if thorough else 0)]:
             n_layers, batch, n_kv, head_dim = c.sizes(4, 3, 40)
             cases.append((n_layers, batch, c.randint(50, 5000), n_kv, head_dim, nbytes))
         # The article's LLaMA-2-7B shapes in fp16 at 4096 tokens: MHA, GQA (N_kv = 8), MQA.
@@ -521,15 +549,16 @@ def check_kv_cache_bytes(f, *, seed: int | None = None, thorough: bool = False) 
 def _cache_mixups(args, want: int) -> dict:
     n_layers, batch, seq_len, n_kv, head_dim, nbytes = args
     return {
-        "forgot the factor 2: the cache holds both K and V": want // 2,
-        "counted bits, not bytes (multiplied by 8)": want * 8,
-        "returned GiB; return the exact number of bytes as an int": want / 2**30,
-        "returned MiB; return the exact number of bytes as an int": want / 2**20,
-        "returned a float; the byte count is an exact int (avoid `/` and float factors)":
+        _("forgot the factor 2: the cache holds both K and V"): want // 2,
+        _("counted bits, not bytes (multiplied by 8)"): want * 8,
+        _("returned GiB; return the exact number of bytes as an int"): want / 2**30,
+        _("returned MiB; return the exact number of bytes as an int"): want / 2**20,
+        _("returned a float; the byte count is an exact int (avoid `/` and float factors)"):
             float(want),
-        "left out the number of layers L: every layer keeps its own K and V": want // n_layers,
-        "left out the batch size B: every sequence keeps its own cache": want // batch,
-        "hard-coded 2 bytes per element (fp16); use bytes_per_elem":
+        _("left out the number of layers L: every layer keeps its own K and V"):
+            want // n_layers,
+        _("left out the batch size B: every sequence keeps its own cache"): want // batch,
+        _("hard-coded 2 bytes per element (fp16); use bytes_per_elem"):
             want // nbytes * 2 if nbytes != 2 else None,
-        "multiplied by bytes_per_elem twice": want * nbytes if nbytes != 1 else None,
+        _("multiplied by bytes_per_elem twice"): want * nbytes if nbytes != 1 else None,
     }

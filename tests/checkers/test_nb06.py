@@ -9,7 +9,8 @@ import torch.nn.functional as F
 
 from checks import nb06
 from checks import reference as ref
-from checks.engine import ForbiddenCall
+from checks.context import LANG_ENV
+from checks.engine import CheckFailure, ForbiddenCall
 
 from ..support.catalogue import Wrong, exercises, implementations
 
@@ -212,6 +213,12 @@ def gqa_no_scale(q, k, v, mask=None):
     return gqa_folded(q * math.sqrt(d), k, v, mask)
 
 
+def gqa_scaled_by_h(q, k, v, mask=None):
+    """Divides the scores by sqrt(H) = sqrt(N_h * D_h), the width of all heads together."""
+    b, n_h, s_q, d = q.shape
+    return gqa_folded(q * math.sqrt(d) / math.sqrt(n_h * d), k, v, mask)
+
+
 def gqa_nan_rows(q, k, v, mask=None):
     b, n_h, s_q, d = q.shape
     n_kv, s_k = k.shape[1], k.shape[2]
@@ -322,6 +329,8 @@ WRONG = {
         Wrong("q viewed as [B, G, N_kv]", gqa_group_view_swapped, "h % N_kv"),
         Wrong("h // N_kv", _gqa_with_map(lambda h, n_h, n_kv: h // n_kv), "h // N_kv"),
         Wrong("no scale", gqa_no_scale, "1/sqrt(D_h) scale"),
+        Wrong("scaled by sqrt(H)", gqa_scaled_by_h, "scaled by 1/sqrt(H) = 1/sqrt(N_h * D_h), "
+              "the width of all query heads together, instead of 1/sqrt(D_h)"),
         Wrong("softmax over queries", gqa_query_axis_softmax, "query axis"),
         Wrong("unstable softmax", gqa_unstable_softmax, "subtract each row's maximum"),
         Wrong("ignores the mask", gqa_ignores_mask, "ignored the mask"),
@@ -352,3 +361,15 @@ EXERCISES = exercises(CORRECT, WRONG)
 def test_forbidden_shortcuts_are_rejected_as_forbidden(fn):
     with pytest.raises(ForbiddenCall):
         nb06.check_grouped_query_attention(fn, seed=0)
+
+
+def test_chapter_06_reads_in_chinese(monkeypatch):
+    monkeypatch.setenv(LANG_ENV, "zh")
+    with pytest.raises(CheckFailure) as info:
+        nb06.check_grouped_query_attention(gqa_scaled_by_h, seed=0)
+    text = str(info.value)
+    assert "可能的错误：按 1/sqrt(H) = 1/sqrt(N_h * D_h)（所有 Query head 合起来的宽度）缩放了" in text
+    assert "likely mistake" not in text and "expected" not in text, text
+    with pytest.raises(CheckFailure) as info:
+        nb06.check_grouped_query_attention(gqa_expand_reshape, seed=0)
+    assert "实际生成了重复的 K/V" in str(info.value), str(info.value)
