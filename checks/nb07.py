@@ -9,6 +9,7 @@ import torch
 
 from . import reference as ref
 from .engine import Check, LearnerError, describe
+from .i18n import N_, _
 
 # --------------------------------------------------------------------------------------------
 # Shared helpers
@@ -20,7 +21,7 @@ def _perm(c: Check, s: int) -> torch.Tensor:
     A permutation that undoes itself would make the inverse-permutation mistake invisible.
     """
     identity = torch.arange(s)
-    for _ in range(100):
+    for _n in range(100):
         perm = torch.randperm(s, generator=c.gen)
         if s < 3 or not torch.equal(perm[perm], identity):
             return perm
@@ -46,7 +47,7 @@ def _call(c: Check, *args, hint: str | None = None, when: tuple[str, ...] = ()):
     except LearnerError as err:
         text = err.message.lower()
         if hint and err.hint is None and any(word in text for word in when):
-            raise LearnerError(err.exercise, err.message, hint=hint, seed=err.seed) from None
+            raise err.with_hint(hint) from None
         raise
 
 
@@ -54,11 +55,13 @@ def _expect_float(c: Check, got, want: float, *, what: str, wrong: dict,
                   atol: float = 1e-5, rtol: float = 1e-4) -> None:
     """A Python float within tolerance of `want`; a mismatch is compared with the variants."""
     if isinstance(got, torch.Tensor):
-        c.fail(f"{what} should be a Python float, got a torch.Tensor ({describe(got)}).",
-               hint="returned a tensor: turn the result into a Python float with `.item()` "
-                    "or `float(...)`")
+        c.fail(_("{what} should be a Python float, got a torch.Tensor ({kind}).").format(
+            what=what, kind=describe(got)),
+               hint=_("returned a tensor: turn the result into a Python float with `.item()` "
+                      "or `float(...)`"))
     if not isinstance(got, numbers.Real) or isinstance(got, (bool, numbers.Integral)):
-        c.fail(f"{what} should be a Python float, got {type(got).__name__} {describe(got)}.")
+        c.fail(_("{what} should be a Python float, got {kind} {value}.").format(
+            what=what, kind=type(got).__name__, value=describe(got)))
     got = float(got)
 
     def close(a: float, b: float) -> bool:
@@ -75,32 +78,35 @@ def _expect_float(c: Check, got, want: float, *, what: str, wrong: dict,
         if close(got, value) and not close(value, want):
             hint = mistake
             break
-    c.fail(f"{what} is {got:.6g}, expected {want:.6g}.", hint)
+    c.fail(_("{what} is {got}, expected {want}.").format(what=what, got=f"{got:.6g}",
+                                                         want=f"{want:.6g}"), hint)
 
 
 def _expect_dtype(c: Check, got, want: torch.Tensor, *, what: str, hint: str) -> None:
     """A dtype mismatch (with the right shape) fails with `hint`; anything else is left to
     `expect_tensor`."""
     if isinstance(got, torch.Tensor) and got.shape == want.shape and got.dtype != want.dtype:
-        c.fail(f"{what} has dtype {got.dtype}, expected {want.dtype}.", hint=hint)
+        c.fail(_("{what} has dtype {got}, expected {want}.").format(what=what, got=got.dtype,
+                                                                   want=want.dtype), hint=hint)
 
 
 # --------------------------------------------------------------------------------------------
 # permute_tokens
 
-_AXIS_HINT = ("perm reorders the sequence axis (dim 1) of [B, S, H]: "
-              "out[:, i] = x[:, perm[i]], i.e. `x[:, perm]`")
-_INVERSE_HINT = ("applied the inverse permutation: new position i holds the token that was at "
-                 "position perm[i] (gather, `x[:, perm]`), not the token sent to perm[i] "
-                 "(scatter, `x[:, argsort(perm)]`)")
+_AXIS_HINT = N_("perm reorders the sequence axis (dim 1) of [B, S, H]: "
+                 "out[:, i] = x[:, perm[i]], i.e. `x[:, perm]`")
+_INVERSE_HINT = N_("applied the inverse permutation: new position i holds the token that was at "
+                   "position perm[i] (gather, `x[:, perm]`), not the token sent to perm[i] "
+                   "(scatter, `x[:, argsort(perm)]`)")
 
 
 def _permute_mixups(x: torch.Tensor, perm: torch.Tensor) -> dict:
+    axis = _(_AXIS_HINT)
     return {
-        _INVERSE_HINT: lambda: x[:, torch.argsort(perm)],
-        "permuted the batch axis (dim 0); " + _AXIS_HINT: lambda: x[perm],
-        "permuted the feature axis (dim 2); " + _AXIS_HINT: lambda: x[..., perm],
-        "returned x unchanged; " + _AXIS_HINT: x,
+        _(_INVERSE_HINT): lambda: x[:, torch.argsort(perm)],
+        _("permuted the batch axis (dim 0); {rule}").format(rule=axis): lambda: x[perm],
+        _("permuted the feature axis (dim 2); {rule}").format(rule=axis): lambda: x[..., perm],
+        _("returned x unchanged; {rule}").format(rule=axis): x,
     }
 
 
@@ -108,13 +114,13 @@ def check_permute_tokens(f, *, seed: int | None = None, thorough: bool = False) 
     with Check("permute_tokens", f, seed=seed) as c:
         # Shown in the pass summary (only reached when every comparison below holds).
         c.note("out[:, i] == x[:, perm[i]]")
-        c.note("dtype kept")
-        c.note("input left unchanged")
+        c.note(_("dtype kept"))
+        c.note(_("input left unchanged"))
         # First S smaller than B and H, so that indexing the wrong axis gives a wrong shape
         # (diagnosed) rather than an index error; then any order, and the edge cases.
         small, *others = sorted(c.sizes(3, 3, 10))
         cases = [(others[0], small, others[1], torch.float32)]
-        for _ in range(4 if thorough else 1):
+        for _n in range(4 if thorough else 1):
             b, s, h = c.sizes(3, 3, 10)
             cases.append((b, s, h, torch.float32))
         cases += [(2, 5, 3, torch.float64), (1, 1, 4, torch.float32), (3, 2, 4, torch.float32)]
@@ -124,13 +130,15 @@ def check_permute_tokens(f, *, seed: int | None = None, thorough: bool = False) 
             want = ref.permute_tokens(x, perm)
             before = x.clone()
             got = _call(c, x, perm, hint=_AXIS_HINT, when=("index", "out of bounds"))
-            c.expect_tensor(got, want, what=f"permute_tokens(x, perm) for x of "
-                            f"[B={b}, S={s}, H={h}] ({str(dtype).removeprefix('torch.')}), "
-                            f"perm={perm.tolist()}", dims=("B", "S", "H"),
-                            wrong=_permute_mixups(before, perm))
+            c.expect_tensor(got, want, what=_("permute_tokens(x, perm) for x of {shape} "
+                                              "({dtype}), perm={perm}").format(
+                                shape=f"[B={b}, S={s}, H={h}]",
+                                dtype=str(dtype).removeprefix('torch.'), perm=perm.tolist()),
+                            dims=("B", "S", "H"), wrong=_permute_mixups(before, perm))
             if not torch.equal(x, before):
-                c.fail("permute_tokens changed its input x in place.",
-                       hint="return a new tensor (`x[:, perm]` makes one) and leave x as it was")
+                c.fail(_("permute_tokens changed its input x in place."),
+                       hint=_("return a new tensor (`x[:, perm]` makes one) and leave x as it "
+                              "was"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -140,26 +148,26 @@ def check_permute_tokens(f, *, seed: int | None = None, thorough: bool = False) 
 def check_permutation_matrix(f, *, seed: int | None = None, thorough: bool = False) -> None:
     with Check("permutation_matrix", f, seed=seed) as c:
         # Shown in the pass summary (only reached when every comparison below holds).
-        c.note("one 1 per row at column perm[i]")
+        c.note(_("one 1 per row at column perm[i]"))
         c.note("P @ x == x[perm]")
         c.note("float32")
-        sizes = [c.randint(3, 10) for _ in range(4 if thorough else 2)] + [1, 2, 6]
+        sizes = [c.randint(3, 10) for _n in range(4 if thorough else 2)] + [1, 2, 6]
         for s in sizes:
             perm = _perm(c, s)
             want = ref.permutation_matrix(perm)
             got = c.call(perm.clone())
-            what = f"permutation_matrix(perm) for perm={perm.tolist()}"
+            what = _("permutation_matrix(perm) for perm={perm}").format(perm=perm.tolist())
             _expect_dtype(c, got, want, what=what,
-                          hint="the matrix multiplies float hidden states, so make it float32 "
-                               "(`F.one_hot` gives int64: add `.float()`)")
+                          hint=_("the matrix multiplies float hidden states, so make it float32 "
+                                 "(`F.one_hot` gives int64: add `.float()`)"))
             c.expect_tensor(got, want, what=what, dims=("row", "col"), wrong={
-                "transposed: row i needs its single 1 in column perm[i], so that "
-                "(P @ x)[i] = x[perm[i]]": lambda: want.T,
-                "ignores perm: returned the identity matrix": lambda: torch.eye(s),
+                _("transposed: row i needs its single 1 in column perm[i], so that "
+                  "(P @ x)[i] = x[perm[i]]"): lambda: want.T,
+                _("ignores perm: returned the identity matrix"): lambda: torch.eye(s),
             })
             x0 = c.randn(s, c.randint(2, 6))
             if not torch.equal(got @ x0, x0[perm]):  # exact: one 1 per row, zeros elsewhere
-                c.fail(f"{what}: P @ x differs from x[perm].")
+                c.fail(_("{what}: P @ x differs from x[perm].").format(what=what))
 
 
 # --------------------------------------------------------------------------------------------
@@ -173,30 +181,30 @@ def _equivariance_mixups(fn, x: torch.Tensor, perm: torch.Tensor) -> dict:
         return fn(x[:, perm]) - fn(x)[:, perm]
 
     return {
-        "compared fn(PX) with fn(X) without permuting fn(X): the identity to test is "
-        "fn(PX) = P fn(X)": lambda: (fn(x[:, perm]) - fn(x)).abs().amax(),
-        "permuted fn(X) with the inverse permutation: use the same P on both sides, "
-        "fn(PX) - P fn(X)": lambda: (fn(x[:, perm]) - fn(x)[:, inverse]).abs().amax(),
-        "took the mean: the error is the largest absolute entry (`.abs().max()`)":
+        _("compared fn(PX) with fn(X) without permuting fn(X): the identity to test is "
+          "fn(PX) = P fn(X)"): lambda: (fn(x[:, perm]) - fn(x)).abs().amax(),
+        _("permuted fn(X) with the inverse permutation: use the same P on both sides, "
+          "fn(PX) - P fn(X)"): lambda: (fn(x[:, perm]) - fn(x)[:, inverse]).abs().amax(),
+        _("took the mean: the error is the largest absolute entry (`.abs().max()`)"):
             lambda: diff().abs().mean(),
-        "forgot the absolute value: the largest |entry|, not the largest signed entry":
+        _("forgot the absolute value: the largest |entry|, not the largest signed entry"):
             lambda: diff().amax(),
-        "forgot the absolute value: the largest |entry|, not the largest signed entry of "
-        "P fn(X) - fn(PX)": lambda: (-diff()).amax(),
+        _("forgot the absolute value: the largest |entry|, not the largest signed entry of "
+          "P fn(X) - fn(PX)"): lambda: (-diff()).amax(),
     }
 
 
 def check_equivariance_error(f, *, seed: int | None = None, thorough: bool = False) -> None:
     with Check("equivariance_error", f, seed=seed) as c:
         # Shown in the pass summary (only reached when every comparison below holds).
-        c.note("near 0 for equivariant functions")
-        c.note("the largest |fn(PX) - P fn(X)| for the others")
-        c.note("a Python float")
+        c.note(_("near 0 for equivariant functions"))
+        c.note(_("the largest |fn(PX) - P fn(X)| for the others"))
+        c.note(_("a Python float"))
         for trial in range(3 if thorough else 1):
             b, s, h, h_out = c.sizes(4, 4, 11)
             x = c.randn(b, s, h)
             perm = _cycle(c, s)
-            w_q, w_k, w_v = (c.randn(h, h, scale=h ** -0.5) for _ in range(3))
+            w_q, w_k, w_v = (c.randn(h, h, scale=h ** -0.5) for _n in range(3))
             w_mlp = c.randn(h, h_out, scale=h ** -0.5)
             causal = ref.causal_mask(s)
             positions = ref.sinusoidal_positions(s, h)
@@ -204,29 +212,32 @@ def check_equivariance_error(f, *, seed: int | None = None, thorough: bool = Fal
             def attend(t, mask=None):
                 return ref.attention(t @ w_q, t @ w_k, t @ w_v, mask)[0]
 
+            # Each function's description is a message id (translated where it is shown).
             fns = [
-                ("attention without a mask", attend),
-                ("a token-wise layer tanh(x @ W) with W of [H, H_out]",
+                (N_("attention without a mask"), attend),
+                (N_("a token-wise layer tanh(x @ W) with W of [H, H_out]"),
                  lambda t: torch.tanh(t @ w_mlp)),
-                ("attention with a causal mask", lambda t: attend(t, causal)),
-                ("attention over x + sinusoidal positions", lambda t: attend(t + positions)),
+                (N_("attention with a causal mask"), lambda t: attend(t, causal)),
+                (N_("attention over x + sinusoidal positions"), lambda t: attend(t + positions)),
             ]
             shift = torch.roll(torch.arange(s), -1)
             if trial == 0:
                 # A cyclic shift gives the exact answer S - 1: the signed differences are +1
                 # (S - 1 times) and 1 - S (once), with the signs depending on +/- below.
                 index = torch.arange(s, dtype=x.dtype)[:, None]
-                fns.append(("x minus each token's position index (perm a cyclic shift)",
+                fns.append((N_("x minus each token's position index (perm a cyclic shift)"),
                             lambda t: t - index))
-                fns.append(("x plus each token's position index (perm a cyclic shift)",
+                fns.append((N_("x plus each token's position index (perm a cyclic shift)"),
                             lambda t: t + index))
             for desc, fn in fns:
-                p = shift if "cyclic shift" in desc else perm
+                p = shift if "cyclic shift" in desc else perm  # desc: the English
                 want = ref.equivariance_error(fn, x, p)
                 got = c.call(fn, x.clone(), p.clone())
                 _expect_float(c, got, want,
-                              what=f"equivariance_error for fn = {desc}, x of [B={b}, S={s}, "
-                                   f"H={h}], perm={p.tolist()}",
+                              what=_("equivariance_error for fn = {function}, x of {shape}, "
+                                     "perm={perm}").format(function=_(desc),
+                                                           shape=f"[B={b}, S={s}, H={h}]",
+                                                           perm=p.tolist()),
                               wrong=_equivariance_mixups(fn, x, p))
 
 
@@ -258,31 +269,32 @@ def _sinusoid(seq_len: int, hidden: int, *, base: float = 10000.0, first: int = 
 
 def _sinusoid_mixups(s: int, h: int, want: torch.Tensor) -> dict:
     return {
-        "sin and cos swapped: even features (2i) take sin, odd features (2i+1) take cos":
+        _("sin and cos swapped: even features (2i) take sin, odd features (2i+1) take cos"):
             lambda: _sinusoid(s, h, swap=True),
-        "sin and cos concatenated in two halves: they are interleaved, sin on feature 2i and "
-        "cos on feature 2i+1": lambda: _sinusoid(s, h, halves=True),
-        "exponent i/H with i the pair index: the exponent is 2i/H (pair i covers features 2i "
-        "and 2i+1)": lambda: _sinusoid(s, h, exponent=lambda i, j, hh: i / hh),
-        "feature 2i+1 used its own exponent (2i+1)/H: the sin and cos of pair i share "
-        "10000^(2i/H)": lambda: _sinusoid(s, h, exponent=lambda i, j, hh: j / hh),
-        "base 1000: the original Transformer uses 10000": lambda: _sinusoid(s, h, base=1000.0),
-        "positions start at 1: the first token is position 0 (row 0 is [0, 1, 0, 1, ...])":
+        _("sin and cos concatenated in two halves: they are interleaved, sin on feature 2i and "
+          "cos on feature 2i+1"): lambda: _sinusoid(s, h, halves=True),
+        _("exponent i/H with i the pair index: the exponent is 2i/H (pair i covers features 2i "
+          "and 2i+1)"): lambda: _sinusoid(s, h, exponent=lambda i, j, hh: i / hh),
+        _("feature 2i+1 used its own exponent (2i+1)/H: the sin and cos of pair i share "
+          "10000^(2i/H)"): lambda: _sinusoid(s, h, exponent=lambda i, j, hh: j / hh),
+        _("base 1000: the original Transformer uses 10000"):
+            lambda: _sinusoid(s, h, base=1000.0),
+        _("positions start at 1: the first token is position 0 (row 0 is [0, 1, 0, 1, ...])"):
             lambda: _sinusoid(s, h, first=1),
-        "multiplied by 10000^(2i/H): divide the position by it (the frequencies shrink "
-        "along the features)": lambda: _sinusoid(s, h, multiply=True),
-        "transposed: rows are positions, columns are features ([S, H])": lambda: want.T,
+        _("multiplied by 10000^(2i/H): divide the position by it (the frequencies shrink "
+          "along the features)"): lambda: _sinusoid(s, h, multiply=True),
+        _("transposed: rows are positions, columns are features ([S, H])"): lambda: want.T,
     }
 
 
 def check_sinusoidal_positions(f, *, seed: int | None = None, thorough: bool = False) -> None:
     with Check("sinusoidal_positions", f, seed=seed) as c:
         # Shown in the pass summary (only reached when every comparison below holds).
-        c.note("sin on even features, cos on odd")
-        c.note("frequencies 10000^(-2i/H)")
+        c.note(_("sin on even features, cos on odd"))
+        c.note(_("frequencies 10000^(-2i/H)"))
         c.note("float32 [S, H]")
         cases = []
-        for _ in range(4 if thorough else 2):
+        for _n in range(4 if thorough else 2):
             s = c.randint(3, 40)
             h = 2 * c.randint(2, 24)
             cases.append((s, h if h != s else h + 2))
@@ -292,8 +304,8 @@ def check_sinusoidal_positions(f, *, seed: int | None = None, thorough: bool = F
             got = c.call(s, h)
             what = f"sinusoidal_positions(seq_len={s}, hidden={h})"
             _expect_dtype(c, got, want, what=what,
-                          hint="return float32, torch's default float type (compute in float64 "
-                               "if you like, then `.float()`)")
+                          hint=_("return float32, torch's default float type (compute in "
+                                 "float64 if you like, then `.float()`)"))
             # float32 angles pos * w carry a relative error ~1e-7, so the absolute error of
             # sin/cos grows with the position.
             c.expect_tensor(got, want, what=what,

@@ -8,6 +8,8 @@ import torch.nn.functional as F
 
 from checks import nb07
 from checks import reference as ref
+from checks.context import LANG_ENV
+from checks.engine import CheckFailure
 
 from ..support.catalogue import Wrong, exercises, implementations
 
@@ -194,3 +196,16 @@ def test_reference_permutations_agree():
     assert ref.equivariance_error(torch.tanh, x, perm) == 0.0
     # a causal running sum is not permutation-equivariant
     assert ref.equivariance_error(lambda t: t.cumsum(1), x, perm) > 0.1
+
+
+def test_chapter_07_reads_in_chinese(monkeypatch):
+    monkeypatch.setenv(LANG_ENV, "zh")
+    with pytest.raises(CheckFailure) as info:
+        nb07.check_permute_tokens(lambda x, perm: x[perm], seed=0)
+    text = str(info.value)
+    assert "可能的错误：重排了 batch 轴（dim 0）；perm 重排的是 [B, S, H] 的序列轴（dim 1）" in text
+    assert "likely mistake" not in text and "expected" not in text, text
+    with pytest.raises(CheckFailure) as info:
+        nb07.check_equivariance_error(_equivariance("mean"), seed=0)
+    text = str(info.value)
+    assert "fn = 带因果 Mask 的注意力" in text and "取了平均值" in text, text
