@@ -12,6 +12,7 @@ from torch.overrides import TorchFunctionMode
 
 from . import reference as ref
 from .engine import Check, ForbiddenCall, LearnerError, builds_on
+from .i18n import N_, _
 from .reference.attention import torch_mha_reference
 
 HEADS_FIRST = ("B", "N", "S", "D")
@@ -19,61 +20,62 @@ HEADS_FIRST = ("B", "N", "S", "D")
 # --------------------------------------------------------------------------------------------
 # The mistakes this chapter diagnoses, each with the words a failure shows.
 
-SPLIT_NO_TRANSPOSE = ("reshaped straight to [B, N, S, D] without a transpose, so each 'head' holds "
-                      "pieces of several tokens (heads mixing tokens): reshape to [B, S, N, D], "
-                      "then transpose(1, 2)")
-SPLIT_TOKENS_FIRST = ("forgot the transpose: per-head tensors are heads-first [B, N, S, D], not "
-                      "[B, S, N, D]")
-SPLIT_HEAD_MINOR = ("split head-minor (head h got features h, h+N, h+2N, ...): each head owns a "
-                    "contiguous block of D features, so reshape to [B, S, N, D] (head index "
-                    "before feature index)")
-SPLIT_TOKENWISE = ("split the sequence into N chunks of tokens (splitting heads token-wise): "
-                   "heads split the features of every token, and every head sees all S tokens")
-SPLIT_WRONG_AXES = "transposed the wrong axes: the result must be [B, N, S, D]"
+SPLIT_NO_TRANSPOSE = N_("reshaped straight to [B, N, S, D] without a transpose, so each 'head' "
+                        "holds pieces of several tokens (heads mixing tokens): reshape to "
+                        "[B, S, N, D], then transpose(1, 2)")
+SPLIT_TOKENS_FIRST = N_("forgot the transpose: per-head tensors are heads-first [B, N, S, D], not "
+                        "[B, S, N, D]")
+SPLIT_HEAD_MINOR = N_("split head-minor (head h got features h, h+N, h+2N, ...): each head owns a "
+                      "contiguous block of D features, so reshape to [B, S, N, D] (head index "
+                      "before feature index)")
+SPLIT_TOKENWISE = N_("split the sequence into N chunks of tokens (splitting heads token-wise): "
+                     "heads split the features of every token, and every head sees all S tokens")
+SPLIT_WRONG_AXES = N_("transposed the wrong axes: the result must be [B, N, S, D]")
 
-MERGE_NO_TRANSPOSE = ("merged in the wrong order: reshaped [B, N, S, D] straight to [B, S, N*D] "
-                      "without transposing back, which mixes tokens: transpose(1, 2) first, "
-                      "then reshape")
-MERGE_HEAD_MINOR = ("merged in the wrong order (head-minor: feature d of every head, then d+1, "
-                    "...): the concatenation is [head 0's D features | head 1's | ...], i.e. "
-                    "[B, S, N, D] flattened")
-MERGE_UNFLATTENED = "transposed back but did not flatten the last two axes into N*D"
-MERGE_SUM = "summed the heads: heads are concatenated along the features, not added"
-VIEW_NOT_CONTIGUOUS = ("`.view` needs contiguous memory, and a transposed tensor is not: use "
-                       "`.reshape(...)` (or `.contiguous().view(...)`)")
+MERGE_NO_TRANSPOSE = N_("merged in the wrong order: reshaped [B, N, S, D] straight to [B, S, N*D] "
+                        "without transposing back, which mixes tokens: transpose(1, 2) first, "
+                        "then reshape")
+MERGE_HEAD_MINOR = N_("merged in the wrong order (head-minor: feature d of every head, then d+1, "
+                      "...): the concatenation is [head 0's D features | head 1's | ...], i.e. "
+                      "[B, S, N, D] flattened")
+MERGE_UNFLATTENED = N_("transposed back but did not flatten the last two axes into N*D")
+MERGE_SUM = N_("summed the heads: heads are concatenated along the features, not added")
+VIEW_NOT_CONTIGUOUS = N_("`.view` needs contiguous memory, and a transposed tensor is not: use "
+                         "`.reshape(...)` (or `.contiguous().view(...)`)")
 
-FUSE_ROWS = ("fused weights concatenated along the wrong axis (rows, dim 0): weights are "
-             "[in, out], so Q, K and V sit side by side along the output columns (dim=1)")
-FUSE_ORDER = "put the blocks in the wrong order (got {}): the fused columns are Q | K | V"
-FUSE_STACK = ("stacked the three matrices along a new axis: concatenate them along the output "
-              "columns into one [H, (N_h + 2 N_kv) D_h] matrix")
-FUSE_OUT_IN = ("returned the [out, in] layout of nn.Linear.weight / in_proj_weight: the course "
-               "keeps weights [in, out] and concatenates along the output columns")
+FUSE_ROWS = N_("fused weights concatenated along the wrong axis (rows, dim 0): weights are "
+               "[in, out], so Q, K and V sit side by side along the output columns (dim=1)")
+FUSE_ORDER = N_("put the blocks in the wrong order (got {order}): the fused columns are Q | K | V")
+FUSE_STACK = N_("stacked the three matrices along a new axis: concatenate them along the output "
+                "columns into one [H, (N_h + 2 N_kv) D_h] matrix")
+FUSE_OUT_IN = N_("returned the [out, in] layout of nn.Linear.weight / in_proj_weight: the course "
+                 "keeps weights [in, out] and concatenates along the output columns")
 
-VIEW_ON_SLICE = ("`.view` failed on a column slice of qkv: a slice can be viewed as [B, S, N, D] "
-                 "(that only splits its last axis), but viewing it straight as [B, N, S, D] "
-                 "regroups features across tokens (heads mixing tokens); view as [B, S, N, D], "
-                 "then transpose(1, 2)")
-QKV_SWAPPED = "Q/K/V slices swapped: the columns of qkv are Q | K | V, in that order"
-KV_HEADS = ("K and V were sliced (or split) with N_h heads: with grouped-query attention "
-            "(N_kv < N_h) K and V have only n_kv_heads heads each, so the column widths are "
-            "N_h*D_h | N_kv*D_h | N_kv*D_h")
+VIEW_ON_SLICE = N_("`.view` failed on a column slice of qkv: a slice can be viewed as [B, S, N, D] "
+                   "(that only splits its last axis), but viewing it straight as [B, N, S, D] "
+                   "regroups features across tokens (heads mixing tokens); view as [B, S, N, D], "
+                   "then transpose(1, 2)")
+QKV_SWAPPED = N_("Q/K/V slices swapped: the columns of qkv are Q | K | V, in that order")
+KV_HEADS = N_("K and V were sliced (or split) with N_h heads: with grouped-query attention "
+              "(N_kv < N_h) K and V have only n_kv_heads heads each, so the column widths are "
+              "N_h*D_h | N_kv*D_h | N_kv*D_h")
 
-MHA_SPLIT_MERGE_NO_TRANSPOSE = ("split and merged the heads with plain reshapes ([B, S, H] <-> "
-                                "[B, N, S, D]) and no transposes, so each 'head' holds pieces of "
-                                "several tokens (heads mixing tokens): split as [B, S, N, D] then "
-                                "transpose(1, 2); merge by transposing back, then reshaping")
-MHA_SPLIT_HEAD_MINOR_ONLY = ("split head-minor (head h got features h, h+N, ...) but merged "
-                             "head-major: each head owns a contiguous block of D features")
-MHA_NO_WO = ("forgot W_O: after concatenating the heads, multiply by w_o (the output projection "
-             "that mixes the heads)")
-MHA_WO_T = "applied W_O transposed: weights are [in, out], so the last step is `concat @ w_o`"
-MHA_SCALE_H = "scaled the scores by 1/sqrt(H): each head scales by 1/sqrt(D_h), its own width"
-MHA_NO_SCALE = "forgot the 1/sqrt(D_h) scale of the scores"
-MHA_ONE_HEAD = ("computed one big head over all H features: split Q, K and V into n_heads heads "
-                "of D_h = H / N_h features each")
-MHA_MASK_INVERTED = "mask inverted: True means 'may attend'"
-MHA_MASK_IGNORED = "ignored the mask"
+MHA_SPLIT_MERGE_NO_TRANSPOSE = N_("split and merged the heads with plain reshapes ([B, S, H] "
+                                  "<-> [B, N, S, D]) and no transposes, so each 'head' holds "
+                                  "pieces of several tokens (heads mixing tokens): split as "
+                                  "[B, S, N, D] then transpose(1, 2); merge by transposing back, "
+                                  "then reshaping")
+MHA_SPLIT_HEAD_MINOR_ONLY = N_("split head-minor (head h got features h, h+N, ...) but merged "
+                               "head-major: each head owns a contiguous block of D features")
+MHA_NO_WO = N_("forgot W_O: after concatenating the heads, multiply by w_o (the output projection "
+               "that mixes the heads)")
+MHA_WO_T = N_("applied W_O transposed: weights are [in, out], so the last step is `concat @ w_o`")
+MHA_SCALE_H = N_("scaled the scores by 1/sqrt(H): each head scales by 1/sqrt(D_h), its own width")
+MHA_NO_SCALE = N_("forgot the 1/sqrt(D_h) scale of the scores")
+MHA_ONE_HEAD = N_("computed one big head over all H features: split Q, K and V into n_heads heads "
+                  "of D_h = H / N_h features each")
+MHA_MASK_INVERTED = N_("mask inverted: True means 'may attend'")
+MHA_MASK_IGNORED = N_("ignored the mask")
 
 # --------------------------------------------------------------------------------------------
 # Known-wrong building blocks (the variants a diagnosis compares with)
@@ -177,15 +179,16 @@ def _call(c: Check, *args, hints: Mapping[str, str] | None = None, hint: str | N
 
 def _as_triple(c: Check, got, what: str):
     if not isinstance(got, (tuple, list)) or len(got) != 3:
-        c.fail(f"{what} should return a tuple (q, k, v) of three tensors, got {_brief(got)}.")
+        c.fail(_("{what} should return a tuple (q, k, v) of three tensors, got {kind}.").format(
+            what=what, kind=_brief(got)))
     return got
 
 
 def _brief(value) -> str:
     if isinstance(value, torch.Tensor):
-        return f"a tensor of shape {list(value.shape)}"
+        return _("a tensor of shape {shape}").format(shape=list(value.shape))
     if isinstance(value, (tuple, list)):
-        return f"a {type(value).__name__} of {len(value)} items"
+        return _("a {kind} of {count} items").format(kind=type(value).__name__, count=len(value))
     return type(value).__name__
 
 
@@ -195,16 +198,14 @@ def _brief(value) -> str:
 
 _REFERENCE_DIR = os.path.dirname(ref.__file__) + os.sep
 
+_MHA_AGAINST = N_("nn.MultiheadAttention is what this check compares against: build the layer "
+                  "from fused QKV, split_qkv, attention and merge_heads")
 _MHA_FORBIDDEN = {
     "scaled_dot_product_attention":
-        "compute each head's attention yourself (scores, masked softmax, weights @ V) or call "
-        "chapter 04's `attention` from checks.reference",
-    "multi_head_attention_forward":
-        "nn.MultiheadAttention is what this check compares against: build the layer from "
-        "fused QKV, split_qkv, attention and merge_heads",
-    "_native_multi_head_attention":
-        "nn.MultiheadAttention is what this check compares against: build the layer from "
-        "fused QKV, split_qkv, attention and merge_heads",
+        N_("compute each head's attention yourself (scores, masked softmax, weights @ V) or call "
+           "chapter 04's `attention` from checks.reference"),
+    "multi_head_attention_forward": _MHA_AGAINST,
+    "_native_multi_head_attention": _MHA_AGAINST,
 }
 
 
@@ -223,8 +224,8 @@ class _ForbidOutsideReference(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", "")
         if name in self.forbidden and not _called_from_reference():
-            raise ForbiddenCall(self.c.exercise, f"calls `{name}`, which this exercise asks "
-                                "you not to use.", hint=self.forbidden[name])
+            raise ForbiddenCall(self.c.exercise, _("calls `{name}`, which this exercise asks "
+                                "you not to use.").format(name=name), hint=self.forbidden[name])
         return func(*args, **(kwargs or {}))
 
 
@@ -245,7 +246,7 @@ def check_split_heads(f, *, seed: int | None = None, thorough: bool = False) -> 
     with Check("split_heads", f, seed=seed) as c:
         cases = [(2, 6, 3, 4),           # S divisible by N: splitting tokens would fit too
                  (1, 5, 32, 128)]        # the article's 4096 = 32 x 128
-        for _ in range(6 if thorough else 2):
+        for _n in range(6 if thorough else 2):
             cases.append(tuple(c.sizes(4, 2, 9)))
         for b, s, n, d in cases:
             x = c.randn(b, s, n * d)
@@ -257,9 +258,9 @@ def check_split_heads(f, *, seed: int | None = None, thorough: bool = False) -> 
         b, s, n, d = 3, 4, 2, 5
         x = (torch.arange(s)[:, None] * 100 + torch.arange(n * d)).float().repeat(b, 1, 1)
         got = _call(c, x.clone(), n)
-        c.expect_tensor(got, ref.split_heads(x, n), what="split_heads of a labelled input",
+        c.expect_tensor(got, ref.split_heads(x, n), what=_("split_heads of a labelled input"),
                         dims=HEADS_FIRST, wrong=_split_wrongs(x, n))
-        c.note("head h of token s holds that token's features h*D .. h*D+D-1")
+        c.note(_("head h of token s holds that token's features h*D .. h*D+D-1"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -269,7 +270,7 @@ def check_split_heads(f, *, seed: int | None = None, thorough: bool = False) -> 
 def check_merge_heads(f, *, seed: int | None = None, thorough: bool = False) -> None:
     with Check("merge_heads", f, seed=seed) as c:
         cases = []
-        for _ in range(6 if thorough else 2):
+        for _n in range(6 if thorough else 2):
             cases.append(tuple(c.sizes(4, 2, 9)))
         cases.append((1, 5, 32, 128))
         hints = {"view size is not compatible": VIEW_NOT_CONTIGUOUS}
@@ -284,13 +285,13 @@ def check_merge_heads(f, *, seed: int | None = None, thorough: bool = False) -> 
                                    MERGE_HEAD_MINOR: lambda: _merge_head_minor(x),
                                    MERGE_UNFLATTENED: lambda: x.transpose(1, 2),
                                    MERGE_SUM: lambda: x.sum(1)})
-        c.note("a transposed (non-contiguous) input works")
+        c.note(_("a transposed (non-contiguous) input works"))
         b, s, n, d = c.sizes(4, 2, 9)
         x = c.randn(b, s, n * d)
         back = _call(c, ref.split_heads(x, n), hints=hints)
-        c.expect_tensor(back, x, what="merge_heads(split_heads(x)) (should give x back)",
+        c.expect_tensor(back, x, what=_("merge_heads(split_heads(x)) (should give x back)"),
                         dims=("B", "S", "H"))
-        c.note("merge_heads undoes split_heads")
+        c.note(_("merge_heads undoes split_heads"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -301,40 +302,41 @@ def check_fuse_qkv_weights(f, *, seed: int | None = None, thorough: bool = False
     with Check("fuse_qkv_weights", f, seed=seed) as c:
         # Standard MHA first: three square [H, H] matrices.
         trials = 4 if thorough else 1
-        for _ in range(trials):
+        for _n in range(trials):
             n, d = c.sizes(2, 2, 9)
             h = n * d
             w_q, w_k, w_v = c.randn(h, h), c.randn(h, h), c.randn(h, h)
             _expect_fused(c, w_q, w_k, w_v, f"w_q, w_k, w_v [H={h}, {h}]")
         # Grouped-query attention: K and V are narrower than Q.
-        for _ in range(trials):
+        for _n in range(trials):
             n_kv = c.choice([1, 2, 3])
             n_h = n_kv * c.choice([2, 4])
             d = _others(c, 1, (n_h, n_kv))[0]
             h = c.choice([n_h * d, n_h * d + 2])  # H need not equal N_h * D_h here
             w_q, w_k, w_v = c.randn(h, n_h * d), c.randn(h, n_kv * d), c.randn(h, n_kv * d)
             _expect_fused(c, w_q, w_k, w_v,
-                          f"w_q [H={h}, N_h*D={n_h * d}], w_k and w_v [H={h}, "
-                          f"N_kv*D={n_kv * d}]")
-        c.note("grouped-query shapes (narrower K and V)")
-        w_q, w_k, w_v = (c.randn(6, 6, dtype=torch.float64) for _ in range(3))
-        _expect_fused(c, w_q, w_k, w_v, "float64 w_q, w_k, w_v [6, 6]")
+                          _("w_q [H={h}, N_h*D={q}], w_k and w_v [H={h}, N_kv*D={kv}]").format(
+                              h=h, q=n_h * d, kv=n_kv * d))
+        c.note(_("grouped-query shapes (narrower K and V)"))
+        w_q, w_k, w_v = (c.randn(6, 6, dtype=torch.float64) for _n in range(3))
+        _expect_fused(c, w_q, w_k, w_v, _("float64 w_q, w_k, w_v [6, 6]"))
 
 
 def _expect_fused(c, w_q, w_k, w_v, shown):
     want = torch.cat([w_q, w_k, w_v], dim=1)
     got = _call(c, w_q.clone(), w_k.clone(), w_v.clone())
 
-    c.expect_tensor(got, want, what=f"fuse_qkv_weights with {shown}",
+    order = _(FUSE_ORDER)
+    c.expect_tensor(got, want, what=_("fuse_qkv_weights with {inputs}").format(inputs=shown),
                     dims=("H", "(N_h+2N_kv)*D"),
                     wrong={FUSE_ROWS: lambda: torch.cat([w_q, w_k, w_v], 0),
                            FUSE_STACK: lambda: torch.stack([w_q, w_k, w_v]),
                            FUSE_OUT_IN: lambda: want.T,
-                           FUSE_ORDER.format("K | Q | V"): lambda: torch.cat([w_k, w_q, w_v], 1),
-                           FUSE_ORDER.format("Q | V | K"): lambda: torch.cat([w_q, w_v, w_k], 1),
-                           FUSE_ORDER.format("V | K | Q"): lambda: torch.cat([w_v, w_k, w_q], 1),
-                           FUSE_ORDER.format("K | V | Q"): lambda: torch.cat([w_k, w_v, w_q], 1),
-                           FUSE_ORDER.format("V | Q | K"): lambda: torch.cat([w_v, w_q, w_k], 1)})
+                           order.format(order="K | Q | V"): lambda: torch.cat([w_k, w_q, w_v], 1),
+                           order.format(order="Q | V | K"): lambda: torch.cat([w_q, w_v, w_k], 1),
+                           order.format(order="V | K | Q"): lambda: torch.cat([w_v, w_k, w_q], 1),
+                           order.format(order="K | V | Q"): lambda: torch.cat([w_k, w_v, w_q], 1),
+                           order.format(order="V | Q | K"): lambda: torch.cat([w_v, w_q, w_k], 1)})
 
 
 # --------------------------------------------------------------------------------------------
@@ -345,10 +347,10 @@ def check_split_qkv(f, *, seed: int | None = None, thorough: bool = False) -> No
     with builds_on("split_qkv", {"split_heads": check_split_heads}), \
             Check("split_qkv", f, seed=seed) as c:
         cases = []
-        for _ in range(3 if thorough else 1):          # standard MHA: N_kv = N_h
+        for _n in range(3 if thorough else 1):          # standard MHA: N_kv = N_h
             b, s, n, d = c.sizes(4, 2, 9)
             cases.append((b, s, n, n, d))
-        for _ in range(3 if thorough else 1):          # GQA: 1 < N_kv < N_h
+        for _n in range(3 if thorough else 1):          # GQA: 1 < N_kv < N_h
             n_kv = c.choice([2, 3])
             n_h = n_kv * c.choice([2, 3])
             b, s, d = _others(c, 3, (n_h, n_kv))
@@ -358,7 +360,7 @@ def check_split_qkv(f, *, seed: int | None = None, thorough: bool = False) -> No
         cases.append((b, s, n_h, 1, d))
         for b, s, n_h, n_kv, d in cases:
             _expect_split_qkv(c, b, s, n_h, n_kv, d)
-        c.note("N_kv = N_h, 1 < N_kv < N_h and N_kv = 1")
+        c.note(_("N_kv = N_h, 1 < N_kv < N_h and N_kv = 1"))
 
 
 def _expect_split_qkv(c, b, s, n_h, n_kv, d):
@@ -375,18 +377,21 @@ def _expect_split_qkv(c, b, s, n_h, n_kv, d):
     for name, g, w in zip("qkv", got, want):
         if gqa and name != "q" and isinstance(g, torch.Tensor) and g.dim() == 4 \
                 and n_h in (g.shape[1], g.shape[2]) and g.shape != w.shape:
-            c.fail(f"{name} of {shown} has shape {list(g.shape)}, expected "
-                   f"[B={b}, N_kv={n_kv}, S={s}, D={d}].", KV_HEADS)
+            c.fail(_("{name} of {call} has shape {shape}, expected [B={b}, N_kv={n_kv}, S={s}, "
+                     "D={d}].").format(name=name, call=shown, shape=list(g.shape), b=b,
+                                       n_kv=n_kv, s=s, d=d), KV_HEADS)
         x, n = slices[name], heads[name]
         wrong = {}
         for other in "qkv":
             if other != name:
-                wrong[f"{QKV_SWAPPED} ({name} came from the {other.upper()} slice)"] = \
+                wrong[_("{swapped} ({name} came from the {other} slice)").format(
+                    swapped=_(QKV_SWAPPED), name=name, other=other.upper())] = \
                     (lambda o=other: _split(slices[o], n))
         wrong.update({SPLIT_NO_TRANSPOSE: lambda: _split_no_transpose(x, n),
                       SPLIT_TOKENS_FIRST: lambda: _split_tokens_first(x, n),
                       SPLIT_HEAD_MINOR: lambda: _split_head_minor(x, n)})
-        c.expect_tensor(g, w, what=f"{name} from {shown}", dims=HEADS_FIRST, wrong=wrong)
+        c.expect_tensor(g, w, what=_("{name} from {call}").format(name=name, call=shown),
+                        dims=HEADS_FIRST, wrong=wrong)
 
 
 # --------------------------------------------------------------------------------------------
@@ -403,17 +408,17 @@ def check_multi_head_attention(f, *, seed: int | None = None, thorough: bool = F
             b, s, n, d = c.sizes(4, 2, 9)
             h = n * d
             x, w_qkv, w_o = _mha_inputs(c, b, s, h)
-            masks = {"no mask": None, "causal mask": ref.causal_mask(s),
-                     "causal + left-padding mask": _padded_causal(c, b, s),
-                     "per-head mask": _per_head_mask(c, b, n, s)}
+            masks = {N_("no mask"): None, N_("causal mask"): ref.causal_mask(s),
+                     N_("causal + left-padding mask"): _padded_causal(c, b, s),
+                     N_("per-head mask"): _per_head_mask(c, b, n, s)}
             for label, mask in masks.items():
                 _expect_mha(c, x, w_qkv, w_o, n, mask, label)
-        c.note("same output as torch.nn.MultiheadAttention with the same weights")
-        c.note("no mask, causal, padded (fully masked rows give 0) and per-head masks")
+        c.note(_("same output as torch.nn.MultiheadAttention with the same weights"))
+        c.note(_("no mask, causal, padded (fully masked rows give 0) and per-head masks"))
         b, s, n, d = c.sizes(4, 2, 9)
         x, w_qkv, w_o = _mha_inputs(c, b, s, n * d, dtype=torch.float64)
-        _expect_mha(c, x, w_qkv, w_o, n, ref.causal_mask(s), "causal mask, float64")
-        c.note("float64 stays float64")
+        _expect_mha(c, x, w_qkv, w_o, n, ref.causal_mask(s), N_("causal mask, float64"))
+        c.note(_("float64 stays float64"))
 
 
 def _mha_inputs(c, b, s, h, dtype=torch.float32):
@@ -424,7 +429,7 @@ def _mha_inputs(c, b, s, h, dtype=torch.float32):
 
 def _padded_causal(c, b, s):
     """Causal AND left padding ([B, 1, S, S]); a sequence's leading pads see no key at all."""
-    pads = torch.tensor([c.randint(0, s - 1) for _ in range(b)])
+    pads = torch.tensor([c.randint(0, s - 1) for _n in range(b)])
     pads[0] = 1
     real = torch.arange(s)[None, :] >= pads[:, None]
     return ref.causal_mask(s)[None, None] & real[:, None, None, :]
@@ -439,7 +444,7 @@ def _per_head_mask(c, b, n, s):
 def _expect_mha(c, x, w_qkv, w_o, n, mask, label):
     b, s, h = x.shape
     want = torch_mha_reference(x, w_qkv, w_o, n, mask)
-    shown = label if mask is None else f"{label} {list(mask.shape)}"
+    shown = _(label) if mask is None else f"{_(label)} {list(mask.shape)}"
     what = f"multi_head_attention(x [B={b}, S={s}, H={h}], n_heads={n}, {shown})"
     with _ForbidOutsideReference(c, _MHA_FORBIDDEN):
         got = _call(c, x.clone(), w_qkv.clone(), w_o.clone(), n,
@@ -466,7 +471,8 @@ def _expect_mha(c, x, w_qkv, w_o, n, mask, label):
     }
     for order in [(1, 0, 2), (0, 2, 1), (2, 1, 0), (1, 2, 0), (2, 0, 1)]:
         names = "".join("QKV"[i] for i in order)
-        wrong[f"{QKV_SWAPPED} (used {names[0]} | {names[1]} | {names[2]})"] = v(order=order)
+        wrong[_("{swapped} (used {order})").format(
+            swapped=_(QKV_SWAPPED), order=" | ".join(names))] = v(order=order)
     c.expect_tensor(got, want, what=what, dims=("B", "S", "H"), wrong=wrong)
 
 

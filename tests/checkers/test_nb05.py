@@ -13,7 +13,8 @@ import torch.nn.functional as F
 
 from checks import nb05
 from checks import reference as ref
-from checks.engine import ForbiddenCall
+from checks.context import LANG_ENV
+from checks.engine import CheckFailure, ForbiddenCall
 from checks.reference.attention import torch_mha_reference
 
 from ..support.catalogue import Wrong, exercises, implementations
@@ -286,6 +287,26 @@ EXERCISES = exercises(CORRECT, WRONG)
 def test_forbidden_shortcuts_are_rejected(shortcut):
     with pytest.raises(ForbiddenCall):
         nb05.check_multi_head_attention(shortcut, seed=0)
+
+
+def test_chapter_05_reads_in_chinese(monkeypatch):
+    monkeypatch.setenv(LANG_ENV, "zh")
+
+    def no_transpose(x, n_heads):
+        b, s, w = x.shape
+        return x.reshape(b, n_heads, s, w // n_heads)
+
+    with pytest.raises(CheckFailure) as info:
+        nb05.check_split_heads(no_transpose, seed=0)
+    text = str(info.value)
+    assert "可能的错误：没有转置就直接 reshape 成了 [B, N, S, D]" in text, text
+    assert "likely mistake" not in text and "expected" not in text
+    with pytest.raises(CheckFailure) as info:
+        nb05.check_fuse_qkv_weights(lambda q, k, v: torch.cat([k, q, v], dim=1), seed=0)
+    assert "各块顺序错了（得到 K | Q | V）" in str(info.value), str(info.value)
+    with pytest.raises(ForbiddenCall) as info:
+        nb05.check_multi_head_attention(mha_calls_sdpa, seed=0)
+    assert "调用了 `scaled_dot_product_attention`，而这个练习要求不要使用它。" in str(info.value)
 
 
 # --------------------------------------------------------------------------------------------
