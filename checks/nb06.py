@@ -22,7 +22,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
 from . import reference as ref
-from .engine import Check, CheckFailure, ForbiddenCall, tolerance
+from .engine import Check, CheckFailure, ForbiddenCall, builds_on, tolerance
 from .i18n import N_, _
 
 # --------------------------------------------------------------------------------------------
@@ -490,7 +490,10 @@ def _expect_stable(c: Check, got, want, q, k, mask, atol: float) -> None:
 
 
 def check_grouped_query_attention(f, *, seed: int | None = None, thorough: bool = False) -> None:
-    with Check("grouped_query_attention", f, seed=seed, forbid=_FORBID_SDPA) as c:
+    # A GQA that looks its KV heads up with the learner's kv_head_index cannot pass before that
+    # does: a broken one it calls is named ("fix kv_head_index first").
+    with builds_on("grouped_query_attention", {"kv_head_index": check_kv_head_index}), \
+            Check("grouped_query_attention", f, seed=seed, forbid=_FORBID_SDPA) as c:
         watch = _Watch()
         c.fn = _watched(f, watch)
         # Shown in the pass summary (a failure below stops the check before it is displayed).

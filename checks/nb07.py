@@ -8,7 +8,7 @@ import numbers
 import torch
 
 from . import reference as ref
-from .engine import Check, LearnerError, describe
+from .engine import Check, LearnerError, builds_on, describe
 from .i18n import N_, _
 
 # --------------------------------------------------------------------------------------------
@@ -195,7 +195,10 @@ def _equivariance_mixups(fn, x: torch.Tensor, perm: torch.Tensor) -> dict:
 
 
 def check_equivariance_error(f, *, seed: int | None = None, thorough: bool = False) -> None:
-    with Check("equivariance_error", f, seed=seed) as c:
+    # An equivariance_error that reorders with the learner's permute_tokens cannot pass before
+    # that does: a broken one it calls is named ("fix permute_tokens first").
+    with builds_on("equivariance_error", {"permute_tokens": check_permute_tokens}), \
+            Check("equivariance_error", f, seed=seed) as c:
         # Shown in the pass summary (only reached when every comparison below holds).
         c.note(_("near 0 for equivariant functions"))
         c.note(_("the largest |fn(PX) - P fn(X)| for the others"))

@@ -12,7 +12,7 @@ from checks import reference as ref
 from checks.context import LANG_ENV
 from checks.engine import CheckFailure, ForbiddenCall
 
-from ..support.catalogue import Wrong, exercises, implementations
+from ..support.catalogue import Wrong, assert_passes, exercises, implementations
 
 # --------------------------------------------------------------------------------------------
 # Correct implementations. The reference GQA calls scaled_dot_product_attention, which the
@@ -373,3 +373,45 @@ def test_chapter_06_reads_in_chinese(monkeypatch):
     with pytest.raises(CheckFailure) as info:
         nb06.check_grouped_query_attention(gqa_expand_reshape, seed=0)
     assert "实际生成了重复的 K/V" in str(info.value), str(info.value)
+
+
+_KV_INDEX_CELL = '''
+def kv_head_index(h, n_heads, n_kv_heads):        # broken: round-robin groups
+    return h % n_kv_heads
+
+def grouped_query_attention(q, k, v, mask=None):  # one query head at a time, no copy of K/V
+    n_h, n_kv = q.shape[1], k.shape[1]
+    outs = []
+    for h in range(n_h):
+        j = kv_head_index(h, n_h, n_kv)
+        scores = q[:, h] @ k[:, j].transpose(-2, -1) / math.sqrt(q.shape[-1])
+        if mask is not None:
+            scores = scores.masked_fill(~mask.expand(q.shape[0], n_h, *scores.shape[-2:])[:, h],
+                                        float("-inf"))
+        weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+        outs.append(weights @ v[:, j])
+    return torch.stack(outs, dim=1)
+'''
+
+
+def _learner_cell(source: str, **names) -> dict:
+    """Run `source` as a notebook cell would: its functions module-level in a namespace of their
+    own, their code in no file of the package."""
+    namespace = {"__name__": "__main__", "math": math, "torch": torch, **names}
+    exec(compile(source, "<learner cell>", "exec"), namespace)
+    return namespace
+
+
+def test_a_broken_kv_head_index_that_gqa_calls_is_named_fix_it_first():
+    ns = _learner_cell(_KV_INDEX_CELL)
+    with pytest.raises(CheckFailure) as info:
+        nb06.check_grouped_query_attention(ns["grouped_query_attention"], seed=0)
+    text = str(info.value)
+    assert "your kv_head_index does not pass its own check (used h % N_kv" in text, text
+    assert "grouped_query_attention is built on it, so fix kv_head_index first" in text
+
+
+def test_gqa_built_on_a_right_kv_head_index_passes():
+    ns = _learner_cell(_KV_INDEX_CELL.replace("return h % n_kv_heads",
+                                              "return h // (n_heads // n_kv_heads)"))
+    assert_passes(nb06.check_grouped_query_attention, ns["grouped_query_attention"], 0)

@@ -11,7 +11,7 @@ from checks import reference as ref
 from checks.context import LANG_ENV
 from checks.engine import CheckFailure
 
-from ..support.catalogue import Wrong, exercises, implementations
+from ..support.catalogue import Wrong, assert_passes, exercises, implementations
 
 
 # ---- correct ways of writing each exercise: the reference, and the way a learner might -----
@@ -209,3 +209,34 @@ def test_chapter_07_reads_in_chinese(monkeypatch):
         nb07.check_equivariance_error(_equivariance("mean"), seed=0)
     text = str(info.value)
     assert "fn = 带因果 Mask 的注意力" in text and "取了平均值" in text, text
+
+
+_PERMUTE_CELL = '''
+def permute_tokens(x, perm):                      # broken: reorders the batch axis
+    return x[perm]
+
+def equivariance_error(fn, x, perm):
+    return float((fn(permute_tokens(x, perm)) - permute_tokens(fn(x), perm)).abs().max())
+'''
+
+
+def _learner_cell(source: str) -> dict:
+    """Run `source` as a notebook cell would: its functions module-level in a namespace of their
+    own, their code in no file of the package."""
+    namespace = {"__name__": "__main__", "torch": torch}
+    exec(compile(source, "<learner cell>", "exec"), namespace)
+    return namespace
+
+
+def test_a_broken_permute_tokens_that_equivariance_error_calls_is_named_fix_it_first():
+    ns = _learner_cell(_PERMUTE_CELL)
+    with pytest.raises(CheckFailure) as info:
+        nb07.check_equivariance_error(ns["equivariance_error"], seed=0)
+    text = str(info.value)
+    assert "your permute_tokens does not pass its own check (permuted the batch axis" in text, text
+    assert "equivariance_error is built on it, so fix permute_tokens first" in text
+
+
+def test_equivariance_error_built_on_a_right_permute_tokens_passes():
+    ns = _learner_cell(_PERMUTE_CELL.replace("return x[perm]", "return x[:, perm]"))
+    assert_passes(nb07.check_equivariance_error, ns["equivariance_error"], 0)
