@@ -5,8 +5,11 @@ cannot be graded is one line; one that hangs, crashes or misbehaves never stops 
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
+import signal
+import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
@@ -15,6 +18,7 @@ import torch
 
 from ..context import GRADING_ENV, THREADS_ENV
 from .grading import grade_notebook
+from .isolation import make_undumpable
 from .limits import Limits, cores
 from .report import progress_line, report_problem
 from .results import GradingError, GradingIncident, NotebookResult
@@ -72,6 +76,44 @@ def grade_each(paths: list[Path], args, show: Callable[[NotebookResult], None], 
     return _grade_in_parallel(paths, options, jobs, finished, results, problems)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, turned into the same clean ending as Ctrl-C: the `finally` blocks on the way
+    out end every process the grader started (grading processes, zygotes, workers)."""
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """While inside: SIGTERM raises `Terminated` (once; a second one during the clean-up is
+    ignored, so that the clean-up finishes)."""
+    def terminate(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Terminated()
+
+    try:
+        previous = signal.signal(signal.SIGTERM, terminate)
+    except ValueError:  # not the main thread (a test runner's): signals stay as they are
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _end_processes(processes, wait_s: float = 30.0) -> None:
+    """SIGTERM each grading process (each closes its worker and exits), then SIGKILL whatever
+    is still there after `wait_s` seconds."""
+    for process in processes:
+        with contextlib.suppress(OSError):
+            os.kill(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + wait_s
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+        if process.is_alive():
+            process.kill()
+            process.join(5)
+
+
 def _grade_in_parallel(paths, options, jobs, finished, results, problems):
     pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
                                initializer=_child_setup, initargs=(options["threads"],))
@@ -89,6 +131,9 @@ def _grade_in_parallel(paths, options, jobs, finished, results, problems):
                     outcome = ("problem", f"could not be graded ({type(exc).__name__}: {exc})")
                 running = [paths[futures[f]] for f in pending if f.running()]
                 incident = incident or finished(index, outcome, running)
+    except BaseException:  # Ctrl-C, SIGTERM: no grading process may outlive this one
+        _end_processes(list(getattr(pool, "_processes", {}).values()))
+        raise
     finally:
         if incident is not None:
             for process in list(getattr(pool, "_processes", {}).values()):
@@ -102,6 +147,20 @@ def _child_setup(threads: int) -> None:
     os.environ[GRADING_ENV] = "1"
     os.environ[THREADS_ENV] = str(threads)
     torch.set_num_threads(threads)
+    make_undumpable()
+    global _in_grading_process
+    _in_grading_process = True
+    signal.signal(signal.SIGTERM, _end_this_grading_process)
+
+
+_in_grading_process = False  # this process is one of --jobs' grading processes
+
+
+def _end_this_grading_process(signum, frame) -> None:
+    """SIGTERM in a grading process of `--jobs`: stop the notebook (its worker is closed on the
+    way out of `_grade_one`), then exit."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise Terminated()
 
 
 def _options(args, paths: list[Path], threads: int) -> dict:
@@ -110,7 +169,7 @@ def _options(args, paths: list[Path], threads: int) -> dict:
     return {"source": args.source, "threads": threads, "hide": [p.resolve() for p in hide],
             "limits": Limits(cell_timeout=args.timeout, memory=args.memory, cpu=args.cpu_time,
                              output=args.max_output, threads=threads,
-                             memory_by=args.memory_by)}
+                             memory_by=args.memory_by, notebook_time=args.notebook_timeout)}
 
 
 def _grade_one(path: Path, options: dict) -> tuple:
@@ -119,6 +178,10 @@ def _grade_one(path: Path, options: dict) -> tuple:
         return ("result", grade_notebook(
             path, source_dir=options["source"], limits=options["limits"], hide=options["hide"],
             tripwire=Tripwire([*course_files(options["source"]), path])))
+    except Terminated:
+        if _in_grading_process:  # of --jobs: its worker is closed by now
+            os._exit(143)
+        raise
     except GradingError as problem:
         return ("problem", problem.problem)
     except GradingIncident as incident:

@@ -24,9 +24,10 @@ import sys
 from pathlib import Path
 
 from ..context import GRADING_ENV
-from .batch import grade_each
+from .batch import Terminated, grade_each, sigterm_as_interrupt
 from .grading import DEFAULT_CELL_TIMEOUT
 from .identify import SOURCE_DIR
+from .isolation import make_undumpable
 from .limits import Limits, cores
 from .read import chapter_notebooks, notebooks_in
 from .outputs.gradebook import counted
@@ -50,6 +51,11 @@ def _seconds(text: str) -> float:
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"not a positive number of seconds: {text!r}")
     return value
+
+
+def _seconds_or_none(text: str) -> float:
+    """A positive number of seconds, or 0 for no limit."""
+    return 0.0 if text.strip() in ("0", "0.0") else _seconds(text)
 
 
 def _size(text: str) -> int:
@@ -94,6 +100,10 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--timeout", type=_seconds, default=DEFAULT_CELL_TIMEOUT,
                         metavar="SECONDS", help="time limit per cell (default: %(default)g)")
     defaults = Limits()
+    common.add_argument("--notebook-timeout", type=_seconds_or_none, metavar="SECONDS",
+                        default=defaults.notebook_time,
+                        help="time limit for a whole notebook, cells that hang or crash and the "
+                             "restarts after them included; 0 for none (default: %(default)g)")
     common.add_argument("--memory", type=_size, default=defaults.memory, metavar="SIZE",
                         help="memory a notebook's worker may use (resident, not address space "
                              "reserved), e.g. 3G or 1500M; 0 for no limit (default: "
@@ -155,13 +165,18 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     os.environ[GRADING_ENV] = "1"  # checks behave as under a grader, here and in the workers
+    make_undumpable()  # a worker running as this user cannot read this process's memory
     try:
-        if not args.source.is_dir():
-            raise GradingError(args.source, "no such folder of source notebooks")
-        return args.run(args)
+        with sigterm_as_interrupt():
+            if not args.source.is_dir():
+                raise GradingError(args.source, "no such folder of source notebooks")
+            return args.run(args)
     except GradingError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
+    except Terminated:
+        print(f"{PROG}: terminated (SIGTERM)", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130

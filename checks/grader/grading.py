@@ -69,7 +69,8 @@ def grade_notebook(path: str | os.PathLike, *, cell_timeout: float = DEFAULT_CEL
                           run.error, time.monotonic() - started, student=student_of(path),
                           warnings=name_warnings(path, chapter, source_dir),
                           isolation=run.isolation, worker_uid=run.worker_uid,
-                          grader_memory_mib=peak_memory_mib())
+                          grader_memory_mib=peak_memory_mib(),
+                          skipped=[{"cell": cell, "why": why} for cell, why in run.skipped.items()])
 
 
 def _run_in_scratch(path, nb, source, limits: Limits, chapter: str, source_dir, hide

@@ -29,6 +29,7 @@ WORKER_UID_BASE = 61000  # unprivileged user ids for workers (root only); none m
 LIB_TARGET = "/tmp/.checks-lib"  # where the worker sees its copy of `checks` (namespaces)
 SCRATCH = "/tmp/work"  # the worker's home, working and temporary folder (namespaces)
 JAIL = PACKAGE / "grader" / "jail.py"
+PR_SET_DUMPABLE = 4
 
 
 def isolation_mode(requested: str = "auto") -> str:
@@ -148,3 +149,16 @@ def jail_config(limits: Limits, argv: list[str], threads: int, lib: Path, fds: t
             "lib_target": LIB_TARGET, "scratch": SCRATCH,
             "tmp_size": max(limits.output or 0, 64 * 2**20), "rlimits": rlimits,
             "keep_fds": list(fds)}
+
+
+def make_undumpable() -> None:
+    """Make this process non-dumpable (Linux): its /proc files (environ, mem, fds) are then
+    readable only with CAP_SYS_PTRACE, so a worker running as the same user (no walls) cannot
+    read the instructor's environment or the grader's memory. Reset by exec: each grading
+    process calls it itself."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)

@@ -14,6 +14,7 @@ class Limits:
     """Resource limits for one submission's worker. Defaults fit a 2-core, 8 GiB grading box."""
 
     cell_timeout: float = 120.0  # wall-clock seconds per cell (and per test cell's calls)
+    notebook_time: float = 1200.0  # wall-clock seconds for a whole notebook, restarts included
     memory: int = 3 * 2**30  # bytes of memory the worker and its processes may use; 0: none
     cpu: int = 900  # CPU seconds for the whole worker (RLIMIT_CPU)
     output: int = 64 * 2**20  # bytes the worker may write to any file, its log included

@@ -54,13 +54,16 @@ class NotebookResult:
     path: str
     chapter: str
     exercises: list[ExerciseResult] = field(default_factory=list)
-    error: str | None = None  # what stopped the notebook early (timeout, dead kernel, ...)
+    error: str | None = None  # what went wrong: cells skipped (a hang, a crash), an early stop
     seconds: float = 0.0
     student: str | None = None  # from nbgrader's submitted/<student>/<assignment>/ layout
     warnings: list[str] = field(default_factory=list)
     isolation: str = ""  # "namespaces" (walled in, own user) or "none" (see checks.grader.isolation)
     worker_uid: int | None = None  # the walled-in worker's user id (its processes: that user)
     grader_memory_mib: float = 0.0  # peak resident memory of the grading process so far
+    # Cells that hung or crashed the worker: each skipped, the worker restarted, the cells before
+    # it run again, the notebook went on. [{"cell": "answer cell head_dim", "why": "..."}]
+    skipped: list[dict[str, str]] = field(default_factory=list)
 
     @property
     def points(self) -> float:

@@ -19,7 +19,7 @@ import io
 import os
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +38,10 @@ from .worker import Worker
 @dataclass
 class Execution:
     completed: set[int]  # indices of the cells that ran to the end
-    error: str | None  # why the notebook stopped early, or None
+    error: str | None  # what went wrong (cells skipped, an early stop), or None
     isolation: str = ""
     worker_uid: int | None = None
+    skipped: dict[str, str] = field(default_factory=dict)  # {cell described: why}
 
 
 def chapter_namespace(source) -> dict[str, Any]:
@@ -132,7 +133,7 @@ def _grader_side_test(cell, worker, imports: dict[str, Any], kinds: dict[str, st
                       limits) -> dict[str, Any]:
     """Run a test cell in this process on the worker's functions: {"ok", "ename", "evalue",
     "stderr"}. Raises WorkerGone when the worker dies or runs out of time."""
-    deadline = time.monotonic() + limits.cell_timeout
+    deadline = worker.deadline()
     worker.begin_test(deadline)
     namespace = dict(imports)
     for name in _names_from_learner(cell.source, namespace):
@@ -183,46 +184,149 @@ def execute_notebook(nb, source, *, limits, workdir: str | os.PathLike, chapter:
 
     `nb` gets the outputs (stderr and the first error; for a test cell, those of the run here)
     and, on a test cell whose run in the worker passed while the run here failed,
-    `checks_tampering` metadata. A cell that runs past the time limit, a worker that dies or
-    breaks the protocol stop the run; the cells run until then keep their outputs. Raises
-    GradingIncident if any of the worker's processes survive it.
+    `checks_tampering` metadata. A cell that runs past the time limit, kills the worker or
+    breaks the protocol costs only itself (and what needs it), as a restarted Jupyter kernel
+    would: it is skipped (`checks_skipped` metadata: why), the worker restarted, the cells
+    before it run again (their results stand) and the notebook goes on. The notebook's budget
+    (`limits.notebook_time`) and `MAX_RESTARTS` bound it all. Raises GradingIncident if any of
+    a worker's processes survive it.
     """
-    completed: set[int] = set()
-    current: int | None = None
-    imports = chapter_namespace(source)
-    kinds = exercise_kinds(source)
-    worker = None
-    try:
-        worker = Worker(Path(workdir), limits, WorkerLibrary(chapter, source_dir), hide=hide)
-        for index, cell in enumerate(nb.cells):
-            current = index
-            if is_graded_test(cell):
-                here = _grader_side_test(cell, worker, imports, kinds, limits)
-                verdict = "passed" if here["ok"] else (here["ename"], here["evalue"])
-                inside = worker.run_cell(index, cell.source, verdict)
-                if inside["ok"] and not here["ok"]:
-                    cell.metadata["checks_tampering"] = True
-                # Only this process's run counts: the worker's may fail for reasons of its own
-                # (a hidden test that uses a reference function the worker does not have).
-                cell.outputs = _as_outputs(here)
-            else:
-                cell.outputs = _as_outputs(worker.run_cell(index, cell.source))
-            completed.add(index)
-        error = None
-    except WorkerGone as gone:
-        where = "before the first cell" if current is None else \
-            f"in {_describe_cell(nb, current)}"
-        error = f"{where}: {gone}; the cells after it were not run"
-        error = error[0].upper() + error[1:]
-    finally:
-        if worker is not None:
-            worker.close()
-    left = getattr(worker, "left_behind", [])
-    if left:
-        raise GradingIncident([], [f"process {pid}" for pid in left],
-                              "processes of the worker outlived it")
-    return Execution(completed, error, worker.mode if worker is not None else "",
-                     getattr(worker, "uid", None))
+    return _NotebookRun(nb, source, limits, Path(workdir), WorkerLibrary(chapter, source_dir),
+                        hide).run()
+
+
+MAX_RESTARTS = 8  # workers started again after a fault, per notebook (the budget bounds it too)
+
+
+class _NotebookRun:
+    """One notebook's run: the cells in order, the worker restarted past a cell that hangs or
+    crashes it."""
+
+    def __init__(self, nb, source, limits, workdir: Path, library: WorkerLibrary, hide):
+        self.nb, self.limits, self.workdir, self.library, self.hide = \
+            nb, limits, workdir, library, hide
+        self.imports = chapter_namespace(source)
+        self.kinds = exercise_kinds(source)
+        self.budget = time.monotonic() + limits.notebook_time if limits.notebook_time else None
+        self.completed: set[int] = set()  # cells that ran to the end (their results stand)
+        self.replay: list[int] = []  # of those, the ones a restarted worker runs again
+        self.verdicts: dict[int, Any] = {}  # a test cell's verdict, repeated when it is replayed
+        self.skipped: dict[int, str] = {}  # cells that hung or crashed the worker: why
+        self.stop: str | None = None  # why the cells from some point on were not run
+        self.restarts = 0
+        self.worker: Worker | None = None
+        self.mode, self.uid = "", None
+        self.left_behind: list[int] = []
+
+    def run(self) -> Execution:
+        try:
+            self._run_cells()
+        finally:
+            self._close_worker()
+        if self.left_behind:
+            raise GradingIncident([], [f"process {pid}" for pid in self.left_behind],
+                                  "processes of the worker outlived it")
+        return Execution(self.completed, self._error(), self.mode, self.uid,
+                         skipped={_describe_cell(self.nb, i): why
+                                  for i, why in sorted(self.skipped.items())})
+
+    def _run_cells(self) -> None:
+        try:
+            self._start_worker()
+        except WorkerGone as gone:
+            self.stop = f"Before the first cell: {gone}; the cells after it were not run"
+            return
+        for index, cell in enumerate(self.nb.cells):
+            if self.budget is not None and time.monotonic() >= self.budget:
+                self.stop = (f"Before {_describe_cell(self.nb, index)}: the notebook ran past "
+                             f"its {self.limits.notebook_time:g} s budget (--notebook-timeout); "
+                             "the cells from there on were not run")
+                return
+            try:
+                self._run_cell(index, cell)
+            except WorkerGone as gone:
+                self.skipped[index] = str(gone)
+                cell.metadata["checks_skipped"] = str(gone)
+                cell.outputs = []
+                if not self._restart(index):
+                    return
+                continue
+            self.completed.add(index)
+            self.replay.append(index)
+
+    def _run_cell(self, index: int, cell) -> None:
+        worker = self.worker
+        if not is_graded_test(cell):
+            cell.outputs = _as_outputs(worker.run_cell(index, cell.source))
+            return
+        here = _grader_side_test(cell, worker, self.imports, self.kinds, self.limits)
+        verdict = "passed" if here["ok"] else (here["ename"], here["evalue"])
+        self.verdicts[index] = verdict
+        inside = worker.run_cell(index, cell.source, verdict)
+        if inside["ok"] and not here["ok"]:
+            cell.metadata["checks_tampering"] = True
+        # Only this process's run counts: the worker's may fail for reasons of its own (a
+        # hidden test that uses a reference function the worker does not have).
+        cell.outputs = _as_outputs(here)
+
+    def _restart(self, broken: int) -> bool:
+        """A fresh worker with the notebook's state up to `broken` (without it): the cells that
+        completed before it run again, in order; one that fails again this way is left out of
+        later replays too. False (and `stop` says why) when the notebook cannot go on."""
+        where = _describe_cell(self.nb, broken)
+        while True:
+            if self.budget is not None and time.monotonic() >= self.budget:
+                self.stop = (f"After {where}: the notebook's {self.limits.notebook_time:g} s "
+                             "budget is spent; the cells after it were not run")
+                return False
+            if self.restarts >= MAX_RESTARTS:
+                self.stop = (f"After {where}: the worker was restarted {MAX_RESTARTS} times, "
+                             "the most for one notebook; the cells after it were not run")
+                return False
+            self.restarts += 1
+            self._close_worker()
+            try:
+                self._start_worker()
+            except WorkerGone as gone:
+                self.stop = f"After {where}: {gone}; the cells after it were not run"
+                return False
+            failed = self._replay()
+            if failed is None:
+                return True
+            self.replay.remove(failed)
+
+    def _replay(self) -> int | None:
+        """Run the replayed cells again (outputs discarded); the one that ended the worker, if
+        any."""
+        for index in self.replay:
+            cell = self.nb.cells[index]
+            try:
+                if is_graded_test(cell):
+                    self.worker.begin_test(self.worker.deadline())
+                self.worker.run_cell(index, cell.source, self.verdicts.get(index))
+            except WorkerGone:
+                return index
+        return None
+
+    def _start_worker(self) -> None:
+        self.worker = Worker(self.workdir, self.limits, self.library, hide=self.hide,
+                             budget=self.budget)
+        self.mode, self.uid = self.worker.mode, self.worker.uid
+
+    def _close_worker(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
+            self.left_behind += getattr(self.worker, "left_behind", [])
+            self.worker = None
+
+    def _error(self) -> str | None:
+        """What went wrong, in order: each skipped cell, then an early stop."""
+        parts = [f"In {_describe_cell(self.nb, index)}: {why}; that cell was skipped (the worker "
+                 "restarted and the cells before it run again)"
+                 for index, why in sorted(self.skipped.items())]
+        if self.stop:
+            parts.append(self.stop)
+        return " ".join(part + "." for part in parts) if parts else None
 
 
 def _describe_cell(nb, index: int | None) -> str:

@@ -22,12 +22,18 @@ def score_notebook(nb, source, completed: set[int]) -> list[ExerciseResult]:
     """One result per test cell of the source notebook, in its order; `completed`: the indices of
     the cells of `nb` that ran to the end."""
     where = {grade_id(c): i for i, c in enumerate(nb.cells) if is_graded_test(c)}
+    skipped_answers = {grade_id(c): c.metadata["checks_skipped"] for c in nb.cells
+                       if not is_graded_test(c) and grade_id(c)
+                       and c.get("metadata", {}).get("checks_skipped")}
     exercises = []
     for test in (c for c in source.cells if is_test_cell(c)):
         index = where[grade_id(test)]
         points = float(test.metadata["nbgrader"].get("points", 0))
-        exercises.append(score_test_cell(nb.cells[index], ran=index in completed,
-                                         max_points=points))
+        result = score_test_cell(nb.cells[index], ran=index in completed, max_points=points)
+        why = skipped_answers.get(result.name)
+        if why and result.status != PASSED:  # say why the exercise's code was missing
+            result.status, result.message = ERROR, f"its answer cell was skipped: {why}"
+        exercises.append(result)
     return exercises
 
 
@@ -38,6 +44,9 @@ def score_test_cell(cell, *, ran: bool, max_points: float) -> ExerciseResult:
     test cells return nothing, so that case is not implemented.)
     """
     name = exercise_name(grade_id(cell))
+    skipped = cell.get("metadata", {}).get("checks_skipped")
+    if skipped:  # this test hung or crashed the worker: the cell was stopped and skipped
+        return ExerciseResult(name, 0.0, max_points, ERROR, f"{skipped} (the test was skipped)")
     if not ran:
         return ExerciseResult(name, 0.0, max_points, ERROR, "not run: the notebook stopped "
                                                             "before this test")

@@ -107,11 +107,13 @@ class Worker:
     """One submission's worker process, seen from the grader."""
 
     def __init__(self, workdir: str | os.PathLike, limits: Limits, library: WorkerLibrary, *,
-                 hide: list | tuple = ()):
+                 hide: list | tuple = (), budget: float | None = None):
         """Start a worker for one submission (`hide`: folders it must not see, besides the
-        course's own) and wait until it is ready; WorkerGone if it does not start."""
+        course's own; `budget`: the monotonic time the whole notebook must end by) and wait
+        until it is ready; WorkerGone if it does not start."""
         self.limits = limits
         self.library = library
+        self.budget = budget
         self.stderr_text = ""  # stderr the learner's code wrote during the current test's calls
         self.dead: str | None = None
         self.cgroup: MemoryCgroup | None = None
@@ -195,11 +197,23 @@ class Worker:
 
     def _handshake(self) -> None:
         try:
-            self._serve("ready", time.monotonic() + max(60.0, self.limits.cell_timeout))
+            self._serve("ready", self.deadline(max(60.0, self.limits.cell_timeout)))
         except WorkerGone as gone:
             raise WorkerGone(f"the worker did not start: {gone}{self._log_tail()}") from None
 
     # ---- plumbing ----
+    def deadline(self, seconds: float | None = None) -> float:
+        """When something started now must end: `seconds` (default: the cell time limit) from
+        now, or the notebook's budget if that comes first."""
+        end = time.monotonic() + (self.limits.cell_timeout if seconds is None else seconds)
+        return end if self.budget is None else min(end, self.budget)
+
+    def _timeout_text(self) -> str:
+        if self.budget is not None and time.monotonic() >= self.budget:
+            return (f"ran past the notebook's {self.limits.notebook_time:g} s budget "
+                    "(--notebook-timeout)")
+        return f"ran longer than the {self.limits.cell_timeout:g} s limit"
+
     def _post(self, message: tuple) -> None:
         if self.dead:
             raise WorkerGone(self.dead)
@@ -214,7 +228,7 @@ class Worker:
         try:
             data = receive_frame(self._from_worker, deadline)
         except TimeoutError:
-            self._gone(f"ran longer than the {self.limits.cell_timeout:g} s limit")
+            self._gone(self._timeout_text())
         except EOFError:
             self._gone(f"the worker process died{self._exit_text()}")
         except OverflowError as size:
@@ -418,7 +432,7 @@ class Worker:
         `verdict` (for a test cell: "passed" or (ename, evalue)) is what the graded chapter's
         check stubs repeat."""
         self._post(("cell", index, source, verdict))
-        reply = self._serve("cell", time.monotonic() + self.limits.cell_timeout)
+        reply = self._serve("cell", self.deadline())
         return {"ok": reply.get("ok") is True,
                 "ename": capped_text(reply.get("ename"), 200) or "Error",
                 "evalue": capped_text(reply.get("evalue"), self.limits.stderr_kept),

@@ -126,7 +126,12 @@ def test_grade_a_class_folder_past_a_hanging_and_a_broken_submission(tmp_path):
     assert alice["student"] == "alice" and carol["student"] == "carol"
     assert alice["path"].endswith("alice/01_notation/01_notation.ipynb") and alice["points"] == 0
     assert "limit" in alice["error"] and alice["seconds"] < TIMEOUT + 60
-    assert {e["status"] for e in alice["exercises"]} == {"error"}
+    # the hanging answer cell was skipped and the worker restarted: the rest was graded
+    assert {e["name"]: e["status"] for e in alice["exercises"]} == {
+        "head_dim": "error", "kv_group_size": "not started", "validate_config": "not started",
+        "tensor_shape": "not started"}
+    assert alice["skipped"] == [{"cell": "answer cell head_dim",
+                                 "why": f"ran longer than the {TIMEOUT} s limit"}]
     assert carol["points"] == carol["max_points"] == 6 and carol["error"] is None
     assert [e["path"].endswith("bob/01_notation/01_notation.ipynb") for e in data["errors"]] == \
         [True]
@@ -192,3 +197,67 @@ def _worker_running(grader: int) -> bool:
             if pid == grader:
                 return True
     return False
+
+
+def _processes() -> dict[int, tuple[int, bytes, bytes]]:
+    """{pid: (parent, state, start time)} of every process."""
+    found = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            found[int(name)] = (int(fields[1]), fields[0], fields[19])
+    return found
+
+
+def _descendants(root: int) -> dict[int, bytes]:
+    """{pid: start time} of the live processes descending from `root`."""
+    procs = _processes()
+    found = {}
+    for pid, (_, state, start) in procs.items():
+        q, steps = pid, 0
+        while q not in (0, 1) and steps < 32 and state != b"Z":
+            q, steps = procs.get(q, (0,))[0], steps + 1
+            if q == root:
+                found[pid] = start
+                break
+    return found
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_sigterm_ends_every_process_the_grader_started(tmp_path, jobs):
+    """SIGTERM to the grader (a scheduler's stop, `kill`): it exits at once with status 143,
+    and its grading processes, zygotes and workers are gone with it, as after Ctrl-C."""
+    class_dir = tmp_path / "class"
+    for student in ("a", "b"):
+        sub.write(sub.prepend(sub.solution(), "head_dim", "while True: pass"),
+                  class_dir / student / "01_notation.ipynb")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "checks", "grade", str(class_dir), "--jobs", jobs,
+         "--timeout", "600"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=tmp_path, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    try:
+        deadline = time.monotonic() + 120
+        while not _worker_running(process.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1)
+        started = _descendants(process.pid)
+        assert _worker_running(process.pid) and started
+        process.terminate()
+        _, err = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 143, err
+    assert "terminated" in err and "Traceback" not in err
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        procs = _processes()
+        left = [pid for pid, start in started.items()
+                if pid in procs and procs[pid][2] == start and procs[pid][1] != b"Z"]
+        if not left:
+            break
+        time.sleep(0.2)
+    assert not left, f"{len(left)} of {len(started)} processes outlived the grader"

@@ -224,13 +224,33 @@ def test_tampered_tests_are_restored_and_sys_exit_costs_only_its_exercise(folder
             result["tensor_shape"].max_points) == ("passed", 2, 2)
 
 
-def test_a_dying_worker_ends_the_notebook_and_keeps_earlier_points(folder):
-    nb = sub.prepend(sub.solution(), "tensor_shape", "import os\nos._exit(1)")
+def test_a_cell_that_kills_the_worker_costs_only_its_exercise(folder):
+    """The worker dies in head_dim's answer cell: that cell is skipped, a fresh worker runs the
+    cells before it again, and the exercises after it keep their points."""
+    nb = sub.prepend(sub.solution(), "head_dim", "import os\nos._exit(1)")
     path = sub.write(nb, folder / "crash" / "01_notation.ipynb")
     result = grade_untouched(path)
-    assert "In answer cell tensor_shape: the worker process died (exit status 1)" in result.error
-    assert result.points == 4
-    assert by_name(result)["tensor_shape"].status == "error"
+    assert "In answer cell head_dim: the worker process died (exit status 1)" in result.error
+    assert "that cell was skipped" in result.error
+    assert result.skipped == [{"cell": "answer cell head_dim",
+                               "why": "the worker process died (exit status 1)"}]
+    assert {e.name: e.points for e in result.exercises} == {**sub.EXERCISES_01, "head_dim": 0}
+    assert by_name(result)["head_dim"].status == "error"
+    assert by_name(result)["head_dim"].message == \
+        "its answer cell was skipped: the worker process died (exit status 1)"
+
+
+def test_the_notebook_budget_ends_a_notebook_of_slow_cells(folder):
+    """Cells that each stay under the cell limit cannot add up past the notebook's budget."""
+    nb = sub.solution()
+    at = nb.cells.index(sub.cell(nb, "tensor_shape"))
+    nb.cells[at:at] = [new_code_cell("import time\ntime.sleep(2)") for _ in range(20)]
+    path = sub.write(nb, folder / "sleeper" / "01_notation.ipynb")
+    started = time.monotonic()
+    result = grade_untouched(path, limits=Limits(cell_timeout=5, notebook_time=12))
+    assert time.monotonic() - started < 12 + 30  # the budget, start-up and scoring
+    assert "ran past its 12 s budget" in result.error or "12 s budget" in result.error
+    assert {e.name: e.points for e in result.exercises} == {**sub.EXERCISES_01, "tensor_shape": 0}
     assert by_name(result)["tensor_shape"].message.startswith("not run")
 
 
@@ -444,3 +464,90 @@ def test_memory_limit_counts_memory_used_not_address_space(memory_by, isolation)
         finally:
             worker.close()
         assert worker.left_behind == []
+
+
+# --------------------------------------------------------------------------------------------
+# Fairness: a hang or crash costs only the exercise it is in, and those whose code calls it
+# (one graded class folder: every kind of fault in chapters 01, 04, 08 and 13)
+
+FAULTS = {  # code put at the top of the exercise's function body, and the report's words
+    "hang": ("while True:\n    pass", "ran longer than the"),
+    "segfault": ("import ctypes\nctypes.string_at(0)", "killed by SIGSEGV"),
+    "os_exit": ("import os\nos._exit(3)", "exit status 3"),
+    "memory": ("import torch\n_hog = torch.ones(2**31, dtype=torch.uint8)", "memory limit"),
+}
+BROKEN = {  # chapter: (the exercise broken, the exercises whose code calls it)
+    "01_notation": ("kv_group_size", set()),
+    "04_self_attention": ("attention_scores", {"attention"}),
+    "08_rope": ("rotation_matrix", set()),
+    "13_generation_kv_cache": ("generate", set()),
+}
+FAULT_TIMEOUT = 20  # seconds per cell: room for the memory hog to be killed on a loaded machine
+FAULT_BUDGET = 150  # seconds per notebook (--notebook-timeout)
+
+
+def break_function(nb, name: str, code: str):
+    """`code` as the first statements of function `name`'s body in its answer cell."""
+    import ast
+
+    target = sub.cell(nb, name)
+    lines = target.source.split("\n")
+    node = next(n for n in ast.parse(target.source).body
+                if isinstance(n, ast.FunctionDef) and n.name == name)
+    first = node.body[0].lineno - 1
+    if isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant):
+        first = node.body[0].end_lineno  # after the docstring
+    indent = " " * node.body[0].col_offset
+    lines[first:first] = [indent + line for line in code.split("\n")]
+    target.source = "\n".join(lines)
+    return nb
+
+
+def solution_points(chapter: str) -> dict[str, float]:
+    nb = sub.solution(identify.SOURCE_DIR / chapter / f"{chapter}.ipynb")
+    return {score.exercise_name(read.grade_id(c)): float(c.metadata["nbgrader"]["points"])
+            for c in nb.cells if read.is_test_cell(c)}
+
+
+@pytest.fixture(scope="module")
+def faults_graded(tmp_path_factory):
+    import subprocess
+    import sys
+
+    folder = tmp_path_factory.mktemp("faults")
+    for chapter, (name, _) in BROKEN.items():
+        for kind, (code, _) in FAULTS.items():
+            nb = sub.solution(identify.SOURCE_DIR / chapter / f"{chapter}.ipynb")
+            sub.write(break_function(nb, name, code), folder / kind / chapter / f"{chapter}.ipynb")
+    report = folder / "grades.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "checks", "grade", str(folder), "--timeout", str(FAULT_TIMEOUT),
+         "--notebook-timeout", str(FAULT_BUDGET), "--memory", "1500M", "--jobs", "2",
+         "--json", str(report)], capture_output=True, text=True, timeout=1500,
+        env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert report.is_file(), done.stderr[-3000:]
+    data = json.loads(report.read_text())
+    return done, {(Path(nb["path"]).parts[-3], nb["chapter"]): nb for nb in data["notebooks"]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", sorted(FAULTS))
+@pytest.mark.parametrize("chapter", sorted(BROKEN))
+def test_a_fault_costs_only_its_exercise_and_those_that_call_it(faults_graded, chapter, kind):
+    done, graded = faults_graded
+    assert done.returncode == 0, done.stderr[-3000:]
+    nb = graded[(kind, chapter)]
+    broken, callers = BROKEN[chapter]
+    lost = {broken, *callers}
+    expected = {name: 0.0 if name in lost else points
+                for name, points in solution_points(chapter).items()}
+    assert {e["name"]: e["points"] for e in nb["exercises"]} == expected, nb["error"]
+    words = FAULTS[kind][1]
+    for e in nb["exercises"]:
+        if e["name"] in lost:
+            assert e["status"] == "error" and words in e["message"], e
+    assert [s["cell"] for s in nb["skipped"]] == \
+        [f"test cell check_{name}" for name in expected if name in lost]
+    assert all(words in s["why"] for s in nb["skipped"]), nb["skipped"]
+    assert words in nb["error"] and "that cell was skipped" in nb["error"]
+    assert nb["seconds"] < FAULT_BUDGET + 30
