@@ -19,137 +19,139 @@ from collections.abc import Mapping
 import torch
 
 from . import reference as ref
-from .engine import Check, CheckFailure, LearnerError, describe, tolerance
+from .engine import Check, CheckFailure, LearnerError, builds_on, describe, tolerance
+from .i18n import N_, _
 
 HEADS_FIRST = ("B", "N", "S", "D")
 
 # --------------------------------------------------------------------------------------------
 # The mistakes this chapter diagnoses, in the words a failure shows.
 
-EXPONENT_I = ("exponent i/D_r instead of 2i/D_r: pair i holds features 2i and 2i+1, so "
-              "theta_i = base ** (-2i / D_r) (step 2 in `torch.arange(0, D_r, 2)`)")
-INDEX_FROM_1 = ("pair index counted from 1: i runs 0 .. D_r/2 - 1, so the first pair has "
-                "theta_0 = 1 (one radian per position) and the last base ** (-(D_r - 2) / D_r)")
-LINSPACE = ("exponents spread over 0 .. 1 (`linspace(0, 1, D_r/2)`): they are 2i/D_r, which stops "
-            "at (D_r - 2)/D_r, so the last frequency is base ** (-(D_r - 2)/D_r), not 1/base")
-POSITIVE_EXPONENT = ("forgot the minus sign in the exponent: theta_i = base ** (-2i / D_r) = "
-                     "1 / base ** (2i / D_r) shrinks from 1 towards 1/base")
-INT_DIVISION = ("integer division: `torch.arange(0, D_r, 2) // D_r` is all zeros, so every "
-                "frequency came out as 1; divide as floats")
-PER_FEATURE = ("one frequency per feature: RoPE has one frequency per PAIR of features, "
-               "D_r // 2 of them")
-IGNORED_BASE = "ignored the `base` argument (used 10000)"
-FLOAT_DTYPE = "return float32 (compute in float64 if you like, then `.float()`)"
+EXPONENT_I = N_("exponent i/D_r instead of 2i/D_r: pair i holds features 2i and 2i+1, so "
+                "theta_i = base ** (-2i / D_r) (step 2 in `torch.arange(0, D_r, 2)`)")
+INDEX_FROM_1 = N_("pair index counted from 1: i runs 0 .. D_r/2 - 1, so the first pair has "
+                  "theta_0 = 1 (one radian per position) and the last base ** (-(D_r - 2) / D_r)")
+LINSPACE = N_("exponents spread over 0 .. 1 (`linspace(0, 1, D_r/2)`): they are 2i/D_r, which "
+              "stops at (D_r - 2)/D_r, so the last frequency is base ** (-(D_r - 2)/D_r), not "
+              "1/base")
+POSITIVE_EXPONENT = N_("forgot the minus sign in the exponent: theta_i = base ** (-2i / D_r) = "
+                       "1 / base ** (2i / D_r) shrinks from 1 towards 1/base")
+INT_DIVISION = N_("integer division: `torch.arange(0, D_r, 2) // D_r` is all zeros, so every "
+                  "frequency came out as 1; divide as floats")
+PER_FEATURE = N_("one frequency per feature: RoPE has one frequency per PAIR of features, "
+                 "D_r // 2 of them")
+IGNORED_BASE = N_("ignored the `base` argument (used 10000)")
+FLOAT_DTYPE = N_("return float32 (compute in float64 if you like, then `.float()`)")
 
-POSITIONS_IGNORED = ("ignored `positions`: used torch.arange(S) (0, 1, 2, ...) instead of the "
-                     "positions given; a decode step or a later chunk starts at start_pos, not 0")
+POSITIONS_IGNORED = N_("ignored `positions`: used torch.arange(S) (0, 1, 2, ...) instead of the "
+                       "positions given; a decode step or a later chunk starts at start_pos, not 0")
 POSITIONS_FROM_1 = ("positions counted from 1 (m + 1): use the positions exactly as given; the "
                     "first token of a sequence is position 0")
-DIVIDED = "divided the positions by the frequencies: the angle is m * theta_i, a product"
-TRANSPOSED = ("transposed: angles are [..., S, D_r/2], one row per position and one column per "
-              "pair (`positions[..., None] * freqs`)")
-PER_FEATURE_ANGLE = ("one angle per feature: return one angle per PAIR, [..., S, D_r/2]; both "
-                     "features of pair i share m * theta_i (repeat it inside apply_rope if your "
-                     "rotation needs it)")
-BATCH_LOST = ("positions [B, S] give angles [B, S, D_r/2]: every sequence keeps its own row of "
-              "positions")
-BATCH_FLAT = ("flattened the batch: positions [B, S] give angles [B, S, D_r/2], not "
-              "[B * S, D_r/2]")
+DIVIDED = N_("divided the positions by the frequencies: the angle is m * theta_i, a product")
+TRANSPOSED = N_("transposed: angles are [..., S, D_r/2], one row per position and one column per "
+                "pair (`positions[..., None] * freqs`)")
+PER_FEATURE_ANGLE = N_("one angle per feature: return one angle per PAIR, [..., S, D_r/2]; both "
+                       "features of pair i share m * theta_i (repeat it inside apply_rope if your "
+                       "rotation needs it)")
+BATCH_LOST = N_("positions [B, S] give angles [B, S, D_r/2]: every sequence keeps its own row of "
+                "positions")
+BATCH_FLAT = N_("flattened the batch: positions [B, S] give angles [B, S, D_r/2], not "
+                "[B * S, D_r/2]")
 
-ROT_CLOCKWISE = ("rotates the wrong way (clockwise): R(alpha) = [[cos, -sin], [sin, cos]], the "
-                 "minus sign belongs in the top-right entry, so that R(pi/2) turns (1, 0) into "
-                 "(0, 1)")
-ROT_SWAPPED = ("sin and cos swapped: the diagonal holds cos(alpha), the off-diagonal "
-               "-sin(alpha) (top right) and sin(alpha) (bottom left)")
-ROT_NO_MINUS = ("not a rotation: the minus sign is missing; R(alpha) = [[cos, -sin], "
-                "[sin, cos]]")
-ROT_DEGREES = "alpha is in radians: torch.cos and torch.sin take radians, do not convert"
-ROT_SHAPE = "return the matrix as a [2, 2] tensor: [[cos, -sin], [sin, cos]]"
+ROT_CLOCKWISE = N_("rotates the wrong way (clockwise): R(alpha) = [[cos, -sin], [sin, cos]], the "
+                   "minus sign belongs in the top-right entry, so that R(pi/2) turns (1, 0) into "
+                   "(0, 1)")
+ROT_SWAPPED = N_("sin and cos swapped: the diagonal holds cos(alpha), the off-diagonal "
+                 "-sin(alpha) (top right) and sin(alpha) (bottom left)")
+ROT_NO_MINUS = N_("not a rotation: the minus sign is missing; R(alpha) = [[cos, -sin], "
+                  "[sin, cos]]")
+ROT_DEGREES = N_("alpha is in radians: torch.cos and torch.sin take radians, do not convert")
+ROT_SHAPE = N_("return the matrix as a [2, 2] tensor: [[cos, -sin], [sin, cos]]")
 
-OTHER_PAIRING_HALF = ("used the other pairing convention: with interleaved=True pair i is the "
-                      "ADJACENT features (2i, 2i+1) (the article's); you paired (i, i + D_r/2), "
-                      "the 'half' convention of Hugging Face checkpoints")
-OTHER_PAIRING_INTERLEAVED = ("used the other pairing convention: with interleaved=False pair i is "
-                             "features (i, i + D_r/2) (the first half with the second half); you "
-                             "paired adjacent features (2i, 2i+1)")
-WRONG_WAY = ("rotated the wrong way: a sign of sin is flipped; x'_a = x_a cos - x_b sin, "
-             "x'_b = x_a sin + x_b cos (with (x_a, x_b) the pair, in this order)")
-SIN_COS_SWAPPED = ("sin and cos swapped: x'_a = x_a cos(m theta) - x_b sin(m theta), "
-                   "x'_b = x_a sin(m theta) + x_b cos(m theta)")
-NO_MINUS = ("not a rotation (lengths change): the minus sign is missing in "
-            "x'_a = x_a cos - x_b sin")
-ALL_FEATURES = ("ignored rotary_dim: only the first rotary_dim features of each head rotate, "
-                "the other D - rotary_dim pass through unchanged")
-FREQ_FROM_HEAD = ("took the frequencies from the head size D: with rotary_dim = D_r the "
-                  "frequencies are base ** (-2i / D_r), i < D_r / 2")
-ROTATED_LAST = ("rotated the LAST rotary_dim features: the first rotary_dim features rotate, "
-                "the rest pass through")
-PASS_ZEROED = ("zeroed the features beyond rotary_dim: they pass through unchanged (concatenate "
-               "them back)")
-PASS_DROPPED = ("dropped the features beyond rotary_dim: the output has x's shape; the last "
-                "D - rotary_dim features pass through unchanged (concatenate them back)")
-BATCH_HEADS = ("positions [B, S] give angles [B, S, D_r/2]: insert a head axis "
-               "([B, 1, S, D_r/2], e.g. `angles[:, None]`) so that each sequence's positions "
-               "apply to all N of its heads")
-BATCH_FIRST_ROW = ("used the first row of positions [B, S] for every sequence: each sequence "
-                   "has its own positions (angles [B, 1, S, D_r/2])")
-KEEP_DTYPE = ("return x's dtype: compute in float32 if you like (good for the angles), then cast "
-              "the result back with `.to(x.dtype)`")
-LOW_PRECISION_ANGLES = ("computed the angles (positions x frequencies) in {dtype}: it has too few "
-                        "bits for positions in the thousands (near 2000, bfloat16 numbers are "
-                        "8 apart, so positions 2000 to 2003 become one number). Compute the "
-                        "angles and their cos/sin in float32, and only then cast the result to "
-                        "x's dtype")
-NOT_A_ROTATION = ("not a rotation: the length of each token's vector changed; every pair "
-                  "(x_a, x_b) must keep its length, x'_a = x_a cos - x_b sin, "
-                  "x'_b = x_a sin + x_b cos")
-VIEW_NOT_CONTIGUOUS = ("`.view` needs contiguous memory, and x (heads-first tensors usually come "
-                       "from a transpose) or a slice of it such as x[..., :rotary_dim] may not be "
-                       "contiguous: use `.reshape(...)` instead of `.view(...)`, and "
-                       "`.contiguous()` before `torch.view_as_complex`")
-RETURNED_X = ("returned x unchanged: every pair of the first rotary_dim features turns by "
-              "m * theta_i")
-IN_PLACE = ("changed its input x in place: build a new tensor (the caller still needs x, and "
-            "slices such as x[..., :D_r] are views into it)")
+OTHER_PAIRING_HALF = N_("used the other pairing convention: with interleaved=True pair i is the "
+                        "ADJACENT features (2i, 2i+1) (the article's); you paired (i, i + D_r/2), "
+                        "the 'half' convention of Hugging Face checkpoints")
+OTHER_PAIRING_INTERLEAVED = N_("used the other pairing convention: with interleaved=False pair i "
+                               "is features (i, i + D_r/2) (the first half with the second half); "
+                               "you paired adjacent features (2i, 2i+1)")
+WRONG_WAY = N_("rotated the wrong way: a sign of sin is flipped; x'_a = x_a cos - x_b sin, "
+               "x'_b = x_a sin + x_b cos (with (x_a, x_b) the pair, in this order)")
+SIN_COS_SWAPPED = N_("sin and cos swapped: x'_a = x_a cos(m theta) - x_b sin(m theta), "
+                     "x'_b = x_a sin(m theta) + x_b cos(m theta)")
+NO_MINUS = N_("not a rotation (lengths change): the minus sign is missing in "
+              "x'_a = x_a cos - x_b sin")
+ALL_FEATURES = N_("ignored rotary_dim: only the first rotary_dim features of each head rotate, "
+                  "the other D - rotary_dim pass through unchanged")
+FREQ_FROM_HEAD = N_("took the frequencies from the head size D: with rotary_dim = D_r the "
+                    "frequencies are base ** (-2i / D_r), i < D_r / 2")
+ROTATED_LAST = N_("rotated the LAST rotary_dim features: the first rotary_dim features rotate, "
+                  "the rest pass through")
+PASS_ZEROED = N_("zeroed the features beyond rotary_dim: they pass through unchanged (concatenate "
+                 "them back)")
+PASS_DROPPED = N_("dropped the features beyond rotary_dim: the output has x's shape; the last "
+                  "D - rotary_dim features pass through unchanged (concatenate them back)")
+BATCH_HEADS = N_("positions [B, S] give angles [B, S, D_r/2]: insert a head axis "
+                 "([B, 1, S, D_r/2], e.g. `angles[:, None]`) so that each sequence's positions "
+                 "apply to all N of its heads")
+BATCH_FIRST_ROW = N_("used the first row of positions [B, S] for every sequence: each sequence "
+                     "has its own positions (angles [B, 1, S, D_r/2])")
+KEEP_DTYPE = N_("return x's dtype: compute in float32 if you like (good for the angles), then cast "
+                "the result back with `.to(x.dtype)`")
+LOW_PRECISION_ANGLES = N_("computed the angles (positions x frequencies) in {dtype}: it has too "
+                          "few bits for positions in the thousands (near 2000, bfloat16 numbers "
+                          "are 8 apart, so positions 2000 to 2003 become one number). Compute the "
+                          "angles and their cos/sin in float32, and only then cast the result to "
+                          "x's dtype")
+NOT_A_ROTATION = N_("not a rotation: the length of each token's vector changed; every pair "
+                    "(x_a, x_b) must keep its length, x'_a = x_a cos - x_b sin, "
+                    "x'_b = x_a sin + x_b cos")
+VIEW_NOT_CONTIGUOUS = N_("`.view` needs contiguous memory, and x (heads-first tensors usually come "
+                         "from a transpose) or a slice of it such as x[..., :rotary_dim] may not "
+                         "be contiguous: use `.reshape(...)` instead of `.view(...)`, and "
+                         "`.contiguous()` before `torch.view_as_complex`")
+RETURNED_X = N_("returned x unchanged: every pair of the first rotary_dim features turns by "
+                "m * theta_i")
+IN_PLACE = N_("changed its input x in place: build a new tensor (the caller still needs x, and "
+              "slices such as x[..., :D_r] are views into it)")
 
-ANGLES_AS_GIVEN = ("cos and sin come ready to broadcast against x's pairs ([..., D_r/2] against "
-                   "x's [..., D_r] features, one angle per pair): use them as they are, without "
-                   "adding or moving axes")
-LAYOUT_BACK = ("rotated the right pairs but wrote them back in the other layout: with "
-               "interleaved=True the results go back to features (2i, 2i+1) "
-               "(`torch.stack([a, b], dim=-1).flatten(-2)`), with interleaved=False to "
-               "(i, i + D_r/2) (`torch.cat([a, b], dim=-1)`)")
-SPREAD_INTERLEAVED = ("cos and sin reached the wrong features: pair i's angle belongs to both of "
-                      "its features, and with interleaved=True those are 2i and 2i+1 "
-                      "(`cos.repeat_interleave(2, dim=-1)`), not i and i + D_r/2 "
-                      "(`torch.cat([cos, cos], dim=-1)`)")
-SPREAD_HALF = ("cos and sin reached the wrong features: pair i's angle belongs to both of its "
-               "features, and with interleaved=False those are i and i + D_r/2 "
-               "(`torch.cat([cos, cos], dim=-1)`), not 2i and 2i+1 "
-               "(`cos.repeat_interleave(2, dim=-1)`)")
-COS_OF_COS = ("cos and sin are already the cosines and sines of the angles: use them as they are "
-              "(you applied torch.cos / torch.sin to them once more)")
-MINUS_TWICE = ("not a rotation: the minus sign belongs only in x'_a = x_a cos - x_b sin; the "
-               "second line, x'_b = x_a sin + x_b cos, has none")
-NOT_FLATTENED = ("return x's shape [..., D_r]: put the rotated pairs back into one feature axis "
-                 "(`torch.stack([a, b], dim=-1).flatten(-2)` for interleaved, "
-                 "`torch.cat([a, b], dim=-1)` for half)")
-HALF_RETURNED = ("return both members of every pair: x's shape [..., D_r], the rotated x_a and "
-                 "x_b put back together, not [..., D_r/2]")
-ROTATE_IN_PLACE = ("changed its input x in place: build a new tensor (apply_rope passes a slice "
-                   "of its own input, x[..., :D_r], which is a view)")
+ANGLES_AS_GIVEN = N_("cos and sin come ready to broadcast against x's pairs ([..., D_r/2] against "
+                     "x's [..., D_r] features, one angle per pair): use them as they are, without "
+                     "adding or moving axes")
+LAYOUT_BACK = N_("rotated the right pairs but wrote them back in the other layout: with "
+                 "interleaved=True the results go back to features (2i, 2i+1) "
+                 "(`torch.stack([a, b], dim=-1).flatten(-2)`), with interleaved=False to "
+                 "(i, i + D_r/2) (`torch.cat([a, b], dim=-1)`)")
+SPREAD_INTERLEAVED = N_("cos and sin reached the wrong features: pair i's angle belongs to both of "
+                        "its features, and with interleaved=True those are 2i and 2i+1 "
+                        "(`cos.repeat_interleave(2, dim=-1)`), not i and i + D_r/2 "
+                        "(`torch.cat([cos, cos], dim=-1)`)")
+SPREAD_HALF = N_("cos and sin reached the wrong features: pair i's angle belongs to both of its "
+                 "features, and with interleaved=False those are i and i + D_r/2 "
+                 "(`torch.cat([cos, cos], dim=-1)`), not 2i and 2i+1 "
+                 "(`cos.repeat_interleave(2, dim=-1)`)")
+COS_OF_COS = N_("cos and sin are already the cosines and sines of the angles: use them as they are "
+                "(you applied torch.cos / torch.sin to them once more)")
+MINUS_TWICE = N_("not a rotation: the minus sign belongs only in x'_a = x_a cos - x_b sin; the "
+                 "second line, x'_b = x_a sin + x_b cos, has none")
+NOT_FLATTENED = N_("return x's shape [..., D_r]: put the rotated pairs back into one feature axis "
+                   "(`torch.stack([a, b], dim=-1).flatten(-2)` for interleaved, "
+                   "`torch.cat([a, b], dim=-1)` for half)")
+HALF_RETURNED = N_("return both members of every pair: x's shape [..., D_r], the rotated x_a and "
+                   "x_b put back together, not [..., D_r/2]")
+ROTATE_IN_PLACE = N_("changed its input x in place: build a new tensor (apply_rope passes a slice "
+                     "of its own input, x[..., :D_r], which is a view)")
 
-PERM_INVERSE = ("returned the inverse permutation (half -> interleaved): p lists, for each "
-                "position of the half layout, the interleaved feature that goes there: the even "
-                "features first, then the odd ones, [0, 2, 4, ..., 1, 3, 5, ...]")
-PERM_IDENTITY = ("returned the identity: the two conventions pair different features, so the "
-                 "feature order must change: p = [0, 2, 4, ..., 1, 3, 5, ...]")
-PERM_ODD_FIRST = ("odd features first: the first half of the half layout holds the first member "
-                  "of every pair, the even features 0, 2, 4, ...; then the odd ones")
-PERM_HALF_ONLY = ("p is a full permutation of all rotary_dim features: the even features, then "
-                  "the odd ones (rotary_dim entries)")
-PERM_DTYPE = ("return a LongTensor (int64), the dtype of index tensors: e.g. "
-              "`torch.cat([torch.arange(0, d, 2), torch.arange(1, d, 2)])`")
+PERM_INVERSE = N_("returned the inverse permutation (half -> interleaved): p lists, for each "
+                  "position of the half layout, the interleaved feature that goes there: the even "
+                  "features first, then the odd ones, [0, 2, 4, ..., 1, 3, 5, ...]")
+PERM_IDENTITY = N_("returned the identity: the two conventions pair different features, so the "
+                   "feature order must change: p = [0, 2, 4, ..., 1, 3, 5, ...]")
+PERM_ODD_FIRST = N_("odd features first: the first half of the half layout holds the first member "
+                    "of every pair, the even features 0, 2, 4, ...; then the odd ones")
+PERM_HALF_ONLY = N_("p is a full permutation of all rotary_dim features: the even features, then "
+                    "the odd ones (rotary_dim entries)")
+PERM_DTYPE = N_("return a LongTensor (int64), the dtype of index tensors: e.g. "
+                "`torch.cat([torch.arange(0, d, 2), torch.arange(1, d, 2)])`")
 
 
 # --------------------------------------------------------------------------------------------
@@ -165,14 +167,24 @@ def _call(c: Check, *args, hints: Mapping[str, str] | None = None, **kwargs):
         found = next((h for words, h in (hints or {}).items()
                       if any(w in text for w in words.split("|"))), None)
         if found and err.hint is None:
-            raise LearnerError(err.exercise, err.message, hint=found, seed=err.seed) from None
+            raise err.with_hint(found) from None
         raise
+
+
+def _both(first: str, second: str) -> str:
+    """Two mistakes at once, in the current language."""
+    return _("{first}; and {second}").format(first=_(first), second=_(second))
+
+
+def _wrong_way_too(mistake: str) -> str:
+    return _("{mistake} (and rotated the wrong way)").format(mistake=_(mistake))
 
 
 def _expect_dtype(c: Check, got, want: torch.Tensor, *, what: str, hint: str) -> None:
     """A dtype mismatch with the right shape fails with `hint` (expect_tensor does the rest)."""
     if isinstance(got, torch.Tensor) and got.shape == want.shape and got.dtype != want.dtype:
-        c.fail(f"{what} has dtype {got.dtype}, expected {want.dtype}.", hint)
+        c.fail(_("{what} has dtype {got}, expected {want}.").format(what=what, got=got.dtype,
+                                                                     want=want.dtype), hint)
 
 
 def _offset_positions(c: Check, s: int, *, low: int = 3, high: int = 60) -> torch.Tensor:
@@ -182,7 +194,7 @@ def _offset_positions(c: Check, s: int, *, low: int = 3, high: int = 60) -> torc
 
 def _batch_positions(c: Check, b: int, s: int, *, high: int = 60) -> torch.Tensor:
     """[B, S]: each row its own offset, one row with gaps (positions need not be contiguous)."""
-    rows = [c.randint(2, high) + torch.arange(s) for _ in range(b)]
+    rows = [c.randint(2, high) + torch.arange(s) for _n in range(b)]
     gaps = torch.randint(1, 4, (s,), generator=c.gen).cumsum(0)
     rows[c.randint(0, b)] = c.randint(0, high) + gaps
     return torch.stack(rows)
@@ -271,12 +283,12 @@ def _freq_mixups(d_r: int, base: float) -> dict:
         LINSPACE: lambda: _freqs64(d_r, base, linspace=True).float(),
         POSITIVE_EXPONENT: lambda: _freqs64(d_r, base, exponent=-2.0).float(),
         INT_DIVISION: lambda: torch.ones(half),
-        PER_FEATURE + " (base ** (-j / D_r) for every feature j)":
+        _("{mistake} (base ** (-j / D_r) for every feature j)").format(mistake=_(PER_FEATURE)):
             lambda: (base ** (-torch.arange(d_r, dtype=torch.float64) / d_r)).float(),
-        PER_FEATURE + " (each frequency repeated for both features of its pair)":
-            lambda: _freqs64(d_r, base).float().repeat_interleave(2),
-        PER_FEATURE + " (the frequencies concatenated twice, as Hugging Face's cos/sin cache "
-                      "does later)": lambda: _freqs64(d_r, base).float().repeat(2),
+        _("{mistake} (each frequency repeated for both features of its pair)").format(
+            mistake=_(PER_FEATURE)): lambda: _freqs64(d_r, base).float().repeat_interleave(2),
+        _("{mistake} (the frequencies concatenated twice, as Hugging Face's cos/sin cache does "
+          "later)").format(mistake=_(PER_FEATURE)): lambda: _freqs64(d_r, base).float().repeat(2),
     }
     if base != 10000.0:
         mixups[IGNORED_BASE] = lambda: _freqs64(d_r, 10000.0).float()
@@ -286,7 +298,7 @@ def _freq_mixups(d_r: int, base: float) -> dict:
 def check_rope_frequencies(f, *, seed: int | None = None, thorough: bool = False) -> None:
     with Check("rope_frequencies", f, seed=seed) as c:
         cases = [(128, None), (8, None)]                   # the article's D_h = 128; 4 pairs
-        for _ in range(4 if thorough else 2):
+        for _n in range(4 if thorough else 2):
             cases.append((2 * c.randint(3, 17), None))
         cases.append((2 * c.randint(3, 33), c.choice([500000.0, 1e6, 100.0])))
         cases.append((64, 500000.0))                       # LLaMA-3's base
@@ -299,8 +311,8 @@ def check_rope_frequencies(f, *, seed: int | None = None, thorough: bool = False
             _expect_dtype(c, got, want, what=what, hint=FLOAT_DTYPE)
             c.expect_tensor(got, want, what=what, dims=("pair",),
                             wrong=_freq_mixups(d_r, 10000.0 if base is None else base))
-        c.properties[:] = ["theta_i = base ** (-2i / D_r)", "D_r // 2 pairs, float32",
-                           "the base argument", "the article's D_r = 128"]
+        c.properties[:] = ["theta_i = base ** (-2i / D_r)", _("D_r // 2 pairs, float32"),
+                           _("the base argument"), _("the article's D_r = 128")]
 
 
 # --------------------------------------------------------------------------------------------
@@ -317,14 +329,14 @@ def _angle_mixups(positions: torch.Tensor, freqs: torch.Tensor) -> dict:
 
     mixups = {
         POSITIONS_IGNORED: lambda: out(torch.arange(s, dtype=torch.float64)[:, None] * f64),
-        POSITIONS_IGNORED + " (for every sequence)": lambda: out(
+        _("{mistake} (for every sequence)").format(mistake=_(POSITIONS_IGNORED)): lambda: out(
             (torch.arange(s, dtype=torch.float64)[:, None] * f64).expand(*pos.shape, -1)),
         POSITIONS_FROM_1: lambda: out((pos + 1)[..., None] * f64),
         DIVIDED: lambda: out(pos[..., None] / f64),
         TRANSPOSED: lambda: out(f64[:, None] * pos[..., None, :]),
-        PER_FEATURE_ANGLE + " (repeat_interleave)": lambda: out(
+        _("{mistake} (repeat_interleave)").format(mistake=_(PER_FEATURE_ANGLE)): lambda: out(
             (pos[..., None] * f64).repeat_interleave(2, dim=-1)),
-        PER_FEATURE_ANGLE + " (concatenated twice)": lambda: out(
+        _("{mistake} (concatenated twice)").format(mistake=_(PER_FEATURE_ANGLE)): lambda: out(
             torch.cat([pos[..., None] * f64] * 2, dim=-1)),
     }
     if positions.dim() == 2:
@@ -339,31 +351,33 @@ def check_rope_angles(f, *, seed: int | None = None, thorough: bool = False) -> 
         for trial in range(3 if thorough else 1):
             b, s, half = c.sizes(3, 2, 9)
             freqs = ref.rope_frequencies(2 * half, c.choice([10000.0, 500000.0]))
-            cases.append((f"positions start_pos + arange(S) [S={s}]",
+            cases.append((_("positions start_pos + arange(S) [S={s}]").format(s=s),
                           _offset_positions(c, s), freqs))
-            cases.append((f"positions [B={b}, S={s}], one row per sequence",
+            cases.append((_("positions [B={b}, S={s}], one row per sequence").format(b=b, s=s),
                           _batch_positions(c, b, s), freqs))
         s, half = c.sizes(2, 3, 9)
         gaps = torch.sort(torch.randperm(60, generator=c.gen)[:s]).values
-        cases.append((f"non-contiguous positions {gaps.tolist()}", gaps,
+        cases.append((_("non-contiguous positions {positions}").format(positions=gaps.tolist()),
+                      gaps,
                        c.randn(half).abs() + 0.05))
         m = c.randint(5, 300)
-        cases.append((f"one decode step at position {m}", torch.tensor([m]),
+        cases.append((_("one decode step at position {m}").format(m=m), torch.tensor([m]),
                       ref.rope_frequencies(2 * c.randint(2, 9))))
-        cases.append(("the article's D_r = 128 at positions 0, 1, 2, 4095",
+        cases.append((_("the article's D_r = 128 at positions 0, 1, 2, 4095"),
                       torch.tensor([0, 1, 2, 4095]), ref.rope_frequencies(128)))
         for label, positions, freqs in cases:
             want = ref.rope_angles(positions, freqs)
             got = c.call(positions.clone(), freqs.clone())
             dims = ("B", "S", "pair") if positions.dim() == 2 else ("S", "pair")
-            what = f"rope_angles for {label} and {freqs.numel()} frequencies"
+            what = _("rope_angles for {case} and {count} frequencies").format(
+                case=label, count=freqs.numel())
             _expect_dtype(c, got, want, what=what,
-                          hint="angles are float32 (the dtype of the frequencies): an integer "
-                               "position times a float32 frequency already is")
+                          hint=_("angles are float32 (the dtype of the frequencies): an integer "
+                                 "position times a float32 frequency already is"))
             c.expect_tensor(got, want, what=what, dims=dims,
                             wrong=_angle_mixups(positions, freqs))
-        c.properties[:] = ["angle m * theta_i", "positions [S] and [B, S]",
-                           "offset and decode positions", "float32"]
+        c.properties[:] = [_("angle m * theta_i"), _("positions [S] and [B, S]"),
+                           _("offset and decode positions"), "float32"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -384,18 +398,20 @@ def _rotation_mixups(alpha: float) -> dict:
     return {
         ROT_CLOCKWISE: lambda: _rotation64(alpha, clockwise=True),
         ROT_SWAPPED: lambda: _rotation64(alpha, swap=True),
-        ROT_SWAPPED + " (and clockwise)": lambda: _rotation64(alpha, swap=True, clockwise=True),
+        _("{mistake} (and clockwise)").format(mistake=_(ROT_SWAPPED)):
+            lambda: _rotation64(alpha, swap=True, clockwise=True),
         ROT_NO_MINUS: lambda: _rotation64(alpha, minus=False),
         ROT_DEGREES: lambda: _rotation64(math.radians(alpha)),
         ROT_SHAPE: lambda: _rotation64(alpha).reshape(4),
-        ROT_SHAPE + " (not [1, 2, 2])": lambda: _rotation64(alpha)[None],
+        _("{mistake} (not [1, 2, 2])").format(mistake=_(ROT_SHAPE)):
+            lambda: _rotation64(alpha)[None],
     }
 
 
 def check_rotation_matrix(f, *, seed: int | None = None, thorough: bool = False) -> None:
     with Check("rotation_matrix", f, seed=seed) as c:
         alphas = [math.pi / 2, 0.3]
-        for _ in range(5 if thorough else 2):
+        for _n in range(5 if thorough else 2):
             alphas.append(float(torch.empty(()).uniform_(-7.0, 7.0, generator=c.gen)))
         alphas.append(-1.2)
         got_by_alpha = {}
@@ -406,8 +422,8 @@ def check_rotation_matrix(f, *, seed: int | None = None, thorough: bool = False)
             shown = f"torch.tensor({alpha:.4g})" if as_tensor else f"{alpha:.4g}"
             got = c.call(arg)
             what = f"rotation_matrix({shown})"
-            _expect_dtype(c, got, want, what=what, hint="return float32, torch's default float "
-                          "type (torch.tensor of Python floats gives float32)")
+            _expect_dtype(c, got, want, what=what, hint=_("return float32, torch's default "
+                          "float type (torch.tensor of Python floats gives float32)"))
             c.expect_tensor(got, want, what=what, dims=("row", "col"),
                             wrong=_rotation_mixups(alpha))
             got_by_alpha[alpha] = got.detach().double()
@@ -415,16 +431,18 @@ def check_rotation_matrix(f, *, seed: int | None = None, thorough: bool = False)
         # identity R(a)^T R(b) = R(b - a) holds for the learner's matrices.
         e0 = got_by_alpha[math.pi / 2] @ torch.tensor([1.0, 0.0], dtype=torch.float64)
         if not torch.allclose(e0, torch.tensor([0.0, 1.0], dtype=torch.float64), atol=1e-6):
-            c.fail(f"R(pi/2) @ (1, 0) is {e0.tolist()}, expected (0, 1).", ROT_CLOCKWISE)
+            c.fail(_("R(pi/2) @ (1, 0) is {got}, expected (0, 1).").format(got=e0.tolist()),
+                   ROT_CLOCKWISE)
         a, b = alphas[2], alphas[3]
         rel = c.call(b - a)
         c.expect_tensor(rel, ref.rotation_matrix(b - a), what=f"rotation_matrix({b - a:.4g})",
                         dims=("row", "col"), wrong=_rotation_mixups(b - a))
         rel = rel.detach().double()
         if not torch.allclose(got_by_alpha[a].T @ got_by_alpha[b], rel, atol=1e-5):
-            c.fail(f"R({a:.4g})^T R({b:.4g}) differs from R({b - a:.4g}).")
-        c.properties[:] = ["[[cos, -sin], [sin, cos]]", "counter-clockwise",
-                           "R(a)^T R(b) = R(b - a)", "float and tensor angles"]
+            c.fail(_("R({a})^T R({b}) differs from R({difference}).").format(
+                a=f"{a:.4g}", b=f"{b:.4g}", difference=f"{b - a:.4g}"))
+        c.properties[:] = ["[[cos, -sin], [sin, cos]]", _("counter-clockwise"),
+                           "R(a)^T R(b) = R(b - a)", _("float and tensor angles")]
 
 
 # --------------------------------------------------------------------------------------------
@@ -480,26 +498,28 @@ def _rotate_mixups(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     return {
         other: v(interleaved=not interleaved),
         LAYOUT_BACK: v(write_interleaved=not interleaved),
-        LAYOUT_BACK + " (and read the pairs the other way as well)":
-            v(interleaved=not interleaved, write_interleaved=interleaved),
+        _("{mistake} (and read the pairs the other way as well)").format(
+            mistake=_(LAYOUT_BACK)): v(interleaved=not interleaved, write_interleaved=interleaved),
         WRONG_WAY: v(direction=-1.0),
-        f"{WRONG_WAY}; and {other}": v(direction=-1.0, interleaved=not interleaved),
+        _both(WRONG_WAY, other): v(direction=-1.0, interleaved=not interleaved),
         SIN_COS_SWAPPED: v(swap=True),
-        SIN_COS_SWAPPED + " (and rotated the wrong way)": v(swap=True, direction=-1.0),
+        _wrong_way_too(SIN_COS_SWAPPED): v(swap=True, direction=-1.0),
         NO_MINUS: v(minus_a=False),
         MINUS_TWICE: v(minus_b=True),
         (SPREAD_INTERLEAVED if interleaved else SPREAD_HALF):
             lambda: _spread64(x, cos, sin, interleaved=interleaved),
         COS_OF_COS: lambda: _rotate64(x, torch.cos(cos.double()), torch.sin(sin.double()),
                                       interleaved=interleaved),
-        "returned x unchanged: every pair turns by its angle, the one whose cosine and sine "
-        "cos[..., i] and sin[..., i] hold": x,
-        NOT_FLATTENED + " (you returned [..., D_r/2, 2])": lambda: _join64(
+        _("returned x unchanged: every pair turns by its angle, the one whose cosine and sine "
+          "cos[..., i] and sin[..., i] hold"): x,
+        _("{mistake} (you returned {shape})").format(mistake=_(NOT_FLATTENED),
+                                                     shape="[..., D_r/2, 2]"): lambda: _join64(
             *_pairs64(want, interleaved), True).unflatten(-1, (half, 2)).to(x.dtype),
-        NOT_FLATTENED + " (you returned [..., 2, D_r/2])": lambda: _join64(
+        _("{mistake} (you returned {shape})").format(mistake=_(NOT_FLATTENED),
+                                                     shape="[..., 2, D_r/2]"): lambda: _join64(
             *_pairs64(want, interleaved), False).unflatten(-1, (2, half)).to(x.dtype),
-        HALF_RETURNED + " (you returned only the new x_a)": lambda: _pairs64(
-            want, interleaved)[0].to(x.dtype),
+        _("{mistake} (you returned only the new x_a)").format(mistake=_(HALF_RETURNED)):
+            lambda: _pairs64(want, interleaved)[0].to(x.dtype),
     }
 
 
@@ -519,15 +539,18 @@ def _expect_rotated(c: Check, x: torch.Tensor, cos: torch.Tensor, sin: torch.Ten
     kwargs = {} if interleaved is None else {"interleaved": interleaved}
     got = _call(c, x, cos, sin, hints=hints, **kwargs)
     if not torch.equal(x, before):
-        c.fail(f"rotate_pairs changed its input x in place ({label}).", ROTATE_IN_PLACE)
+        c.fail(_("rotate_pairs changed its input x in place ({case}).").format(case=label),
+               ROTATE_IN_PLACE)
     if not (torch.equal(cos, cos_before) and torch.equal(sin, sin_before)):
-        c.fail(f"rotate_pairs changed its input cos or sin in place ({label}).",
-               "build new tensors; cos and sin are shared by every head and every layer")
+        c.fail(_("rotate_pairs changed its input cos or sin in place ({case}).").format(
+            case=label), _("build new tensors; cos and sin are shared by every head and every "
+                           "layer"))
     want = ref.rotate_pairs(before, cos, sin, pairing)
-    shown = [f"x {describe(before)}", f"cos and sin {describe(cos)}"] + [
+    shown = [f"x {describe(before)}",
+             _("cos and sin {value}").format(value=describe(cos))] + [
         f"{k}={v}" for k, v in kwargs.items()]
-    what = f"rotate_pairs for {label} ({', '.join(shown)})"
-    _expect_dtype(c, got, want, what=what, hint="return x's dtype (cos and sin have it too)")
+    what = _("rotate_pairs for {case} ({inputs})").format(case=label, inputs=", ".join(shown))
+    _expect_dtype(c, got, want, what=what, hint=_("return x's dtype (cos and sin have it too)"))
     try:
         dims = {1: ("feature",), 2: ("S", "feature"), 4: ("B", "N", "S", "feature")}
         c.expect_tensor(got, want, what=what, dims=dims.get(before.dim()),
@@ -542,25 +565,25 @@ def _expect_rotated(c: Check, x: torch.Tensor, cos: torch.Tensor, sin: torch.Ten
 
 def check_rotate_pairs(f, *, seed: int | None = None, thorough: bool = False) -> None:
     with Check("rotate_pairs", f, seed=seed) as c:
-        for _ in range(3 if thorough else 1):
+        for _n in range(3 if thorough else 1):
             b, n, s = c.sizes(3, 2, 8)
             d_r = 2 * c.randint(3, 9)
             # angles [S, D_r/2] (positions shared by the batch), both pairings and the default
             for interleaved in (None, True, False):
                 cos, sin = _angles_for(c, s, d_r // 2)
                 _expect_rotated(c, c.randn(b, n, s, d_r), cos, sin, interleaved=interleaved,
-                                label="x [B, N, S, D_r] with cos, sin [S, D_r/2]")
+                                label=_("x [B, N, S, D_r] with cos, sin [S, D_r/2]"))
             # angles [B, 1, S, D_r/2] (positions per sequence, shared by the heads)
             for interleaved in ((True, False) if thorough else (c.choice([True, False]),)):
                 cos, sin = _angles_for(c, b, 1, s, d_r // 2)
                 _expect_rotated(c, c.randn(b, n, s, d_r), cos, sin, interleaved=interleaved,
-                                label="x [B, N, S, D_r] with cos, sin [B, 1, S, D_r/2]")
+                                label=_("x [B, N, S, D_r] with cos, sin [B, 1, S, D_r/2]"))
         # a quarter turn of every pair: (1, 0) becomes (0, 1), wherever the pair's features are.
         for interleaved in (True, False):
             x = torch.tensor([1.0, 0.0, 1.0, 0.0]) if interleaved else \
                 torch.tensor([1.0, 1.0, 0.0, 0.0])
             _expect_rotated(c, x, torch.zeros(2), torch.ones(2), interleaved=interleaved,
-                            label="a quarter turn of the pairs (1, 0), one token, D_r = 4")
+                            label=_("a quarter turn of the pairs (1, 0), one token, D_r = 4"))
         # any leading shape: tokens of a plain [S, D_r] matrix, one angle per token and pair
         s, half = c.sizes(2, 2, 9)
         cos, sin = _angles_for(c, s, half)
@@ -572,28 +595,28 @@ def check_rotate_pairs(f, *, seed: int | None = None, thorough: bool = False) ->
         cos, sin = _angles_for(c, 4, 64)
         for interleaved in (True, False):
             _expect_rotated(c, c.randn(1, 2, 4, 128), cos, sin, interleaved=interleaved,
-                            label="the article's D_h = 128, 64 pairs")
+                            label=_("the article's D_h = 128, 64 pairs"))
         # heads-first tensors come out of a transpose: not contiguous
         b, n, s = c.sizes(3, 2, 8)
         cos, sin = _angles_for(c, s, 5)
         x = c.randn(b, s, n, 10).transpose(1, 2)
-        _expect_rotated(c, x, cos, sin, interleaved=True, label="a non-contiguous x")
+        _expect_rotated(c, x, cos, sin, interleaved=True, label=_("a non-contiguous x"))
         # float64 in, float64 out
         cos, sin = (t.double() for t in _angles_for(c, s, 3))
         _expect_rotated(c, c.randn(b, n, s, 6, dtype=torch.float64), cos, sin,
-                        interleaved=c.choice([True, False]), label="float64 x, cos and sin")
+                        interleaved=c.choice([True, False]), label=_("float64 x, cos and sin"))
         # a rotation keeps every pair's length
         cos, sin = _angles_for(c, s, 8)
         x = c.randn(b, n, s, 16)
-        got = _expect_rotated(c, x, cos, sin, interleaved=False, label="the length test")
+        got = _expect_rotated(c, x, cos, sin, interleaved=False, label=_("the length test"))
         pair_len = _pairs64(got, False)[0] ** 2 + _pairs64(got, False)[1] ** 2
         want_len = _pairs64(x, False)[0] ** 2 + _pairs64(x, False)[1] ** 2
         if not torch.allclose(pair_len, want_len, rtol=1e-5, atol=1e-6):
-            c.fail("rotate_pairs changed the length of a pair; a rotation keeps it.",
+            c.fail(_("rotate_pairs changed the length of a pair; a rotation keeps it."),
                    NOT_A_ROTATION)
         c.properties[:] = ["x'_a = x_a cos - x_b sin, x'_b = x_a sin + x_b cos",
-                           "both pairings, results back in place", "cos, sin broadcast",
-                           "x's dtype and shape", "input untouched"]
+                           _("both pairings, results back in place"), _("cos, sin broadcast"),
+                           _("x's dtype and shape"), _("input untouched")]
 
 
 # --------------------------------------------------------------------------------------------
@@ -618,13 +641,13 @@ def _rope_mixups(x: torch.Tensor, positions: torch.Tensor, base: float, rotary_d
         POSITIONS_FROM_1: v(shift=1),
         WRONG_WAY: v(direction=-1.0),
         SIN_COS_SWAPPED: v(swap=True),
-        SIN_COS_SWAPPED + " (and rotated the wrong way)": v(swap=True, direction=-1.0),
+        _wrong_way_too(SIN_COS_SWAPPED): v(swap=True, direction=-1.0),
         NO_MINUS: v(minus=False),
         POSITIVE_EXPONENT: v(exponent=-2.0),
         RETURNED_X: x,
     }
     other = OTHER_PAIRING_HALF if interleaved else OTHER_PAIRING_INTERLEAVED
-    mixups[f"{WRONG_WAY}; and {other}"] = v(direction=-1.0, interleaved=not interleaved)
+    mixups[_both(WRONG_WAY, other)] = v(direction=-1.0, interleaved=not interleaved)
     if base != 10000.0:
         mixups[IGNORED_BASE] = v(base=10000.0)
     if d_r < d:
@@ -641,10 +664,10 @@ def _rope_mixups(x: torch.Tensor, positions: torch.Tensor, base: float, rotary_d
             mixups[BATCH_HEADS] = v(batch_on_heads=True)
     if x.dtype in (torch.float16, torch.bfloat16):
         name = str(x.dtype).removeprefix("torch.")
-        hint = LOW_PRECISION_ANGLES.format(dtype=name)
+        hint = _(LOW_PRECISION_ANGLES).format(dtype=name)
         mixups[hint] = v(angle_dtype=x.dtype)
-        mixups[hint + " (yours formed them in float32, then cast them down)"] = v(
-            angle_dtype=x.dtype, angle_cast=True)
+        mixups[_("{mistake} (yours formed them in float32, then cast them down)").format(
+            mistake=hint)] = v(angle_dtype=x.dtype, angle_cast=True)
     return mixups
 
 
@@ -671,16 +694,18 @@ def _expect_rope(c: Check, f_args: tuple, f_kwargs: dict, *, label: str,
         hints["must match|broadcast|size of tensor|expanded size"] = BATCH_HEADS
     got = _call(c, x, positions.clone(), hints=hints, **f_kwargs)
     if not torch.equal(x, before):
-        c.fail(f"apply_rope changed its input x in place ({label}).", IN_PLACE)
+        c.fail(_("apply_rope changed its input x in place ({case}).").format(case=label),
+               IN_PLACE)
     base = f_kwargs.get("base", 10000.0)
     rotary_dim = f_kwargs.get("rotary_dim")
     interleaved = f_kwargs.get("interleaved", True)
     want = ref.apply_rope(x, positions, base=base, rotary_dim=rotary_dim, interleaved=interleaved)
     shown = [f"x {describe(x)} [B, N, S, D]", f"positions {describe(positions)}"]
     shown += [f"{k}={v}" for k, v in f_kwargs.items()]
-    what = f"apply_rope for {label} ({', '.join(shown)})"
+    what = _("apply_rope for {case} ({inputs})").format(case=label, inputs=", ".join(shown))
     if isinstance(got, torch.Tensor) and got.shape == want.shape and got.dtype != want.dtype:
-        c.fail(f"{what} has dtype {got.dtype}, expected {want.dtype} (x's dtype).", KEEP_DTYPE)
+        c.fail(_("{what} has dtype {got}, expected {want} (x's dtype).").format(
+            what=what, got=got.dtype, want=want.dtype), KEEP_DTYPE)
     atol, rtol = _rope_tolerance(x, positions)
     wrong = _rope_mixups(before, positions, base, rotary_dim, interleaved)
     try:
@@ -707,25 +732,33 @@ def _relative_position_property(c: Check, *, d: int, rotary_dim: int | None,
     if rotary_dim is not None:
         kwargs["rotary_dim"] = rotary_dim
     q_rot = _expect_rope(c, (q.expand(1, 1, len(m), d).clone(), m), kwargs,
-                         label="one query content at several positions m")
+                         label=_("one query content at several positions m"))
     k_rot = _expect_rope(c, (k.expand(1, 1, len(n), d).clone(), n), kwargs,
-                         label=f"one key content at the positions n = m + {offset}")
+                         label=_("one key content at the positions n = m + {offset}").format(
+                             offset=offset))
     scores = (q_rot.detach().double() * k_rot.detach().double()).sum(-1).view(-1)
     # float32 angles m * theta carry an error of a few 1e-7 * m radians
     size = float(q.norm() * k.norm()) * (1e-4 + 1e-6 * float(n.abs().max()))
     if not torch.allclose(scores, scores[0].expand_as(scores), atol=size, rtol=0):
         pairs = ", ".join(f"(m={int(a)}, n={int(b)}): {float(s):.4f}"
                           for a, b, s in zip(m, n, scores))
-        c.fail(f"the score q'.k' for fixed q and k changed with the absolute position although "
-               f"n - m = {offset} stayed the same: {pairs}.",
-               "rotate q by m theta_i and k by n theta_i with the same frequencies and the same "
-               "pairing, so that R(m theta)^T R(n theta) = R((n - m) theta)")
+        c.fail(_("the score q'.k' for fixed q and k changed with the absolute position "
+                 "although n - m = {offset} stayed the same: {scores}.").format(
+                     offset=offset, scores=pairs),
+               _("rotate q by m theta_i and k by n theta_i with the same frequencies and the "
+                 "same pairing, so that R(m theta)^T R(n theta) = R((n - m) theta)"))
+
+
+# The earlier exercises apply_rope is built on, in the chapter's order: a broken one that the
+# learner's apply_rope calls is named ("fix rope_angles first").
+_ROPE_PIECES = {"rope_frequencies": check_rope_frequencies, "rope_angles": check_rope_angles,
+                "rotate_pairs": check_rotate_pairs}
 
 
 def check_apply_rope(f, *, seed: int | None = None, thorough: bool = False) -> None:
-    with Check("apply_rope", f, seed=seed) as c:
+    with builds_on("apply_rope", _ROPE_PIECES), Check("apply_rope", f, seed=seed) as c:
         trials = 3 if thorough else 1
-        for _ in range(trials):
+        for _n in range(trials):
             b, n, s = c.sizes(3, 2, 8)
             d = 2 * c.randint(4, 9)
             # start_pos + arange(S): the positions of a later chunk, shared by the batch
@@ -733,12 +766,12 @@ def check_apply_rope(f, *, seed: int | None = None, thorough: bool = False) -> N
                 x = c.randn(b, n, s, d)
                 kwargs = {} if interleaved else {"interleaved": False}
                 _expect_rope(c, (x, _offset_positions(c, s)), kwargs,
-                             label="positions start_pos + arange(S)")
+                             label=_("positions start_pos + arange(S)"))
             # one row of positions per sequence (left padding, packed sequences)
             for interleaved in ((True, False) if thorough else (c.choice([True, False]),)):
                 x = c.randn(b, n, s, d)
                 _expect_rope(c, (x, _batch_positions(c, b, s)), {"interleaved": interleaved},
-                             label="positions [B, S], one row per sequence")
+                             label=_("positions [B, S], one row per sequence"))
             # partial rotation: only the first rotary_dim features turn
             d = 2 * c.randint(5, 9)
             d_r = 2 * c.randint(1, d // 2)
@@ -748,47 +781,50 @@ def check_apply_rope(f, *, seed: int | None = None, thorough: bool = False) -> N
                 x = c.randn(b, n, s, d)
                 _expect_rope(c, (x, _offset_positions(c, s)),
                              {"rotary_dim": d_r, "interleaved": interleaved},
-                             label=f"rotary_dim {d_r} < D {d}")
+                             label=_("rotary_dim {d_r} < D {d}").format(d_r=d_r, d=d))
         # a different base (LLaMA-3 uses 500000)
         b, n, s = c.sizes(3, 2, 8)
         x = c.randn(b, n, s, 8)
         base = c.choice([100.0, 500000.0, 1e6])
-        _expect_rope(c, (x, _offset_positions(c, s)), {"base": base}, label=f"base {base:g}")
+        _expect_rope(c, (x, _offset_positions(c, s)), {"base": base},
+                     label=_("base {base}").format(base=f"{base:g}"))
         # a decode step: one new token at position start_pos
         x = c.randn(b, n, 1, 10)
         _expect_rope(c, (x, torch.tensor([c.randint(5, 300)])), {},
-                     label="one decode step (S = 1)")
+                     label=_("one decode step (S = 1)"))
         # heads-first tensors usually come out of a transpose: not contiguous
         x = c.randn(b, s, n, 12).transpose(1, 2)
         _expect_rope(c, (x, _offset_positions(c, s)), {},
-                     label="a non-contiguous x (a transposed view)")
+                     label=_("a non-contiguous x (a transposed view)"))
         # B == N: angles [B, S, D_r/2] without a head axis broadcast silently (and wrongly)
         x = c.randn(3, 3, 5, 8)
         _expect_rope(c, (x, _batch_positions(c, 3, 5)), {},
-                     label="positions [B, S] with B == N")
+                     label=_("positions [B, S] with B == N"))
         # the article's head: D_h = 128, 64 pairs
         x = c.randn(1, 2, 4, 128)
         _expect_rope(c, (x, torch.tensor([3, 8, 13, 18])), {},
-                     label="the article's D_h = 128 at positions 3, 8, 13, 18")
+                     label=_("the article's D_h = 128 at positions 3, 8, 13, 18"))
         # half precision at long positions: the angles must be float32
         for dtype in ((torch.bfloat16, torch.float16) if thorough
                       else (c.choice([torch.bfloat16, torch.float16]),)):
             name = str(dtype).removeprefix("torch.")
             x = c.randn(b, n, s, 16, dtype=dtype)
             _expect_rope(c, (x, _offset_positions(c, s, low=2000, high=4000)),
-                         {"rotary_dim": 12}, label=f"{name} x at positions past 2000",
-                         fallback_hint=LOW_PRECISION_ANGLES.format(dtype=name))
+                         {"rotary_dim": 12},
+                         label=_("{dtype} x at positions past 2000").format(dtype=name),
+                         fallback_hint=_(LOW_PRECISION_ANGLES).format(dtype=name))
         # invariants, on the learner's own function
         x = c.randn(b, n, s, 16)
         got = _expect_rope(c, (x, _offset_positions(c, s)), {},
-                           label="the norm test").detach().double()
+                           label=_("the norm test")).detach().double()
         if not torch.allclose(got.norm(dim=-1), x.double().norm(dim=-1), rtol=1e-5, atol=1e-6):
-            c.fail("apply_rope changed the length of a token's vector; a rotation keeps it.",
+            c.fail(_("apply_rope changed the length of a token's vector; a rotation keeps it."),
                    NOT_A_ROTATION)
         for interleaved, rotary_dim in ((True, None), (False, None), (True, 8)):
             _relative_position_property(c, d=16, rotary_dim=rotary_dim, interleaved=interleaved)
-        c.properties[:] = ["both pairings", "offset and [B, S] positions", "rotary_dim < D",
-                           "x's dtype kept", "norms preserved", "q.k depends only on n - m"]
+        c.properties[:] = [_("both pairings"), _("offset and [B, S] positions"),
+                           "rotary_dim < D", _("x's dtype kept"), _("norms preserved"),
+                           _("q.k depends only on n - m")]
 
 
 # --------------------------------------------------------------------------------------------
@@ -800,21 +836,23 @@ def _perm_mixups(d_r: int, want: torch.Tensor) -> dict:
         PERM_INVERSE: lambda: torch.argsort(want),
         PERM_IDENTITY: lambda: torch.arange(d_r),
         PERM_ODD_FIRST: lambda: torch.cat([torch.arange(1, d_r, 2), torch.arange(0, d_r, 2)]),
-        PERM_HALF_ONLY + " (you returned only the even features)": lambda: torch.arange(0, d_r, 2),
+        _("{mistake} (you returned only the even features)").format(mistake=_(PERM_HALF_ONLY)):
+            lambda: torch.arange(0, d_r, 2),
     }
 
 
 def check_interleaved_to_half_permutation(f, *, seed: int | None = None,
                                           thorough: bool = False) -> None:
-    with Check("interleaved_to_half_permutation", f, seed=seed) as c:
-        sizes = [8, 128] + [2 * c.randint(3, 20) for _ in range(4 if thorough else 2)] + [2, 6]
+    with builds_on("interleaved_to_half_permutation", {"apply_rope": check_apply_rope}), \
+            Check("interleaved_to_half_permutation", f, seed=seed) as c:
+        sizes = [8, 128] + [2 * c.randint(3, 20) for _n in range(4 if thorough else 2)] + [2, 6]
         for d_r in sizes:
             want = ref.interleaved_to_half_permutation(d_r)
             got = c.call(d_r)
             what = f"interleaved_to_half_permutation({d_r})"
             if isinstance(got, (list, tuple)):
-                c.fail(f"{what} should be a torch.Tensor, got a {type(got).__name__}.",
-                       PERM_DTYPE)
+                c.fail(_("{what} should be a torch.Tensor, got a {kind}.").format(
+                    what=what, kind=type(got).__name__), PERM_DTYPE)
             _expect_dtype(c, got, want, what=what, hint=PERM_DTYPE)
             c.expect_tensor(got, want, what=what, dims=("feature",),
                             wrong=_perm_mixups(d_r, want))
@@ -831,7 +869,8 @@ def check_interleaved_to_half_permutation(f, *, seed: int | None = None,
         lhs = ref.apply_rope(x, pos, interleaved=True)[..., p]
         rhs = ref.apply_rope(x[..., p], pos, interleaved=False)
         if not torch.allclose(lhs, rhs, atol=1e-5, rtol=1e-4):
-            c.fail(f"apply_rope(x, pos, interleaved=True)[..., p] differs from "
-                   f"apply_rope(x[..., p], pos, interleaved=False) for rotary_dim {d_r}.")
+            c.fail(_("apply_rope(x, pos, interleaved=True)[..., p] differs from "
+                     "apply_rope(x[..., p], pos, interleaved=False) for rotary_dim {d_r}.")
+                   .format(d_r=d_r))
         c.properties[:] = ["[0, 2, 4, ..., 1, 3, 5, ...]", "LongTensor",
-                           "rotate-then-permute == permute-then-rotate"]
+                           _("rotate-then-permute == permute-then-rotate")]

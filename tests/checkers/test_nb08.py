@@ -8,7 +8,8 @@ import torch
 
 from checks import nb08
 from checks import reference as ref
-from checks.engine import LearnerError
+from checks.context import LANG_ENV
+from checks.engine import CheckFailure, LearnerError
 
 from ..support.catalogue import Exercise, Wrong
 
@@ -514,3 +515,145 @@ def test_reference_rotate_pairs_is_the_article_matrix_pair_by_pair(interleaved):
             pair = torch.stack([x[..., s, a], x[..., s, b]], -1) @ r.T
             torch.testing.assert_close(got[..., s, a], pair[..., 0], atol=1e-6, rtol=1e-6)
             torch.testing.assert_close(got[..., s, b], pair[..., 1], atol=1e-6, rtol=1e-6)
+
+
+
+# --------------------------------------------------------------------------------------------
+# apply_rope is built on rope_frequencies, rope_angles and rotate_pairs, and the permutation on
+# apply_rope: a broken earlier exercise that the learner's function calls is named ("fix X
+# first"); with right helpers the function's own mistake is named. The learner's functions are
+# written as a notebook cell is: module-level functions of a namespace of their own.
+
+_LEARNER_ROPE = """
+def rope_frequencies(rotary_dim, base=10000.0):
+    return base ** (-torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim)
+
+def rope_angles(positions, freqs):
+    return positions.to(torch.float32)[..., None] * freqs
+
+def rotate_pairs(x, cos, sin, interleaved=True):
+    half = x.shape[-1] // 2
+    a, b = (x[..., 0::2], x[..., 1::2]) if interleaved else (x[..., :half], x[..., half:])
+    a2, b2 = a * cos - b * sin, a * sin + b * cos
+    return torch.stack([a2, b2], -1).flatten(-2) if interleaved else torch.cat([a2, b2], -1)
+
+def apply_rope(x, positions, *, base=10000.0, rotary_dim=None, interleaved=True):
+    d_r = x.shape[-1] if rotary_dim is None else rotary_dim
+    angles = rope_angles(positions, rope_frequencies(d_r, base))
+    if angles.dim() == 3:
+        angles = angles[:, None]
+    rotated = rotate_pairs(x[..., :d_r].float(), angles.cos(), angles.sin(), interleaved)
+    return torch.cat([rotated.to(x.dtype), x[..., d_r:]], dim=-1)
+
+def interleaved_to_half_permutation(rotary_dim):
+    x = torch.randn(1, 1, 3, rotary_dim)                # a self-test that calls apply_rope
+    apply_rope(x, torch.arange(3))
+    return torch.cat([torch.arange(0, rotary_dim, 2), torch.arange(1, rotary_dim, 2)])
+"""
+
+_BROKEN = {
+    "rope_frequencies": ("/ rotary_dim)", "/ rotary_dim / 2)"),            # exponent i/D_r
+    "rope_angles": ("positions.to(torch.float32)[..., None]",              # positions ignored
+                    "torch.arange(positions.shape[-1]).float()[:, None]"),
+    "rotate_pairs": ("a * cos - b * sin, a * sin + b * cos",               # the wrong way
+                     "a * cos + b * sin, -a * sin + b * cos"),
+    "apply_rope": ("x[..., d_r:]]", "torch.zeros_like(x[..., d_r:])]"),    # pass-through zeroed
+    "interleaved_to_half_permutation": ("return torch.cat([torch.arange(0, rotary_dim, 2), "
+                                        "torch.arange(1, rotary_dim, 2)])",
+                                        "return torch.arange(rotary_dim)"),  # the identity
+}
+
+
+def _learner_rope(*broken: str) -> dict:
+    source = _LEARNER_ROPE
+    for name in broken:
+        old, new = _BROKEN[name]
+        assert source.count(old) == 1, old
+        source = source.replace(old, new)
+    namespace = {"torch": torch, "__name__": "__main__"}
+    exec(compile(source, "<learner cell>", "exec"), namespace)
+    return namespace
+
+
+def _failure_text(checker, fn) -> str:
+    with pytest.raises(CheckFailure) as info:
+        checker(fn, seed=0)
+    return str(info.value)
+
+
+def test_the_learner_cell_passes_when_nothing_is_broken():
+    ns = _learner_rope()
+    for name in ("rope_frequencies", "rope_angles", "rotate_pairs", "apply_rope",
+                 "interleaved_to_half_permutation"):
+        CHECKERS[name](ns[name], seed=0)
+
+
+@pytest.mark.parametrize("helper, problem", [
+    ("rope_frequencies", "exponent i/D_r instead of 2i/D_r"),
+    ("rope_angles", "ignored `positions`"),
+    ("rotate_pairs", "rotated the wrong way"),
+])
+def test_apply_rope_says_fix_its_broken_helper_first(helper, problem):
+    ns = _learner_rope(helper)
+    text = _failure_text(nb08.check_apply_rope, ns["apply_rope"])
+    assert f"your {helper} does not pass its own check ({problem}" in text, text
+    assert f"apply_rope is built on it, so fix {helper} first" in text, text
+
+
+def test_apply_rope_keeps_its_own_diagnosis_when_its_helpers_are_right():
+    ns = _learner_rope("apply_rope")
+    text = _failure_text(nb08.check_apply_rope, ns["apply_rope"])
+    assert "zeroed the features beyond rotary_dim" in text, text
+    assert "does not pass its own check" not in text
+
+
+def test_apply_rope_does_not_blame_a_broken_helper_it_does_not_call():
+    ns = _learner_rope("rotate_pairs", "apply_rope")
+    ns["apply_rope"] = _apply_rope_inline(ns)
+    text = _failure_text(nb08.check_apply_rope, ns["apply_rope"])
+    assert "rotate_pairs" not in text.split("likely mistake:")[1], text
+
+
+def _apply_rope_inline(ns: dict):
+    """The learner's apply_rope with its own rotation inline (rotate_pairs not called), its
+    pass-through still zeroed."""
+    source = """
+def apply_rope(x, positions, *, base=10000.0, rotary_dim=None, interleaved=True):
+    d_r = x.shape[-1] if rotary_dim is None else rotary_dim
+    angles = rope_angles(positions, rope_frequencies(d_r, base))
+    if angles.dim() == 3:
+        angles = angles[:, None]
+    cos, sin, part, half = angles.cos(), angles.sin(), x[..., :d_r].float(), d_r // 2
+    a, b = (part[..., 0::2], part[..., 1::2]) if interleaved else (part[..., :half],
+                                                                   part[..., half:])
+    a2, b2 = a * cos - b * sin, a * sin + b * cos
+    rotated = torch.stack([a2, b2], -1).flatten(-2) if interleaved else torch.cat([a2, b2], -1)
+    return torch.cat([rotated.to(x.dtype), torch.zeros_like(x[..., d_r:])], dim=-1)
+"""
+    exec(compile(source, "<learner cell 2>", "exec"), ns)
+    return ns["apply_rope"]
+
+
+def test_the_permutation_says_fix_apply_rope_first():
+    ns = _learner_rope("rope_frequencies", "interleaved_to_half_permutation")
+    text = _failure_text(nb08.check_interleaved_to_half_permutation,
+                         ns["interleaved_to_half_permutation"])
+    assert "your apply_rope does not pass its own check" in text, text
+    assert "interleaved_to_half_permutation is built on it, so fix apply_rope first" in text
+
+
+def test_the_permutation_keeps_its_own_diagnosis_when_apply_rope_is_right():
+    ns = _learner_rope("interleaved_to_half_permutation")
+    text = _failure_text(nb08.check_interleaved_to_half_permutation,
+                         ns["interleaved_to_half_permutation"])
+    assert "returned the identity" in text and "does not pass its own check" not in text, text
+
+
+def test_chapter_08_reads_in_chinese(monkeypatch):
+    monkeypatch.setenv(LANG_ENV, "zh")
+    ns = _learner_rope("rotate_pairs")
+    text = _failure_text(nb08.check_rotate_pairs, ns["rotate_pairs"])
+    assert "可能的错误：旋转方向反了：sin 的一个符号弄反了" in text, text
+    assert "likely mistake" not in text and "expected" not in text
+    text = _failure_text(nb08.check_apply_rope, ns["apply_rope"])
+    assert "apply_rope 建立在它之上，所以请先修好 rotate_pairs" in text, text
