@@ -63,12 +63,26 @@ c.Execute.interrupt_on_timeout = True
 # "Attribute 'checksum' for cell check_... has changed!" for each test cell with hidden tests: the
 # gradebook's checksum is of the instructor's cell, the learner's copy never had the hidden part.)
 c.OverwriteCells.add_missing_cells = True
+# nbgrader 0.9.6's OverwriteCells crashes the whole submission (`KeyError: 'grade_id'`, export
+# 0.0) when an answer cell was renamed, or deleted along with its test cell; this subclass puts the
+# missing test cells back after the nearest cell the submission still has (checks/grader/).
+c.Autograde.sanitize_preprocessors = [
+    "nbgrader.preprocessors.ClearOutput",
+    "nbgrader.preprocessors.DeduplicateIds",
+    "nbgrader.preprocessors.OverwriteKernelspec",
+    "checks.grader.nbgrader_plugins.RestoreMissingCells",
+    "nbgrader.preprocessors.CheckCellMetadata",
+]
 
 # --- feedback ----------------------------------------------------------------------------------
 # The feedback students receive leaves the hidden tests out of the test cells (their one-line
-# diagnosis still shows when one fails).
+# diagnosis still shows when one fails). HideTestCode first: an ordinary traceback in a test cell
+# (a timeout's KeyboardInterrupt, a NameError) prints the lines around the failing one, hidden
+# tests included, and the checker's frames; it keeps the exception's type and message and the
+# frames in the learner's cells. The autograded notebook keeps the whole traceback.
 c.GenerateFeedback.preprocessors = [
     "nbgrader.preprocessors.GetGrades",
+    "checks.grader.nbgrader_plugins.HideTestCode",
     "nbgrader.preprocessors.ClearHiddenTests",
     "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
 ]
