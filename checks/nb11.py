@@ -22,7 +22,7 @@ import torch
 from . import reference as ref
 from .config import LLAMA2_7B, ModelConfig
 from .engine import Check, builds_on, values_close
-from .i18n import N_
+from .i18n import N_, _
 
 NAMES = ("attn_norm", "wqkv", "wo", "ffn_norm", "w_gate", "w_up", "w_down")
 NORMS = ("attn_norm", "ffn_norm")
@@ -33,36 +33,36 @@ INIT_STD = ref.block.INIT_STD
 # --------------------------------------------------------------------------------------------
 # The mistakes this chapter diagnoses, in the words a failure shows.
 
-ROPE_ON_V = ("RoPE also rotated V: positions enter through the queries and keys only (they decide "
-             "WHO attends to whom); the values are mixed as they are, so V is not rotated")
-POSITIONS_IGNORED = ("ignored `positions`: rotated by 0, 1, ..., S-1 (torch.arange(S)) instead of "
-                     "the positions given; a sequence may start anywhere and its positions need "
-                     "not be consecutive")
-ROPE_Q_ONLY = "rotated Q but not K: RoPE rotates both, each by its own token's position"
-ROPE_K_ONLY = "rotated K but not Q: RoPE rotates both, each by its own token's position"
-NO_ROPE = "no RoPE at all: rotate Q and K by their positions after splitting the heads"
-NON_CAUSAL = ("non-causal attention: without the causal mask every token also reads the tokens "
-              "after it; pass causal_mask(S) to the attention")
-GROUPING = ("wrong KV grouping: query head h read KV head h % N_kv (as after `k.repeat(1, G, 1, "
-            "1)`); query heads 0..G-1 share KV head 0 (h // G), which grouped_query_attention "
-            "does by itself with the N_kv-head K and V")
-NO_NORM = ("no RMSNorm before the projections: the attention sublayer normalises its input with "
-           "layer['attn_norm'] first (pre-norm)")
-FFN_NORM_IN_ATTN = ("normalised with layer['ffn_norm']; the attention sublayer's scale is "
-                    "layer['attn_norm']")
-EPS_IGNORED = "ignored cfg.norm_eps: pass eps=cfg.norm_eps to rms_norm"
-BASE_IGNORED = "ignored cfg.rope_base: pass base=cfg.rope_base to apply_rope"
-ROTARY_DIM_IGNORED = ("ignored cfg.rotary_dim: only the first rotary_dim features of each head "
-                      "rotate; pass rotary_dim=cfg.rotary_dim to apply_rope")
-HALF_PAIRING = ("rotated with the 'half' pairing (interleaved=False); the course's weights use the "
-                "default interleaved pairing (2i, 2i+1)")
-MERGE_NO_TRANSPOSE = ("merged the heads with a plain reshape of [B, N_h, S, D_h]: move the head "
-                      "axis back next to D_h first ([B, S, N_h, D_h]), as merge_heads does")
-KV_SWAPPED = ("took K and V from the wrong column blocks: wqkv's columns are Q | K | V, in this "
-              "order")
-WITH_RESIDUAL = ("added the residual x: attention_sublayer returns the sublayer's output only; "
-                 "decoder_block adds x")
-NO_WO = "forgot the output projection W_O (layer['wo']) after merging the heads"
+ROPE_ON_V = N_("RoPE also rotated V: positions enter through the queries and keys only (they "
+               "decide WHO attends to whom); the values are mixed as they are, so V is not rotated")
+POSITIONS_IGNORED = N_("ignored `positions`: rotated by 0, 1, ..., S-1 (torch.arange(S)) instead "
+                       "of the positions given; a sequence may start anywhere and its positions "
+                       "need not be consecutive")
+ROPE_Q_ONLY = N_("rotated Q but not K: RoPE rotates both, each by its own token's position")
+ROPE_K_ONLY = N_("rotated K but not Q: RoPE rotates both, each by its own token's position")
+NO_ROPE = N_("no RoPE at all: rotate Q and K by their positions after splitting the heads")
+NON_CAUSAL = N_("non-causal attention: without the causal mask every token also reads the tokens "
+                "after it; pass causal_mask(S) to the attention")
+GROUPING = N_("wrong KV grouping: query head h read KV head h % N_kv (as after `k.repeat(1, G, 1, "
+              "1)`); query heads 0..G-1 share KV head 0 (h // G), which grouped_query_attention "
+              "does by itself with the N_kv-head K and V")
+NO_NORM = N_("no RMSNorm before the projections: the attention sublayer normalises its input with "
+             "layer['attn_norm'] first (pre-norm)")
+FFN_NORM_IN_ATTN = N_("normalised with layer['ffn_norm']; the attention sublayer's scale is "
+                      "layer['attn_norm']")
+EPS_IGNORED = N_("ignored cfg.norm_eps: pass eps=cfg.norm_eps to rms_norm")
+BASE_IGNORED = N_("ignored cfg.rope_base: pass base=cfg.rope_base to apply_rope")
+ROTARY_DIM_IGNORED = N_("ignored cfg.rotary_dim: only the first rotary_dim features of each head "
+                        "rotate; pass rotary_dim=cfg.rotary_dim to apply_rope")
+HALF_PAIRING = N_("rotated with the 'half' pairing (interleaved=False); the course's weights use "
+                  "the default interleaved pairing (2i, 2i+1)")
+MERGE_NO_TRANSPOSE = N_("merged the heads with a plain reshape of [B, N_h, S, D_h]: move the head "
+                        "axis back next to D_h first ([B, S, N_h, D_h]), as merge_heads does")
+KV_SWAPPED = N_("took K and V from the wrong column blocks: wqkv's columns are Q | K | V, in this "
+                "order")
+WITH_RESIDUAL = N_("added the residual x: attention_sublayer returns the sublayer's output only; "
+                   "decoder_block adds x")
+NO_WO = N_("forgot the output projection W_O (layer['wo']) after merging the heads")
 SCALE_BY_H = N_("scaled the scores by 1/sqrt(H), the model width (cfg.hidden_size); each head "
                 "scales its scores by 1/sqrt(D_h), its own width (cfg.head_dim)")
 SCALE_BY_HEADS = N_("scaled the scores by 1/sqrt(N_h * D_h), the width of all heads together; "
@@ -71,29 +71,30 @@ SCALE_BY_H_HEADS = N_("scaled the scores by 1/sqrt(H) = 1/sqrt(N_h * D_h), the w
                       "together; each head scales its scores by 1/sqrt(D_h), its own width "
                       "(cfg.head_dim)")
 
-NO_ATTN_RESIDUAL = ("missing residual around attention: U = X + Attention(RMSNorm(X)), the "
-                    "sublayer's output is ADDED to X")
-NO_FFN_RESIDUAL = ("missing residual around the FFN: the block returns U + SwiGLU(RMSNorm(U)), not "
-                   "the FFN's output alone")
-NO_RESIDUALS = ("missing residuals: both sublayers add their output to their input, "
-                "U = X + Attention(...) and X' = U + SwiGLU(...)")
-POST_NORM = ("post-norm: normalised AFTER the residual add, Norm(X + Sublayer(X)); LLaMA is "
-             "pre-norm, X + Sublayer(Norm(X)), and the residual path never passes through a norm")
-POST_NORM_TOO = ("post-norm on top of pre-norm: normalised the sum after each residual add as "
-                 "well; in a pre-norm block the residual path never passes through a norm, the "
-                 "block returns U + SwiGLU(RMSNorm(U)) as it is")
-PARALLEL = ("ran the FFN on X in parallel with attention (X + Attn(X) + FFN(X), GPT-J style); in "
-            "LLaMA the FFN reads U, the output of the attention step")
-FFN_RESIDUAL_FROM_X = ("the second residual adds X; it adds U, the FFN's own input: "
-                       "X' = U + SwiGLU(RMSNorm(U))")
-FFN_NO_NORM = "no RMSNorm before the FFN: X' = U + SwiGLU(RMSNorm(U)), with layer['ffn_norm']"
-ATTN_NORM_IN_FFN = ("normalised the FFN's input with layer['attn_norm']; each sublayer has its "
-                    "own scale: the FFN's is layer['ffn_norm']")
-NO_FFN = "left out the FFN sublayer: after U = X + Attention(...), add SwiGLU(RMSNorm(U))"
-GATE_UP_SWAPPED = ("swapped w_gate and w_up: SwiGLU is (silu(x @ w_gate) * (x @ w_up)) @ w_down, "
-                   "the SiLU goes on the gate")
-IN_PLACE = ("changed x in place (`x += ...` or `x.add_(...)`): the caller still needs x; build the "
-            "residual sums as new tensors (`u = x + ...`)")
+NO_ATTN_RESIDUAL = N_("missing residual around attention: U = X + Attention(RMSNorm(X)), the "
+                      "sublayer's output is ADDED to X")
+NO_FFN_RESIDUAL = N_("missing residual around the FFN: the block returns U + SwiGLU(RMSNorm(U)), "
+                     "not the FFN's output alone")
+NO_RESIDUALS = N_("missing residuals: both sublayers add their output to their input, "
+                  "U = X + Attention(...) and X' = U + SwiGLU(...)")
+POST_NORM = N_("post-norm: normalised AFTER the residual add, Norm(X + Sublayer(X)); LLaMA is "
+               "pre-norm, X + Sublayer(Norm(X)), and the residual path never passes through a norm")
+POST_NORM_TOO = N_("post-norm on top of pre-norm: normalised the sum after each residual add as "
+                   "well; in a pre-norm block the residual path never passes through a norm, the "
+                   "block returns U + SwiGLU(RMSNorm(U)) as it is")
+PARALLEL = N_("ran the FFN on X in parallel with attention (X + Attn(X) + FFN(X), GPT-J style); in "
+              "LLaMA the FFN reads U, the output of the attention step")
+FFN_RESIDUAL_FROM_X = N_("the second residual adds X; it adds U, the FFN's own input: "
+                         "X' = U + SwiGLU(RMSNorm(U))")
+FFN_NO_NORM = N_("no RMSNorm before the FFN: X' = U + SwiGLU(RMSNorm(U)), with layer['ffn_norm']")
+ATTN_NORM_IN_FFN = N_("normalised the FFN's input with layer['attn_norm']; each sublayer has its "
+                      "own scale: the FFN's is layer['ffn_norm']")
+NO_FFN = N_("left out the FFN sublayer: after U = X + Attention(...), add SwiGLU(RMSNorm(U))")
+GATE_UP_SWAPPED = N_("swapped w_gate and w_up: SwiGLU is (silu(x @ w_gate) * (x @ w_up)) @ w_down, "
+                     "the SiLU goes on the gate")
+AND_POSITIONS_IGNORED = N_("{mistake}; and ignored `positions` (used torch.arange(S))")
+IN_PLACE = N_("changed x in place (`x += ...` or `x.add_(...)`): the caller still needs x; build "
+              "the residual sums as new tensors (`u = x + ...`)")
 
 # --------------------------------------------------------------------------------------------
 # The course's own block is not an answer: calling checks.reference's version of the exercise
@@ -101,14 +102,14 @@ IN_PLACE = ("changed x in place (`x += ...` or `x.add_(...)`): the caller still 
 # runs. The earlier chapters' pieces (rms_norm, apply_rope, ...) stay allowed: they are the
 # building blocks this chapter assembles.
 
-_REFERENCE_HINT = ("this exercise asks you to assemble the block yourself from the earlier "
-                   "chapters' pieces (rms_norm, split_qkv, apply_rope, grouped_query_attention, "
-                   "swiglu_ffn, ...), not to call the course's finished {name}")
+_REFERENCE_HINT = N_("this exercise asks you to assemble the block yourself from the earlier "
+                     "chapters' pieces (rms_norm, split_qkv, apply_rope, grouped_query_attention, "
+                     "swiglu_ffn, ...), not to call the course's finished {name}")
 
 
 def _no_reference(c: Check, *names: str) -> None:
     """Make `c.call` fail if the learner's function reaches checks.reference's `names`."""
-    c.forbid_functions([getattr(ref.block, n) for n in names], _REFERENCE_HINT)
+    c.forbid_functions([getattr(ref.block, n) for n in names], _(_REFERENCE_HINT))
 
 
 # --------------------------------------------------------------------------------------------
@@ -175,7 +176,7 @@ def _attention(x, layer, cfg, positions, *, norm="attn_norm", eps=None, rope=("q
                scale=None):
     """attention_sublayer with the named mistakes (no keyword: the correct computation);
     `scale`: the scores divided by sqrt(scale) instead of sqrt(D_h)."""
-    b, s, _ = x.shape
+    b, s, _h = x.shape
     n_h, n_kv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     eps = cfg.norm_eps if eps is None else eps
     h = x if norm is None else ref.rms_norm(x, layer[norm], eps)
@@ -217,9 +218,9 @@ def _attention_mixups(x, layer, cfg, positions) -> dict:
         MERGE_NO_TRANSPOSE: v(merge_transposed=False),
         KV_SWAPPED: v(swap_kv=True),
         NO_WO: v(wo=False),
-        ROPE_ON_V + "; and ignored `positions` (used torch.arange(S))":
+        _(AND_POSITIONS_IGNORED).format(mistake=_(ROPE_ON_V)):
             v(rope=("q", "k", "v"), arange=True),
-        NON_CAUSAL + "; and ignored `positions` (used torch.arange(S))":
+        _(AND_POSITIONS_IGNORED).format(mistake=_(NON_CAUSAL)):
             v(causal=False, arange=True),
     }
     if 1 < cfg.n_kv_heads < cfg.n_heads:
@@ -296,12 +297,12 @@ def _block_mixups(x, layer, cfg, positions) -> dict:
         NO_FFN: v(structure="no_ffn"),
         GATE_UP_SWAPPED: v(structure="gate_up_swapped"),
         # The sublayer's mistakes, seen through the whole block.
-        "the attention sublayer " + WITH_RESIDUAL.replace("decoder_block adds x",
-                                                          "so x was added twice"):
-            v(residual=True),
+        _("the attention sublayer added the residual x: attention_sublayer returns the "
+          "sublayer's output only; so x was added twice"): v(residual=True),
     }
     for mistake, attn in (_attention_mistakes(cfg)):
-        wrong.setdefault(f"in the attention sublayer: {mistake}", v(**attn))
+        wrong.setdefault(_("in the attention sublayer: {mistake}").format(mistake=_(mistake)),
+                         v(**attn))
     return wrong
 
 
@@ -341,7 +342,7 @@ def _label(cfg: ModelConfig, b: int, s: int, positions: torch.Tensor, extra: str
     if cfg.norm_eps != 1e-5:
         parts.append(f"norm_eps={cfg.norm_eps:g}")
     parts.append("positions [S] " + str(positions.tolist()) if positions.dim() == 1 else
-                 "positions [B, S], one row per sequence")
+                 _("positions [B, S], one row per sequence"))
     return ", ".join(parts) + extra
 
 
@@ -353,11 +354,12 @@ def _run(c: Check, cfg: ModelConfig, *, b: int, s: int, batched: bool, want_fn, 
     before = (x.clone(), {k: t.clone() for k, t in layer.items()}, positions.clone())
     got = c.call(x, layer, cfg, positions)
     if not torch.equal(x, before[0]):
-        c.fail(f"changed its input x in place ({_label(cfg, b, s, positions)}).", IN_PLACE)
+        c.fail(_("changed its input x in place ({case}).").format(
+            case=_label(cfg, b, s, positions)), IN_PLACE)
     if any(not torch.equal(layer[k], before[1][k]) for k in layer) or \
             not torch.equal(positions, before[2]):
-        c.fail("changed the layer's weights or the positions it was given; leave its inputs "
-               "untouched.")
+        c.fail(_("changed the layer's weights or the positions it was given; leave its inputs "
+                 "untouched."))
     with torch.no_grad():
         want = want_fn(x, layer, cfg, positions)
     shown = f"{what} ({_label(cfg, b, s, positions, extra)})"
@@ -378,7 +380,7 @@ def _cases(c: Check, thorough: bool):
     cases.append((_cfg(c, "mha"), b, s, False))
     cases.append((_cfg(c, "mqa", base=500.0), b, s, True))
     if thorough:
-        for _ in range(4):
+        for _n in range(4):
             b, s = c.sizes(2, 2, 8)
             cases.append((_cfg(c, c.choice(["gqa", "mha", "mqa"]),
                                decoupled=c.choice([False, True]), partial=c.choice([False, True]),
@@ -414,106 +416,116 @@ def _cfg_text(cfg: ModelConfig) -> str:
 def _shape_hint(name: str, got: tuple, want: tuple, cfg: ModelConfig) -> str | None:
     h, d, n_h, n_kv = cfg.hidden_size, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
     if len(want) == 2 and got == want[::-1]:
-        return ("transposed: the course's weights are [in_features, out_features] and applied as "
-                "x @ W (nn.Linear's own weight is [out, in])")
+        return _("transposed: the course's weights are [in_features, out_features] and applied "
+                 "as x @ W (nn.Linear's own weight is [out, in])")
     if name == "wqkv" and len(got) == 2 and got[0] == h:
         if got[1] == 3 * h or got[1] == 3 * n_h * d:
-            return ("K and V have only N_kv heads: wqkv has (N_h + 2 * N_kv) * D_h columns, "
-                    "Q | K | V")
+            return _("K and V have only N_kv heads: wqkv has (N_h + 2 * N_kv) * D_h columns, "
+                     "Q | K | V")
         if got[1] == (n_h + 2 * n_kv) * (h // n_h):
-            return "used H // N_h for the head width; read cfg.head_dim"
+            return _("used H // N_h for the head width; read cfg.head_dim")
     if name == "wo" and got == (h, h):
-        return ("W_O takes the N_h * D_h features of the concatenated heads: [N_h * D_h, H] "
-                "(which is [H, H] only when D_h = H / N_h)")
+        return _("W_O takes the N_h * D_h features of the concatenated heads: [N_h * D_h, H] "
+                 "(which is [H, H] only when D_h = H / N_h)")
     if name in NORMS and len(got) != 1:
-        return "a norm's scale is one number per hidden feature: shape [H]"
+        return _("a norm's scale is one number per hidden feature: shape [H]")
     return None
 
 
 def _expect_layout(c: Check, got, cfg: ModelConfig, dtype: torch.dtype, label: str) -> None:
     if not isinstance(got, dict):
-        c.fail(f"returned {type(got).__name__}; expected a dict of the 7 tensors of one block "
-               f"({', '.join(NAMES)}).")
+        c.fail(_("returned {kind}; expected a dict of the 7 tensors of one block ({names}).")
+               .format(kind=type(got).__name__, names=", ".join(NAMES)))
     keys = set(got)
     missing = [n for n in NAMES if n not in keys]
     extra = sorted(str(k) for k in keys - set(NAMES))
     if missing or extra:
         hint = None
         if {"wq", "wk", "wv"} & keys or {"w_q", "w_k", "w_v"} & keys:
-            hint = ("the layout fuses the three projections into one matrix: wqkv = "
-                    "[W_Q | W_K | W_V], [H, (N_h + 2 * N_kv) * D_h]")
+            hint = _("the layout fuses the three projections into one matrix: wqkv = "
+                     "[W_Q | W_K | W_V], [H, (N_h + 2 * N_kv) * D_h]")
         elif keys & {"gamma", "norm", "norm1", "norm2", "ln_1", "ln_2"}:
-            hint = "name the two norm scales attn_norm (before attention) and ffn_norm"
+            hint = _("name the two norm scales attn_norm (before attention) and ffn_norm")
         text = []
         if missing:
-            text.append(f"missing {', '.join(missing)}")
+            text.append(_("missing {names}").format(names=", ".join(missing)))
         if extra:
-            text.append(f"unexpected {', '.join(extra)}")
-        c.fail(f"the dict's keys are not the layout's ({'; '.join(text)}); expected exactly "
-               f"{', '.join(NAMES)}.", hint or "use the names of the parameter layout exactly")
+            text.append(_("unexpected {names}").format(names=", ".join(extra)))
+        c.fail(_("the dict's keys are not the layout's ({problems}); expected exactly {names}.")
+               .format(problems="; ".join(text), names=", ".join(NAMES)),
+               hint or _("use the names of the parameter layout exactly"))
     shapes = ref.block.block_shapes(cfg)
     for name in NAMES:
         t = got[name]
         if not isinstance(t, torch.Tensor):
-            c.fail(f"{name} is {type(t).__name__}; expected a torch.Tensor.")
+            c.fail(_("{name} is {kind}; expected a torch.Tensor.").format(
+                name=name, kind=type(t).__name__))
         if tuple(t.shape) != shapes[name]:
-            c.fail(f"{name} has shape {list(t.shape)}, expected {list(shapes[name])} ({label}).",
+            c.fail(_("{name} has shape {got}, expected {want} ({case}).").format(
+                name=name, got=list(t.shape), want=list(shapes[name]), case=label),
                    _shape_hint(name, tuple(t.shape), shapes[name], cfg))
         if t.dtype != dtype:
-            c.fail(f"{name} has dtype {t.dtype}, expected {dtype} ({label}).",
-                   "create every tensor with dtype=dtype (the norms too)" if
+            c.fail(_("{name} has dtype {got}, expected {want} ({case}).").format(
+                name=name, got=t.dtype, want=dtype, case=label),
+                   _("create every tensor with dtype=dtype (the norms too)") if
                    dtype != torch.float32 else None)
-    c.note("the layout's 7 tensors, shapes [in, out]")
+    c.note(_("the layout's 7 tensors, shapes [in, out]"))
 
 
 def _expect_values(c: Check, got: dict, label: str) -> None:
     for name in NORMS:
         t = got[name].detach()
         if not bool((t == 1).all()):
-            hint = ("initialised to zeros: a zero scale wipes out the sublayer's input" if
+            hint = (_("initialised to zeros: a zero scale wipes out the sublayer's input") if
                     bool((t == 0).all()) else
-                    "a norm's scale starts at exactly one, so that the norm starts out as the "
-                    "plain normalisation (torch.ones)")
-            c.fail(f"{name} should be all ones ({label}).", hint)
+                    _("a norm's scale starts at exactly one, so that the norm starts out as the "
+                      "plain normalisation (torch.ones)"))
+            c.fail(_("{name} should be all ones ({case}).").format(name=name, case=label), hint)
     for name in MATRICES:
         t = got[name].detach().double()
         if not bool(t.isfinite().all()):
-            c.fail(f"{name} holds NaN or inf ({label}).", "torch.empty leaves memory "
-                   "uninitialised: fill it (normal_) or use torch.randn")
+            c.fail(_("{name} holds NaN or inf ({case}).").format(name=name, case=label),
+                   _("torch.empty leaves memory uninitialised: fill it (normal_) or use "
+                     "torch.randn"))
         mean, std, n = float(t.mean()), float(t.std()), t.numel()
         if std == 0:
-            c.fail(f"every entry of {name} is {float(t.flatten()[0]):g} ({label}).",
-                   "draw the weight matrices at random: torch.randn(..., generator=generator) "
-                   "* 0.02")
+            c.fail(_("every entry of {name} is {value} ({case}).").format(
+                name=name, value=f"{float(t.flatten()[0]):g}", case=label),
+                   _("draw the weight matrices at random: torch.randn(..., "
+                     "generator=generator) * 0.02"))
         rows_equal = t.shape[0] > 1 and bool((t[0] == t[1]).all())
         cols_equal = t.shape[1] > 1 and bool((t[:, 0] == t[:, 1]).all())
         if rows_equal or cols_equal:
-            c.fail(f"{name} repeats the same {'row' if rows_equal else 'column'} ({label}).",
-                   "draw the whole matrix at once, one random number per entry (expand() "
-                   "repeats one draw)")
+            repeats = (_("{name} repeats the same row ({case}).") if rows_equal else
+                       _("{name} repeats the same column ({case})."))
+            c.fail(repeats.format(name=name, case=label),
+                   _("draw the whole matrix at once, one random number per entry (expand() "
+                     "repeats one draw)"))
         # Seven standard errors of a sample std (about std / sqrt(2n)): never fails a correct draw.
         band = max(0.15, 7 / math.sqrt(2 * n))
         if not ((1 - band) * INIT_STD <= std <= (1 + band) * INIT_STD):
             if 0.85 <= std <= 1.15:
-                hint = "std 1: multiply torch.randn(...) by 0.02"
+                hint = _("std 1: multiply torch.randn(...) by 0.02")
             elif abs(std * math.sqrt(t.shape[0]) - 1) < 0.2:
-                hint = ("scaled by 1 / sqrt(fan_in); this course draws every matrix with std 0.02 "
-                        "(the default initializer_range of Hugging Face's LlamaConfig)")
+                hint = _("scaled by 1 / sqrt(fan_in); this course draws every matrix with std "
+                         "0.02 (the default initializer_range of Hugging Face's LlamaConfig)")
             elif abs(std - INIT_STD / math.sqrt(3)) < 0.1 * INIT_STD:
-                hint = "uniform in [-0.02, 0.02] has std 0.0115: draw from a normal with std 0.02"
+                hint = _("uniform in [-0.02, 0.02] has std 0.0115: draw from a normal with std "
+                         "0.02")
             else:
-                hint = "draw from a normal distribution with mean 0 and std 0.02"
-            c.fail(f"{name} has standard deviation {std:.4g}, expected about {INIT_STD} "
-                   f"({label}).", hint)
+                hint = _("draw from a normal distribution with mean 0 and std 0.02")
+            c.fail(_("{name} has standard deviation {std}, expected about {want} ({case}).")
+                   .format(name=name, std=f"{std:.4g}", want=INIT_STD, case=label), hint)
         if abs(mean) > 7 * INIT_STD / math.sqrt(n):
-            c.fail(f"{name} has mean {mean:.4g}, expected about 0 ({label}).",
-                   "draw from a normal with mean 0 (torch.rand is uniform on [0, 1))")
+            c.fail(_("{name} has mean {mean}, expected about 0 ({case}).").format(
+                name=name, mean=f"{mean:.4g}", case=label),
+                   _("draw from a normal with mean 0 (torch.rand is uniform on [0, 1))"))
     for a, b in (("w_gate", "w_up"),):
         if torch.equal(got[a], got[b]):
-            c.fail(f"{a} and {b} hold the same numbers ({label}).",
-                   "draw each matrix separately: the same draw used twice (or one tensor under "
-                   "two names) makes the two projections identical")
-    c.note("norms at one; weights N(0, 0.02^2), all different")
+            c.fail(_("{a} and {b} hold the same numbers ({case}).").format(a=a, b=b, case=label),
+                   _("draw each matrix separately: the same draw used twice (or one tensor "
+                     "under two names) makes the two projections identical"))
+    c.note(_("norms at one; weights N(0, 0.02^2), all different"))
 
 
 def _same(a: dict, b: dict) -> bool:
@@ -532,18 +544,20 @@ def check_init_block_params(f, *, seed: int | None = None, thorough: bool = Fals
             again = c.call(cfg, generator=torch.Generator().manual_seed(s))
             _expect_layout(c, again, cfg, torch.float32, label)
             if not _same(got, again):
-                c.fail(f"two generators seeded alike (torch.Generator().manual_seed({s})) gave "
-                       f"different weights ({label}).",
-                       "draw every random number from the `generator` argument: "
-                       "torch.randn(..., generator=generator)")
+                c.fail(_("two generators seeded alike ({seeded}) gave different weights "
+                         "({case}).").format(seeded=f"torch.Generator().manual_seed({s})",
+                                             case=label),
+                       _("draw every random number from the `generator` argument: "
+                         "torch.randn(..., generator=generator)"))
             other = c.call(cfg, generator=torch.Generator().manual_seed(s + 1))
             _expect_layout(c, other, cfg, torch.float32, label)
             same = [n for n in MATRICES if torch.equal(got[n], other[n])]
             if same:
-                c.fail(f"generators with different seeds gave the same {', '.join(same)} "
-                       f"({label}).", "the weights must come from the `generator` argument; a "
-                       "fixed seed (torch.manual_seed) inside the function makes them constant")
-        c.note("reproducible from a seeded generator")
+                c.fail(_("generators with different seeds gave the same {names} ({case}).")
+                       .format(names=", ".join(same), case=label),
+                       _("the weights must come from the `generator` argument; a fixed seed "
+                         "(torch.manual_seed) inside the function makes them constant"))
+        c.note(_("reproducible from a seeded generator"))
         cfg = _init_cfgs(c)[0]
         for dtype in ((torch.float64, torch.bfloat16, torch.float16) if thorough
                       else (torch.float64, torch.bfloat16)):
@@ -552,7 +566,7 @@ def check_init_block_params(f, *, seed: int | None = None, thorough: bool = Fals
                          dtype=dtype)
             _expect_layout(c, got, cfg, dtype, label)
             _expect_values(c, got, label)
-        c.note("float64 and bfloat16")
+        c.note(_("float64 and bfloat16"))
         # generator=None: torch's global generator, so torch.manual_seed makes it reproducible.
         state = torch.get_rng_state()
         try:
@@ -568,16 +582,17 @@ def check_init_block_params(f, *, seed: int | None = None, thorough: bool = Fals
         _expect_values(c, first, _cfg_text(cfg) + ", generator=None")
         _expect_layout(c, third, cfg, torch.float32, _cfg_text(cfg) + ", generator=None")
         if not _same(first, second):
-            c.fail("with generator=None, two calls after the same torch.manual_seed gave "
-                   "different weights.", "with generator=None draw from torch's global "
-                   "generator (torch.randn(..., generator=None) does)")
+            c.fail(_("with generator=None, two calls after the same torch.manual_seed gave "
+                     "different weights."),
+                   _("with generator=None draw from torch's global generator (torch.randn(..., "
+                     "generator=None) does)"))
         if any(torch.equal(second[n], third[n]) for n in MATRICES):
-            c.fail("with generator=None, two calls in a row gave the same weights: every block "
-                   "of a model would start out identical.",
-                   "with generator=None draw from torch's global generator, which moves on "
-                   "after every draw; a new torch.Generator() (or a fixed seed) starts from the "
-                   "same state every time")
-        c.note("generator=None uses torch's global generator")
+            c.fail(_("with generator=None, two calls in a row gave the same weights: every "
+                     "block of a model would start out identical."),
+                   _("with generator=None draw from torch's global generator, which moves on "
+                     "after every draw; a new torch.Generator() (or a fixed seed) starts from "
+                     "the same state every time"))
+        c.note(_("generator=None uses torch's global generator"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -589,10 +604,10 @@ def check_attention_sublayer(f, *, seed: int | None = None, thorough: bool = Fal
         _no_reference(c, "attention_sublayer", "decoder_block")
         for cfg, b, s, batched in _cases(c, thorough):
             _run(c, cfg, b=b, s=s, batched=batched, want_fn=ref.attention_sublayer,
-                 mixups_fn=_attention_mixups, what="attention_sublayer output")
-        c.note("GQA, MHA and MQA; D_h != H / N_h; rotary_dim < D_h; rope_base and norm_eps "
-               "from cfg")
-        c.note("positions [S] and [B, S], with gaps")
+                 mixups_fn=_attention_mixups, what=_("attention_sublayer output"))
+        c.note(_("GQA, MHA and MQA; D_h != H / N_h; rotary_dim < D_h; rope_base and norm_eps "
+                 "from cfg"))
+        c.note(_("positions [S] and [B, S], with gaps"))
         # Causality, on the learner's own function: changing the last token changes no earlier
         # output.
         cfg = _cfg(c, "gqa")
@@ -605,9 +620,9 @@ def check_attention_sublayer(f, *, seed: int | None = None, thorough: bool = Fal
         if isinstance(out_x, torch.Tensor) and isinstance(out_y, torch.Tensor) and \
                 out_x.shape == out_y.shape == x.shape and \
                 not values_close(out_x[:, :-1], out_y[:, :-1], 1e-5, 1e-4):
-            c.fail("changing only the LAST token changed the outputs of earlier tokens.",
+            c.fail(_("changing only the LAST token changed the outputs of earlier tokens."),
                    NON_CAUSAL)
-        c.note("causal: later tokens never change earlier outputs")
+        c.note(_("causal: later tokens never change earlier outputs"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -620,24 +635,24 @@ def check_decoder_block(f, *, seed: int | None = None, thorough: bool = False) -
         _no_reference(c, "decoder_block")
         for cfg, b, s, batched in _cases(c, thorough):
             _run(c, cfg, b=b, s=s, batched=batched, want_fn=ref.decoder_block,
-                 mixups_fn=_block_mixups, what="decoder_block output")
+                 mixups_fn=_block_mixups, what=_("decoder_block output"))
         c.note("U = X + Attention(RMSNorm(X)), X' = U + SwiGLU(RMSNorm(U))")
-        c.note("GQA, MHA, MQA; positions [S] and [B, S]")
+        c.note(_("GQA, MHA, MQA; positions [S] and [B, S]"))
         # Stacking: the block maps [B, S, H] to [B, S, H], so blocks can follow each other.
         cfg = _cfg(c, "gqa")
         b, s = c.sizes(2, 2, 7)
         x = c.randn(b, s, cfg.hidden_size)
         positions = random_positions(c, b, s, batched=False)
-        layers = [random_layer(c, cfg) for _ in range(3)]
+        layers = [random_layer(c, cfg) for _n in range(3)]
         got, want = x, x
         for layer in layers:
             got = c.call(got, layer, cfg, positions)
             if not isinstance(got, torch.Tensor):
                 break
             want = ref.decoder_block(want, layer, cfg, positions)
-        c.expect_tensor(got, want, what="three blocks stacked", dims=HIDDEN,
+        c.expect_tensor(got, want, what=_("three blocks stacked"), dims=HIDDEN,
                         atol=1e-4, rtol=1e-3)
-        c.note("three blocks stack")
+        c.note(_("three blocks stack"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -650,21 +665,22 @@ def _count_mixups(cfg: ModelConfig, want: int) -> dict:
     attention = h * (n_h + 2 * n_kv) * d + n_h * d * h
     ffn = 3 * h * h_ff
     return {
-        "returned a float; a parameter count is an exact int (avoid `/`)": float(want),
-        "left out the two RMSNorm scales (2 * H: one per sublayer)": want - 2 * h,
-        "counted only one RMSNorm scale; the block has two (attn_norm and ffn_norm)": want - h,
-        "counted each norm as gamma and beta (LayerNorm); RMSNorm has only a scale, H numbers":
+        _("returned a float; a parameter count is an exact int (avoid `/`)"): float(want),
+        _("left out the two RMSNorm scales (2 * H: one per sublayer)"): want - 2 * h,
+        _("counted only one RMSNorm scale; the block has two (attn_norm and ffn_norm)"): want - h,
+        _("counted each norm as gamma and beta (LayerNorm); RMSNorm has only a scale, H numbers"):
             want + 2 * h,
-        "counted four H x H attention matrices as in MHA: with GQA W_K and W_V have only "
-        "N_kv * D_h columns": 4 * h * h + ffn + 2 * h,
-        "counted W_K and W_V with N_h heads: they have N_kv heads (N_kv * D_h columns each)":
+        _("counted four H x H attention matrices as in MHA: with GQA W_K and W_V have only "
+          "N_kv * D_h columns"): 4 * h * h + ffn + 2 * h,
+        _("counted W_K and W_V with N_h heads: they have N_kv heads (N_kv * D_h columns each)"):
             4 * h * n_h * d + ffn + 2 * h,
-        "used H for the width of the heads (N_h * D_h): with D_h != H / N_h, W_Q is "
-        "[H, N_h * D_h] and W_O is [N_h * D_h, H]": h * (h + 2 * n_kv * d) + h * h + ffn + 2 * h,
-        "counted two FFN matrices; SwiGLU has three (W_gate, W_up, W_down)":
+        _("used H for the width of the heads (N_h * D_h): with D_h != H / N_h, W_Q is "
+          "[H, N_h * D_h] and W_O is [N_h * D_h, H]"):
+            h * (h + 2 * n_kv * d) + h * h + ffn + 2 * h,
+        _("counted two FFN matrices; SwiGLU has three (W_gate, W_up, W_down)"):
             attention + 2 * h * h_ff + 2 * h,
-        "forgot W_O (the output projection, N_h * D_h x H)": want - n_h * d * h,
-        "added the embedding table (|V| x H): it belongs to the model, not to a block":
+        _("forgot W_O (the output projection, N_h * D_h x H)"): want - n_h * d * h,
+        _("added the embedding table (|V| x H): it belongs to the model, not to a block"):
             want + cfg.vocab_size * h,
     }
 
@@ -675,8 +691,8 @@ def check_block_param_count(f, *, seed: int | None = None, thorough: bool = Fals
             Check("block_param_count", f, seed=seed) as c:
         _no_reference(c, "block_param_count", "init_block_params")
         gqa_7b = ModelConfig(n_kv_heads=8)
-        cases = [(LLAMA2_7B, "LLaMA-2-7B"), (gqa_7b, "LLaMA-2-7B shapes with GQA, N_kv = 8")]
-        for _ in range(4 if thorough else 2):
+        cases = [(LLAMA2_7B, "LLaMA-2-7B"), (gqa_7b, _("LLaMA-2-7B shapes with GQA, N_kv = 8"))]
+        for _n in range(4 if thorough else 2):
             cfg = _cfg(c, c.choice(["gqa", "mqa"]), decoupled=True)
             cases.append((cfg, _cfg_text(cfg)))
         cfg = _cfg(c, "mha")
@@ -686,5 +702,5 @@ def check_block_param_count(f, *, seed: int | None = None, thorough: bool = Fals
             what = f"block_param_count ({label})"
             c.expect_equal(c.call(cfg), want, what=what, wrong=_count_mixups(cfg, want))
             c.properties.remove(what)  # the pass summary lists the properties, not every case
-        c.note("the article's 202,383,360 for LLaMA-2-7B")
+        c.note(_("the article's 202,383,360 for LLaMA-2-7B"))
         c.note("GQA, MQA, D_h != H / N_h")

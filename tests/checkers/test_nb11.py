@@ -357,3 +357,20 @@ def test_reference_block_is_causal_and_position_relative():
     torch.testing.assert_close(ref.decoder_block(y, layer, cfg, pos)[:, :4], out[:, :4])
     torch.testing.assert_close(ref.decoder_block(x, layer, cfg, pos + 100), out,
                                atol=1e-5, rtol=1e-4)
+
+
+def test_chapter_11_reads_in_chinese(monkeypatch):
+    from checks.context import LANG_ENV
+    from checks.engine import CheckFailure
+    monkeypatch.setenv(LANG_ENV, "zh")
+    with pytest.raises(CheckFailure) as info:
+        nb11.check_decoder_block(_block("pre", _sublayer(arange=True)), seed=0)
+    text = str(info.value)
+    assert "可能的错误：在注意力子层中：忽略了 `positions`" in text, text
+    assert "likely mistake" not in text and "ignored" not in text
+    with pytest.raises(CheckFailure) as info:
+        nb11.check_init_block_params(_init_with(norms=torch.zeros), seed=0)
+    assert "应全为 1" in str(info.value) and "初始化成了 0" in str(info.value), str(info.value)
+    with pytest.raises(CheckFailure) as info:
+        nb11.check_block_param_count(_count(embed=True), seed=0)
+    assert "加上了 Embedding 表" in str(info.value), str(info.value)
