@@ -216,12 +216,14 @@ def _grade(args) -> int:
         outputs.write_kept_feedback()
     to_stdout = args.json == Path("-")
 
-    def show(result):
-        record = outputs.add(result)  # every output brought up to date: nothing finished is lost
-        if not to_stdout:
-            print(grade_table(result, late_text(record)), flush=True)
+    def save(result):  # as each notebook finishes, in the order they finish: nothing is lost
+        outputs.add(result)  # every output brought up to date
 
-    progress = Progress(todo, args.jobs).start()
+    def show(result):  # in the order given
+        if not to_stdout:
+            print(grade_table(result, late_text(outputs.record_of(result))), flush=True)
+
+    progress = Progress(todo, args.jobs, on_result=save).start()
     try:
         results, problems, incident = (grade_each(todo, args, show) if todo
                                        else ([], [], None))

@@ -8,6 +8,7 @@ import shutil
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from .results import PASSED, GradingError, GradingIncident, NotebookResult
@@ -27,8 +28,12 @@ class Progress:
     still being graded (a slow or hanging cell), so that a quiet run is not mistaken for a dead
     one. `start` before grading, `stop` after."""
 
-    def __init__(self, paths: list[Path], jobs: int, heartbeat: float = HEARTBEAT):
+    def __init__(self, paths: list[Path], jobs: int, heartbeat: float = HEARTBEAT,
+                 on_result: Callable[[NotebookResult], object] | None = None):
         self.paths, self.jobs, self.heartbeat = list(paths), max(1, jobs), heartbeat
+        # Called as each notebook finishes, in the order they finish (the tables wait for the
+        # notebooks before them): where results are saved, so that none waits to be lost.
+        self.on_result = on_result
         self.finished: set[Path] = set()
         self.started = self.last = time.monotonic()
         self._stop = threading.Event()
@@ -79,6 +84,8 @@ def progress_line(done: int, total: int, path: Path, outcome: tuple) -> None:
     eta = _progress.finish(path) if _progress is not None else ""
     if outcome[0] == "result":
         r = outcome[1]
+        if _progress is not None and _progress.on_result is not None:
+            _progress.on_result(r)
         print(f"[{done}/{total}] {path}: {pts(r.points)}/{pts(r.max_points)} points "
               f"({r.seconds:.1f} s{eta})", file=sys.stderr, flush=True)
 

@@ -304,6 +304,33 @@ def test_an_interrupted_run_keeps_every_finished_result(tmp_path, how):
     assert points_of(json.loads(report_file.read_text())["notebooks"]) == EXPECTED
 
 
+def test_with_jobs_a_notebook_is_saved_when_it_finishes_not_when_those_before_it_do(tmp_path):
+    """--jobs 2: the first notebook hangs, the second finishes; the second is in the JSON while
+    the first is still running (its table waits, its result does not), and survives Ctrl-C."""
+    base = tmp_path / "submitted"
+    sub.write(sub.prepend(sub.release(), "head_dim", "while True: pass"),
+              base / "a_hangs" / CHAPTER / f"{CHAPTER}.ipynb")
+    sub.write(sub.solution(), base / "b_done" / CHAPTER / f"{CHAPTER}.ipynb")
+    report_file = tmp_path / "grades.json"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "checks", "grade", str(base), "--json", str(report_file),
+         "--jobs", "2", "--timeout", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    deadline = time.monotonic() + 300
+    saved = []
+    while time.monotonic() < deadline and not saved and process.poll() is None:
+        time.sleep(0.2)
+        if report_file.exists():
+            saved = json.loads(report_file.read_text())["notebooks"]
+    assert [r["student"] for r in saved] == ["b_done"]
+    process.send_signal(signal.SIGINT)
+    stdout, _ = process.communicate(timeout=180)
+    assert "b_done" not in stdout  # its table waited for a_hangs, which never finished
+    data = json.loads(report_file.read_text())
+    assert [(r["student"], r["points"]) for r in data["notebooks"]] == [("b_done", 6)]
+    assert data["complete"] is False
+
+
 # --------------------------------------------------------------------------------------------
 # the pieces, without workers
 

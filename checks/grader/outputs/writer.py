@@ -32,6 +32,9 @@ class GradeOutputs:
         self._check_writable()
         self.records: dict[str, dict] = load_records(self.json) if self._merging else {}
         self.kept: list[dict] = []
+        # The report's order: the earlier report's, then this run's in the order given (results
+        # arrive in the order they finish)
+        self._order = [*self.records, *(record_key(p) for p in paths)]
 
     @property
     def _merging(self) -> bool:
@@ -87,8 +90,13 @@ class GradeOutputs:
             write_feedback(self.feedback, record)
         return record
 
+    def record_of(self, result: NotebookResult) -> dict:
+        return self.records[record_key(result.path)]
+
     def all_records(self) -> list[dict]:
-        return list(self.records.values())
+        order = {key: i for i, key in reversed(list(enumerate(self._order)))}
+        return sorted(self.records.values(),
+                      key=lambda r: order.get(record_key(r["path"]), len(order)))
 
     def summary(self) -> list[dict]:
         return class_summary(self.all_records())
