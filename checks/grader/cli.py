@@ -26,15 +26,16 @@ from pathlib import Path
 from ..context import GRADING_ENV
 from .batch import Terminated, grade_each, sigterm_as_interrupt
 from .grading import DEFAULT_CELL_TIMEOUT
-from .identify import SOURCE_DIR
+from .identify import SOURCE_DIR, find_submissions
 from .isolation import make_undumpable
 from .limits import Limits, cores
-from .read import chapter_notebooks, notebooks_in
+from .read import CEILING_BYTES, CEILING_CELLS, Caps, chapter_notebooks
 from .outputs.gradebook import counted
 from .outputs.late import due_argument, late_text
 from .outputs.summary import summary_text
 from .outputs.writer import GradeOutputs
-from .report import PROG, Progress, grade_table, pts, report_incident, status_label, status_row
+from .report import (PROG, Progress, grade_table, pts, report_incident, report_problem,
+                     status_label, status_row)
 from .results import GradingError
 
 
@@ -90,6 +91,16 @@ def _nonnegative_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"not a whole number of seconds: {text!r}")
     return value
+
+
+def _capped(kind, ceiling: int):
+    """An argument type: `kind`, at most `ceiling` (the grader's memory stays bounded below it)."""
+    def parse(text: str) -> int:
+        value = kind(text)
+        if value > ceiling or value < 1:
+            raise argparse.ArgumentTypeError(f"{text!r}: from 1 to {ceiling}")
+        return value
+    return parse
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -158,6 +169,15 @@ def _parser() -> argparse.ArgumentParser:
     grade.add_argument("--due", type=due_argument, metavar="TIME",
                        help="deadline (ISO 8601; no zone: UTC): submissions whose nbgrader "
                             "timestamp.txt is later are marked late in every output")
+    grade.add_argument("--max-size", type=_capped(_size, CEILING_BYTES), default=Caps.max_bytes,
+                       metavar="SIZE", help="largest notebook file graded, checked before it is "
+                       "read (default: %(default)s bytes; at most 64M)")
+    grade.add_argument("--max-cells", type=_capped(_positive_int, CEILING_CELLS),
+                       default=Caps.max_cells, metavar="N",
+                       help="most cells a notebook may have (default: %(default)s)")
+    grade.add_argument("--max-notebooks", type=_positive_int, default=Caps.max_notebooks,
+                       metavar="N", help="most notebooks graded for one student, those named "
+                       "after a chapter first (default: %(default)s)")
     grade.set_defaults(run=_grade)
     return parser
 
@@ -206,8 +226,12 @@ def _status(args) -> int:
 
 
 def _grade(args) -> int:
-    paths = notebooks_in(args.paths)
+    found = find_submissions(args.paths, Caps(args.max_size, args.max_cells, args.max_notebooks),
+                             args.source)  # links, special files, caps: one line each, here
+    paths = found.paths
     outputs = GradeOutputs(args, paths)  # unwritable outputs are refused here, before grading
+    for refusal in found.refused:
+        report_problem(refusal)
     todo = outputs.to_grade(paths)
     if outputs.kept:
         print(f"{PROG}: {len(outputs.kept)} of {len(paths)} notebooks unchanged since they were "
@@ -217,6 +241,7 @@ def _grade(args) -> int:
     to_stdout = args.json == Path("-")
 
     def save(result):  # as each notebook finishes, in the order they finish: nothing is lost
+        found.adopt(result)  # its student, and whether it counts, before any output sees it
         outputs.add(result)  # every output brought up to date
 
     def show(result):  # in the order given
@@ -229,7 +254,7 @@ def _grade(args) -> int:
                                        else ([], [], None))
     finally:
         progress.stop()
-    outputs.write(problems, incident)
+    outputs.write(found.refused + problems, incident)
     records = counted(outputs.all_records())
     if not to_stdout and incident is None:
         if len(records) > 1:
@@ -240,4 +265,4 @@ def _grade(args) -> int:
     if incident is not None:
         report_incident(incident, len(results) + len(problems), len(todo))
         return 3
-    return 2 if problems else 0
+    return 2 if problems or found.refused or not all(r.counted for r in results) else 0

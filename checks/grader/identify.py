@@ -1,20 +1,37 @@
 """Stage 2 of grading: which chapter a notebook is (`identify_chapter`: its metadata, its answer
 cells, its file or folder name), where that chapter's source notebook is (`source_notebook_path`),
-which student it belongs to (`student_of`), and warnings about names that say another chapter."""
+which student it belongs to (`student_of`), and warnings about names that say another chapter.
+
+Before a class is graded, `find_submissions` decides what is graded and whose it is:
+
+- The student is the first folder level under the root given: `ROOT/<student>/...`. nbgrader's
+  layout is one case of it: a root named `submitted`, or one holding a `submitted/` folder (a
+  course folder: only its `submitted/` is searched), has its students one level under
+  `submitted/`. A notebook directly in the root, or a file named on the command line outside
+  such a layout, belongs to no student named.
+- A notebook nested below its assignment folder (`ROOT/<student>/<assignment>/more/x.ipynb`) is
+  the student's, with a warning.
+- A second notebook for one (student, chapter) is not a second record: the one at the standard
+  place (its file named after the chapter, not nested) is graded and each other one refused in one
+  line; when there is no single such notebook, none of them is graded (each refused, saying why).
+- Caps: more than `Caps.max_notebooks` notebooks for one student are cut to that many (those
+  named after a chapter first), larger files and notebooks with more cells are refused.
+- A notebook graded as another chapter than its file or folder name says is graded and shown,
+  not counted in the totals (`NotebookResult.not_counted`), and the command's exit status is 2.
+"""
 
 from __future__ import annotations
 
 import os
-import re
+from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
-from .read import grade_id, read_notebook
-from .results import GradingError
+from .read import Caps, grade_id, notebooks_in, read_notebook, too_big
+from .results import CHAPTER_NAME, GradingError, NotebookResult, Refused, printable
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCE_DIR = REPO / "solutions"
-
-CHAPTER_NAME = re.compile(r"\d\d_[A-Za-z0-9_]+")
 
 
 def identify_chapter(nb, path: str | os.PathLike, source_dir: str | os.PathLike = SOURCE_DIR
@@ -53,27 +70,80 @@ def _chapter_by_content(nb, source_dir) -> str | None:
     mine = _answer_ids(nb)
     if not mine:
         return None
-    overlap = {}
+    overlap = {chapter: len(mine & ids) for chapter, ids in _source_answer_ids(
+        os.path.abspath(source_dir), _fingerprint(source_dir))}
+    best = max(overlap.values(), default=0)
+    winners = [chapter for chapter, n in overlap.items() if n == best]
+    return winners[0] if best and len(winners) == 1 else None
+
+
+def _fingerprint(source_dir) -> tuple:
+    """Changes when a source notebook does (the cache below is read again)."""
+    found = []
+    for source in sorted(Path(source_dir).glob("*/*.ipynb")):
+        try:
+            st = source.stat()
+        except OSError:
+            continue
+        found.append((source.name, st.st_mtime_ns, st.st_size))
+    return tuple(found)
+
+
+@lru_cache(maxsize=8)
+def _source_answer_ids(source_dir: str, fingerprint: tuple) -> tuple[tuple[str, frozenset], ...]:
+    """(chapter, its answer cells' grade_ids) for each source notebook, read once per run."""
+    found = []
     for source in sorted(Path(source_dir).glob("*/*.ipynb")):
         if source.stem != source.parent.name:
             continue
         try:
-            overlap[source.stem] = len(mine & _answer_ids(read_notebook(source)))
+            found.append((source.stem, frozenset(_answer_ids(read_notebook(source)))))
         except GradingError:
             continue
-    best = max(overlap.values(), default=0)
-    winners = [chapter for chapter, n in overlap.items() if n == best]
-    return winners[0] if best and len(winners) == 1 else None
+    return tuple(found)
 
 
 def source_notebook_path(chapter: str, source_dir: str | os.PathLike = SOURCE_DIR) -> Path:
     return Path(source_dir) / chapter / f"{chapter}.ipynb"
 
 
-def student_of(path: str | os.PathLike) -> str | None:
-    """The student in nbgrader's layout `.../submitted/<student>/<assignment>/<file>.ipynb`."""
-    parts = Path(path).parts
-    return parts[-3] if len(parts) >= 4 and parts[-4] == "submitted" else None
+def students_root(folder: Path) -> Path:
+    """Where the students' folders are, for a folder given: itself, or its `submitted/` when it
+    is an nbgrader course folder (it holds one)."""
+    inner = folder / "submitted"
+    return inner if folder.name != "submitted" and inner.is_dir() and not inner.is_symlink() \
+        else folder
+
+
+def student_of(path: str | os.PathLike, root: str | os.PathLike | None = None) -> str | None:
+    """The student a notebook belongs to: the first folder under `root` (see the module's
+    docstring); without a root, the folder after the first `submitted` in the path (nbgrader's
+    `submitted/<student>/...`; a `submitted/` nested further down changes nothing)."""
+    parts = _below(path, root)
+    return printable(parts[0]) if parts is not None and len(parts) >= 2 else None
+
+
+def layout_warnings(path: str | os.PathLike, root: str | os.PathLike | None = None) -> list[str]:
+    """A warning for a notebook nested below its assignment folder (`<student>/<assignment>/`)."""
+    parts = _below(path, root)
+    if parts is None or len(parts) <= 3:
+        return []
+    return [printable(f"nested below its assignment folder ({parts[0]}/{parts[1]}/"
+                      f"{'/'.join(parts[2:])}): graded as {parts[0]}'s")]
+
+
+def _below(path, root) -> tuple[str, ...] | None:
+    """The parts of `path` below the students' root, or None outside any."""
+    path = Path(path)
+    if root is not None:
+        try:
+            return path.relative_to(root).parts
+        except ValueError:
+            return None
+    parts = path.parts
+    if "submitted" not in parts:
+        return None
+    return parts[parts.index("submitted") + 1:]
 
 
 def name_warnings(path: str | os.PathLike, chapter: str,
@@ -85,5 +155,139 @@ def name_warnings(path: str | os.PathLike, chapter: str,
         if CHAPTER_NAME.fullmatch(name) and name != chapter and \
                 source_notebook_path(name, source_dir).is_file():
             found.append(f"its {what} name says {name}, but the notebook is chapter {chapter} "
-                         f"(graded as {chapter})")
+                         f"(graded as {chapter}, not counted in the totals)")
     return found
+
+
+# --------------------------------------------------------------------------------------------
+# A class: what is graded, and whose it is
+
+
+@dataclass
+class Submission:
+    path: Path
+    student: str | None  # printable (see results.printable)
+    chapter: str | None  # None: it could not be read or identified (grading will say why)
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Found:
+    """The notebooks to grade, in order, and the files refused (one line each)."""
+
+    submissions: list[Submission]
+    refused: list[GradingError]
+    source_dir: Path = SOURCE_DIR
+
+    @property
+    def paths(self) -> list[Path]:
+        return [s.path for s in self.submissions]
+
+    def adopt(self, result: NotebookResult) -> NotebookResult:
+        """Give a graded notebook's result its student, the layout's warnings, and, when it was
+        graded as another chapter than its name says, the reason it is not counted."""
+        submission = self._by_path().get(result.path)
+        if submission is None:
+            return result
+        result.student = submission.student
+        result.warnings += [w for w in submission.warnings if w not in result.warnings]
+        if name_warnings(submission.path, result.chapter, self.source_dir):
+            result.not_counted = (f"graded as {result.chapter}, but its name says another "
+                                  "chapter: not counted in the totals")
+        return result
+
+    def _by_path(self) -> dict[str, Submission]:
+        return {printable(os.fsdecode(s.path)): s for s in self.submissions}
+
+
+def find_submissions(paths, caps: Caps = Caps(), source_dir: str | os.PathLike = SOURCE_DIR
+                     ) -> Found:
+    """The notebooks under `paths` (files named, or folders searched) that are graded, each with
+    its student, and those refused: links and special files, past the caps, second notebooks of
+    one student's chapter. Bad input (a missing path, a folder with no notebooks) raises
+    GradingError before anything runs."""
+    submissions: list[Submission] = []
+    refused: list[GradingError] = []
+    for given in paths:
+        root = students_root(Path(given)) if Path(given).is_dir() else None
+        found, skipped = notebooks_in([root or Path(given)], caps.max_depth)
+        refused += skipped
+        found, over = _within_student_cap(found, root, caps.max_notebooks)
+        refused += over
+        for path in found:
+            problem, chapter = _examine(path, caps, source_dir)
+            if problem is not None:
+                refused.append(problem)
+                continue
+            submissions.append(Submission(path, student_of(path, root), chapter,
+                                          layout_warnings(path, root)))
+    unique = {}
+    for s in submissions:
+        unique.setdefault(s.path, s)
+    kept, doubles = _one_per_student_chapter(list(unique.values()))
+    return Found(kept, refused + doubles, Path(source_dir))
+
+
+def _examine(path: Path, caps: Caps, source_dir) -> tuple[Refused | None, str | None]:
+    """A cap the file breaks before it is parsed (its size) or while it is (its cells); else its
+    chapter, or None when it cannot be read or identified (grading reports that, in its place
+    among the others)."""
+    try:
+        big = too_big(os.lstat(path), caps.max_bytes)
+        if big:
+            return Refused(path, big), None
+        nb = read_notebook(path, max_bytes=caps.max_bytes, max_cells=caps.max_cells)
+        return None, identify_chapter(nb, path, source_dir)
+    except Refused as refusal:
+        return refusal, None
+    except (GradingError, OSError):
+        return None, None
+
+
+def _within_student_cap(found: list[Path], root: Path | None, cap: int
+                        ) -> tuple[list[Path], list[GradingError]]:
+    """At most `cap` notebooks per student (those named after a chapter, shallowest, first);
+    one line per student past it."""
+    by_student: dict[str | None, list[Path]] = {}
+    for path in found:
+        by_student.setdefault(student_of(path, root), []).append(path)
+    dropped: set[Path] = set()
+    refused: list[GradingError] = []
+    for student, theirs in by_student.items():
+        if student is None or len(theirs) <= cap:
+            continue
+        ranked = sorted(theirs, key=lambda p: (not CHAPTER_NAME.fullmatch(p.stem),
+                                               len(p.parts), p))
+        dropped |= set(ranked[cap:])
+        folder = theirs[0].parent if root is None else root / theirs[0].relative_to(root).parts[0]
+        refused.append(Refused(folder, f"{len(theirs)} notebooks for student {student}, more "
+                                       f"than the {cap} one student may have (--max-notebooks): "
+                                       f"{len(theirs) - cap} not graded (those named after a "
+                                       "chapter first)"))
+    return [p for p in found if p not in dropped], refused
+
+
+def _one_per_student_chapter(submissions: list[Submission]
+                             ) -> tuple[list[Submission], list[GradingError]]:
+    """One record per (student, chapter): the notebook at the standard place (named after the
+    chapter, not nested) is graded, the others refused; with no single such notebook, none."""
+    groups: dict[tuple[str, str], list[Submission]] = {}
+    for s in submissions:
+        if s.student is not None and s.chapter is not None:
+            groups.setdefault((s.student, s.chapter), []).append(s)
+    refused: dict[Path, GradingError] = {}
+    for (student, chapter), group in groups.items():
+        if len(group) < 2:
+            continue
+        standard = [s for s in group if s.path.stem == chapter and not s.warnings]
+        names = ", ".join(printable(os.fsdecode(s.path.name)) for s in group)
+        for s in group:
+            if len(standard) == 1 and s is standard[0]:
+                continue
+            why = (f"a second notebook for {student}'s {chapter} (graded: "
+                   f"{printable(os.fsdecode(standard[0].path))}): not graded"
+                   if len(standard) == 1 else
+                   f"one of {len(group)} notebooks for {student}'s {chapter} ({names}), none "
+                   f"of them {chapter}.ipynb at its place: none graded (leave one)")
+            refused[s.path] = Refused(s.path, why)
+    return [s for s in submissions if s.path not in refused], list(refused.values())

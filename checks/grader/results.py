@@ -6,19 +6,49 @@ happened; grading stops)."""
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 PASSED, FAILED, NOT_STARTED, ERROR = "passed", "failed", "not started", "error"
+
+CHAPTER_NAME = re.compile(r"\d\d_[A-Za-z0-9_]+")
+
+
+def printable(text: object) -> str:
+    """`text` safe to print and to write as JSON: every character a terminal would act on (ESC,
+    CR, other controls, bidirectional overrides) shown escaped (\\x1b, \\r, \\u202e), and each
+    byte of a file name that is not UTF-8 (Python's surrogate escapes) shown as \\xNN. Names and
+    messages from submissions pass through here before anything shows or stores them, so a file
+    name cannot draw a forged line on the instructor's terminal nor break the JSON report."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else _escaped(ch) for ch in text)
+
+
+def _escaped(ch: str) -> str:
+    code = ord(ch)
+    if 0xDC80 <= code <= 0xDCFF:  # a byte that was not UTF-8 (os.fsdecode's surrogateescape)
+        return f"\\x{code - 0xDC00:02x}"
+    if ch in "\t\n\r":
+        return repr(ch)[1:-1]
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 \
+        else f"\\U{code:08x}"
 
 
 class GradingError(Exception):
     """A notebook that cannot be graded at all (bad input). `str()` is one readable line."""
 
     def __init__(self, path: str | os.PathLike, problem: str):
-        self.path = str(path)
-        self.problem = problem
-        super().__init__(f"{self.path}: {problem}")
+        self.path = printable(os.fsdecode(path))
+        self.problem = printable(problem)
+        super().__init__(f"{self.path}: {self.problem}")
+
+
+class Refused(GradingError):
+    """A file that is not graded because of what it is, not what it holds: a link, a special
+    file, a second notebook for one student's chapter, or one past a cap (size, cells, count)."""
 
 
 class GradingIncident(Exception):
@@ -26,15 +56,16 @@ class GradingIncident(Exception):
     `notebooks` were being graded. Grading stops: what came after cannot be trusted."""
 
     def __init__(self, notebooks: list[str], changed: list[str], what: str = "changed"):
-        self.notebooks = list(notebooks)
-        self.changed = list(changed)
-        self.what = what
+        self.notebooks = [printable(n) for n in notebooks]
+        self.changed = [printable(c) for c in changed]
+        self.what = printable(what)
+        changed = self.changed
         shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5
                                           else "")
-        where = notebooks[0] if notebooks else "a notebook"
+        where = self.notebooks[0] if notebooks else "a notebook"
         if len(notebooks) > 1:  # parallel grading: the others in progress (or just queued)
-            where += f" (at the same time: {', '.join(notebooks[1:])})"
-        super().__init__(f"while grading {where}: {what}: {shown}")
+            where += f" (at the same time: {', '.join(self.notebooks[1:])})"
+        super().__init__(f"while grading {where}: {self.what}: {shown}")
 
 
 @dataclass
@@ -48,6 +79,9 @@ class ExerciseResult:
     # something the test relies on (a checker, a comparison, the test itself).
     tampering_suspected: bool = False
 
+    def __post_init__(self):  # a learner's exception message reaches the terminal: escaped
+        self.name, self.message = printable(self.name), printable(self.message)
+
 
 @dataclass
 class NotebookResult:
@@ -56,7 +90,7 @@ class NotebookResult:
     exercises: list[ExerciseResult] = field(default_factory=list)
     error: str | None = None  # what went wrong: cells skipped (a hang, a crash), an early stop
     seconds: float = 0.0
-    student: str | None = None  # from nbgrader's submitted/<student>/<assignment>/ layout
+    student: str | None = None  # the first folder under the root graded (identify.student_of)
     warnings: list[str] = field(default_factory=list)
     isolation: str = ""  # "namespaces" (walled in, own user) or "none" (see checks.grader.isolation)
     worker_uid: int | None = None  # the walled-in worker's user id (its processes: that user)
@@ -64,6 +98,23 @@ class NotebookResult:
     # Cells that hung or crashed the worker: each skipped, the worker restarted, the cells before
     # it run again, the notebook went on. [{"cell": "answer cell head_dim", "why": "..."}]
     skipped: list[dict[str, str]] = field(default_factory=list)
+    # Why this notebook is kept out of the totals (and the CSV): it was graded as another chapter
+    # than its file or folder name says. None: it counts.
+    not_counted: str | None = None
+
+    def __post_init__(self):  # names from the disk and messages from the worker: escaped
+        self.path, self.chapter = printable(self.path), printable(self.chapter)
+        self.student = None if self.student is None else printable(self.student)
+        self.error = None if self.error is None else printable(self.error)
+        self.warnings = [printable(w) for w in self.warnings]
+        self.skipped = [{printable(k): printable(v) for k, v in s.items()} for s in self.skipped]
+        if self.not_counted is not None:
+            self.not_counted = printable(self.not_counted)
+
+    @property
+    def counted(self) -> bool:
+        """Whether its points count towards totals (see `not_counted`)."""
+        return self.not_counted is None
 
     @property
     def points(self) -> float:
@@ -85,5 +136,6 @@ class NotebookResult:
         data = asdict(self)
         data.update(points=self.points, max_points=self.max_points, passed=self.passed,
                     seconds=round(self.seconds, 2), tampering_suspected=self.tampering_suspected,
+                    counted=self.counted,
                     grader_memory_mib=round(self.grader_memory_mib, 1))
         return data

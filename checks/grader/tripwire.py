@@ -1,12 +1,14 @@
 """What no notebook may change: the course's code (the `checks` package the grader runs) and the
 chapters' source notebooks, plus the submissions being graded, hashed before grading and compared
-after each notebook. A change is a `GradingIncident` that stops the run."""
+after each notebook. A change is a `GradingIncident` that stops the run. Paths are never
+followed and only regular files are read (bounded): see `Tripwire`."""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
 import os
+import stat
 from pathlib import Path
 
 from .identify import REPO, SOURCE_DIR
@@ -19,35 +21,56 @@ def course_files(source_dir: str | os.PathLike = SOURCE_DIR) -> list[Path]:
     return sorted([*package.rglob("*.py"), *Path(source_dir).glob("[0-9][0-9]_*/*.ipynb")])
 
 
+MAX_HASHED = 256 * 2**20  # a file larger than this is compared by its status alone
+
+
 class Tripwire:
     """Files hashed once; `changed()` lists those whose contents changed (or that vanished).
 
-    A file whose size, times and inode are unchanged is not read again (any write changes its
-    modification or status-change time); one whose status changed is hashed again."""
+    Each path is looked at with `lstat` and never followed: only a regular file is opened (without
+    following a link, without blocking) and hashed, reading at most `MAX_HASHED` bytes; anything
+    else (a link, a FIFO, a device such as /proc/kmsg behind a link) is compared by its status
+    alone, so no file can make the tripwire block or read without end. A file whose size, times
+    and inode are unchanged is not read again (any write changes its modification or
+    status-change time); one whose status changed is hashed again."""
 
     def __init__(self, paths):
-        self.files: dict[Path, tuple[tuple, str]] = {}
-        for path in dict.fromkeys(Path(p).resolve() for p in paths):
+        self.files: dict[Path, tuple[tuple, str | None]] = {}
+        for path in dict.fromkeys(Path(os.path.abspath(p)) for p in paths):
             with contextlib.suppress(OSError):
-                self.files[path] = (self._stat(path), self._hash(path))
+                st = os.lstat(path)
+                self.files[path] = (self._status(st), self._hash(path, st))
 
     @staticmethod
-    def _stat(path: Path) -> tuple:
-        st = path.stat()
-        return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev
+    def _status(st: os.stat_result) -> tuple:
+        return (st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev,
+                st.st_nlink)
 
     @staticmethod
-    def _hash(path: Path) -> str:
-        return hashlib.blake2b(path.read_bytes(), digest_size=16).hexdigest()
+    def _hash(path: Path, st: os.stat_result) -> str | None:
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_HASHED:
+            return None
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
+        with os.fdopen(fd, "rb") as stream:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # replaced since the lstat
+                return None
+            digest = hashlib.blake2b(digest_size=16)
+            left = MAX_HASHED
+            while left > 0 and (chunk := stream.read(min(left, 2**20))):
+                digest.update(chunk)
+                left -= len(chunk)
+        return digest.hexdigest()
 
     def changed(self) -> list[Path]:
         found = []
-        for path, (stat, digest) in self.files.items():
+        for path, (status, digest) in self.files.items():
             try:
-                now = self._stat(path)
-                if now == stat:
+                st = os.lstat(path)
+                now = self._status(st)
+                if now == status:
                     continue
-                if path.is_file() and self._hash(path) == digest:
+                if digest is not None and now[0] == status[0] and \
+                        self._hash(path, st) == digest:
                     self.files[path] = (now, digest)
                     continue
             except OSError:

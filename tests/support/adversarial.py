@@ -670,6 +670,9 @@ CATALOGUE: list[Case] = [
         "def head_dim(cfg):\n    return int(cfg.head_dim)  # the reference's own line")),
          "01_notation", full(), "copied code earns the points", "copied-reference"),
 ]
+# ---- c9: what counts as a submission, whose it is, caps: adversarial_edges adds its rows (EDGES)
+# and its claim here when it is imported (it builds them from this module's Case and helpers)
+from . import adversarial_edges  # noqa: E402,F401
 assert len({case.name for case in CATALOGUE}) == len(CATALOGUE), "two cases share a name"
 
 
@@ -686,7 +689,7 @@ def protected_bytes(source_dir: Path, folder: Path) -> dict[Path, bytes]:
     """Files that grading must leave exactly as they were: those the catalogue attacks (the
     rest of `checks/` is left out: other work may change it while the catalogue runs)."""
     files = [REPO / "checks" / "nb01.py"] + list(source_dir.rglob("*.ipynb"))
-    files += [p for p in folder.rglob("*.ipynb")]
+    files += [p for p in folder.rglob("*.ipynb") if p.is_file() and not p.is_symlink()]
     return {p: p.read_bytes() for p in files}
 
 
