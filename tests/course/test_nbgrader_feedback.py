@@ -39,8 +39,9 @@ pytestmark = pytest.mark.slow
 CH01, CH08 = "01_notation", "08_rope"
 SOLUTION_MARK = ("### BEGIN SOLUTION", "### END SOLUTION")
 HIDDEN_MARK = ("### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS")
-#: Chapter 01's cell time limit here: long enough for any honest cell on a busy machine.
-TIMEOUT = 30
+#: Chapter 01's cell time limit here (the course sets 120 s): long enough for any honest cell of
+#: chapter 01 on a busy machine (importing torch under load), short enough for a quick test.
+TIMEOUT = 60
 
 HANG = "def kv_group_size(cfg):\n    while True:\n        pass\n"
 RENAMED = ("rotation_matrix", "rotation_matrx")
