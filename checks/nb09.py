@@ -12,13 +12,16 @@ unchanged, survive large |x| without overflowing to NaN, and be differentiable b
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
 from . import reference as ref
-from .engine import Check, LearnerError, values_close, mismatch_text, describe, tolerance
+from .engine import (CallRecord, Check, CheckFailure, LearnerError, builds_on, describe,
+                     earlier_failures, fix_first_text, mismatch_text, tolerance, values_close)
+from .i18n import N_, _
 
 # --------------------------------------------------------------------------------------------
 # Forbidden shortcuts. The engine matches a torch function's `__name__` exactly; calls through
@@ -37,41 +40,43 @@ def _forbid(hint: str) -> dict[str, str]:
     return dict.fromkeys(_LIBRARY_ACTIVATIONS, hint)
 
 
-_RELU_FORBID = ("write ReLU yourself from elementwise tensor operations: `torch.clamp(x, min=0)`, "
-                "`torch.maximum(x, torch.zeros_like(x))` or `torch.where(x > 0, x, 0.0)` (library "
-                "activations such as F.relu, torch.relu or nn.ReLU are off limits here)")
-_GELU_FORBID = ("write GELU yourself: x * Phi(x) with Phi(x) = (1 + erf(x / sqrt(2))) / 2, "
-                "using `torch.erf` (F.gelu and nn.GELU are off limits here)")
-_SILU_FORBID = ("write SiLU yourself: x * sigmoid(x), using `torch.sigmoid` (F.silu and nn.SiLU "
-                "are off limits here)")
+_RELU_FORBID = N_("write ReLU yourself from elementwise tensor operations: `torch.clamp(x, "
+                  "min=0)`, `torch.maximum(x, torch.zeros_like(x))` or `torch.where(x > 0, x, "
+                  "0.0)` (library activations such as F.relu, torch.relu or nn.ReLU are off limits "
+                  "here)")
+_GELU_FORBID = N_("write GELU yourself: x * Phi(x) with Phi(x) = (1 + erf(x / sqrt(2))) / 2, "
+                  "using `torch.erf` (F.gelu and nn.GELU are off limits here)")
+_SILU_FORBID = N_("write SiLU yourself: x * sigmoid(x), using `torch.sigmoid` (F.silu and nn.SiLU "
+                  "are off limits here)")
 
-_IN_PLACE = ("in-place operations (`x.clamp_(...)`, `x.mul_(...)`, `x[x < 0] = 0`, `out=x`) write "
-             "into the caller's tensor; return a new tensor instead (`x.clamp(min=0)`, "
-             "`torch.where(...)`, `x * ...`), or work on `x.clone()`")
-_PYTHON_SCALAR = ("the `math` module and Python's `max`/`if` work on single numbers, not on whole "
-                  "tensors: use the elementwise tensor versions (`torch.erf`, `torch.exp`, "
-                  "`torch.sigmoid`, `torch.clamp`, `torch.where`)")
-_NUMPY = ("stay in PyTorch: NumPy has no bfloat16 and cuts the computation off from autograd; "
-          "the same operations exist on tensors (`torch.clamp`, `torch.where`, `torch.erf`, "
-          "`torch.sigmoid`)")
-_DETACHED = ("the values are right but the gradient is not: part of the computation is cut off "
-             "from autograd (`.detach()`, `.data`, `torch.no_grad()`, `.item()`, `.numpy()` or a "
-             "copy through `torch.tensor(...)`); build the result from tensor operations on x")
-_PRECISION = ("close, but not to float64 precision: a constant was rounded (write `math.sqrt(2)`, "
-              "`math.pi`, not 1.414 or 0.7071) or part of the computation ran in float32 "
-              "(`torch.tensor(2.0)`, `.float()`); keep everything in x's dtype")
+_IN_PLACE = N_("in-place operations (`x.clamp_(...)`, `x.mul_(...)`, `x[x < 0] = 0`, `out=x`) "
+               "write into the caller's tensor; return a new tensor instead (`x.clamp(min=0)`, "
+               "`torch.where(...)`, `x * ...`), or work on `x.clone()`")
+_PYTHON_SCALAR = N_("the `math` module and Python's `max`/`if` work on single numbers, not on "
+                    "whole tensors: use the elementwise tensor versions (`torch.erf`, `torch.exp`, "
+                    "`torch.sigmoid`, `torch.clamp`, `torch.where`)")
+_NUMPY = N_("stay in PyTorch: NumPy has no bfloat16 and cuts the computation off from autograd; "
+            "the same operations exist on tensors (`torch.clamp`, `torch.where`, `torch.erf`, "
+            "`torch.sigmoid`)")
+_DETACHED = N_("the values are right but the gradient is not: part of the computation is cut off "
+               "from autograd (`.detach()`, `.data`, `torch.no_grad()`, `.item()`, `.numpy()` or a "
+               "copy through `torch.tensor(...)`); build the result from tensor operations on x")
+_PRECISION = N_("close, but not to float64 precision: a constant was rounded (write "
+                "`math.sqrt(2)`, `math.pi`, not 1.414 or 0.7071) or part of the computation ran in "
+                "float32 (`torch.tensor(2.0)`, `.float()`); keep everything in x's dtype")
 
 
 def _dtype_hint(got: torch.dtype, want: torch.dtype) -> str:
     if got == torch.bool:
-        return ("returned the comparison itself (True/False): ReLU keeps the VALUE of x where "
-                "x > 0, so multiply by the mask or use `torch.where(x > 0, x, 0.0)`")
+        return _("returned the comparison itself (True/False): ReLU keeps the VALUE of x where "
+                 "x > 0, so multiply by the mask or use `torch.where(x > 0, x, 0.0)`")
     if got == torch.float32:
-        return (f"the result came out in float32 for a {str(want).removeprefix('torch.')} input: "
-                "something is hard-wired to float32 (`.float()`, `torch.zeros(x.shape)`, "
-                "`torch.tensor(...)` without dtype); make helpers in x's dtype (`zeros_like`, "
-                "`.to(x.dtype)`) or use plain Python numbers, which keep x's dtype")
-    return f"keep the input's dtype: the result should be {want}, like x"
+        return _("the result came out in float32 for a {dtype} input: something is hard-wired "
+                 "to float32 (`.float()`, `torch.zeros(x.shape)`, `torch.tensor(...)` without "
+                 "dtype); make helpers in x's dtype (`zeros_like`, `.to(x.dtype)`) or use plain "
+                 "Python numbers, which keep x's dtype").format(
+                     dtype=str(want).removeprefix("torch."))
+    return _("keep the input's dtype: the result should be {dtype}, like x").format(dtype=want)
 
 
 def _learner_hints(err: LearnerError, hints: dict[tuple[str, ...], str]) -> LearnerError:
@@ -81,7 +86,7 @@ def _learner_hints(err: LearnerError, hints: dict[tuple[str, ...], str]) -> Lear
     first = err.message.splitlines()[0]
     for words, hint in hints.items():
         if any(w in first for w in words):
-            return LearnerError(err.exercise, err.message, hint=hint, seed=err.seed)
+            return err.with_hint(hint)
     return err
 
 
@@ -96,13 +101,14 @@ def _compare(c: Check, got, want: torch.Tensor, *, what: str, dims=None, wrong=N
              extra: Callable[[torch.Tensor], str | None] | None = None) -> None:
     """expect_tensor, with a dtype hint and extra diagnoses after the known-wrong variants."""
     if isinstance(got, tuple) and hasattr(got, "values") and hasattr(got, "indices"):
-        c.fail(f"{what} should be a torch.Tensor, got a (values, indices) pair.",
-               "torch.max(x, 0) is a REDUCTION along axis 0 (the largest entry of each column); "
-               "for ReLU compare every entry with 0: `torch.clamp(x, min=0)` or "
-               "`torch.maximum(x, torch.zeros_like(x))`")
+        c.fail(_("{what} should be a torch.Tensor, got a (values, indices) pair.").format(
+            what=what),
+               _("torch.max(x, 0) is a REDUCTION along axis 0 (the largest entry of each "
+                 "column); for ReLU compare every entry with 0: `torch.clamp(x, min=0)` or "
+                 "`torch.maximum(x, torch.zeros_like(x))`"))
     if isinstance(got, torch.Tensor) and got.shape == want.shape and got.dtype != want.dtype:
-        c.fail(f"{what} has dtype {got.dtype}, expected {want.dtype} (the input's dtype).",
-               _dtype_hint(got.dtype, want.dtype))
+        c.fail(_("{what} has dtype {got}, expected {want} (the input's dtype).").format(
+            what=what, got=got.dtype, want=want.dtype), _dtype_hint(got.dtype, want.dtype))
     if (isinstance(got, torch.Tensor) and got.shape == want.shape and got.dtype == want.dtype
             and type(got) in (torch.Tensor, torch.nn.Parameter)):
         atol, rtol = tolerance(want.dtype)
@@ -110,8 +116,8 @@ def _compare(c: Check, got, want: torch.Tensor, *, what: str, dims=None, wrong=N
             hint = c.diagnose(got, wrong, atol, rtol)
             if hint is None and extra is not None:
                 hint = extra(got)
-            c.fail(f"{what} has the right shape but wrong values; "
-                   f"{mismatch_text(got, want, atol, rtol, dims)}", hint)
+            c.fail(_("{what} has the right shape but wrong values; {mismatch}").format(
+                what=what, mismatch=mismatch_text(got, want, atol, rtol, dims)), hint)
     c.expect_tensor(got, want, what=what, dims=dims, wrong=wrong)
 
 
@@ -150,18 +156,20 @@ def _check_activation(name: str, f, seed, thorough: bool, reference: Callable,
             want = reference(x)
             got = _call(c, x, hints=call_hints)
             if not _same_values(x, before):
-                c.fail(f"changed its input x in place ({what}).", _IN_PLACE)
+                c.fail(_("changed its input x in place ({what}).").format(what=what), _IN_PLACE)
             dims = None if x.dim() != 1 else ("i",)
             _compare(c, got, want, what=what, dims=dims, wrong=mistakes(x),
                      extra=None if extra is None else (lambda got: extra(got, x)))
 
-        run(torch.tensor(_FIXED), f"{name} at x = {', '.join(f'{v:g}' for v in _FIXED)}")
-        for _ in range(4 if thorough else 2):
+        run(torch.tensor(_FIXED), _("{name} at x = {values}").format(
+            name=name, values=", ".join(f"{v:g}" for v in _FIXED)))
+        for _n in range(4 if thorough else 2):
             shape = _random_shape(c)
             run(c.randn(*shape, scale=3.0),
-                f"{name} of a random float32 tensor of shape {list(shape)}")
-        c.headline("elementwise, any shape")
-        c.headline("input left unchanged")
+                _("{name} of a random {dtype} tensor of shape {shape}").format(
+                    name=name, dtype="float32", shape=list(shape)))
+        c.headline(_("elementwise, any shape"))
+        c.headline(_("input left unchanged"))
 
         def precision(got: torch.Tensor, x: torch.Tensor) -> str | None:
             return _PRECISION if values_close(got, reference(x), 1e-5, 1e-4) else None
@@ -171,48 +179,53 @@ def _check_activation(name: str, f, seed, thorough: bool, reference: Callable,
             shape = _random_shape(c)
             x = c.randn(*shape, scale=3.0, dtype=dtype)
             label = str(dtype).removeprefix("torch.")
-            run(x, f"{name} of a random {label} tensor of shape {list(shape)}",
+            run(x, _("{name} of a random {dtype} tensor of shape {shape}").format(
+                name=name, dtype=label, shape=list(shape)),
                 extra=precision if dtype == torch.float64 else None)
-        c.headline("keeps float64 / bfloat16")
+        c.headline(_("keeps float64 / bfloat16"))
 
         for dtype in (torch.float32, torch.float64, torch.bfloat16) + (
                 (torch.float16,) if thorough else ()):
             values = _LARGE_HALF if dtype == torch.float16 else _LARGE
             x = torch.tensor(values, dtype=dtype)
             label = str(dtype).removeprefix("torch.")
-            run(x, f"{name} of large {label} inputs x = {', '.join(f'{v:g}' for v in values)}",
+            run(x, _("{name} of large {dtype} inputs x = {values}").format(
+                name=name, dtype=label, values=", ".join(f"{v:g}" for v in values)),
                 extra=lambda got, x: _nonfinite_hint(got, overflow_hint))
-        c.headline("no overflow for large |x|")
+        c.headline(_("no overflow for large |x|"))
 
         # Derivative through autograd: training needs it, and the figure in the notebook plots it.
         x = c.randn(c.randint(20, 40), scale=3.0, dtype=torch.float64).requires_grad_()
         got = _call(c, x, hints=call_hints)
         if not isinstance(got, torch.Tensor) or not got.requires_grad:
-            c.fail(f"{name}'s output does not track gradients back to x (the input had "
-                   "requires_grad=True).", _DETACHED)
+            c.fail(_("{name}'s output does not track gradients back to x (the input had "
+                     "requires_grad=True).").format(name=name), _DETACHED)
         try:
             (grad,) = torch.autograd.grad(got.sum(), x)
         except RuntimeError as err:
-            c.fail(f"autograd could not differentiate {name}: {err}", _DETACHED)
+            c.fail(_("autograd could not differentiate {name}: {error}").format(name=name,
+                                                                               error=err),
+                   _DETACHED)
         x_ref = x.detach().clone().requires_grad_()
         (want,) = torch.autograd.grad(reference(x_ref).sum(), x_ref)
-        _compare(c, grad, want, what=f"the derivative d {name}(x) / dx (by autograd)",
+        _compare(c, grad, want, what=_("the derivative d {name}(x) / dx (by autograd)").format(
+            name=name),
                  dims=("i",), wrong=grad_mistakes(x.detach()),
                  extra=lambda g: _PRECISION if values_close(g, want, 1e-5, 1e-4) else None)
-        c.headline("differentiable")
+        c.headline(_("differentiable"))
 
 
 def _relu_mistakes(x: torch.Tensor) -> dict:
     return {
-        "kept the negative part instead of the positive one (`min` instead of `max`, or "
-        "`clamp(max=0)`): ReLU(x) = max(0, x)": torch.clamp(x, max=0),
-        "returned the step function (1 where x > 0, 0 elsewhere), which is ReLU's derivative; "
-        "ReLU keeps the value of x": (x > 0).to(x.dtype),
-        "returned |x|: negative inputs must become 0, not flip sign": x.abs(),
-        "a leaky ReLU (a small slope for x < 0): plain ReLU sets negative inputs to exactly 0":
+        _("kept the negative part instead of the positive one (`min` instead of `max`, or "
+          "`clamp(max=0)`): ReLU(x) = max(0, x)"): torch.clamp(x, max=0),
+        _("returned the step function (1 where x > 0, 0 elsewhere), which is ReLU's derivative; "
+          "ReLU keeps the value of x"): (x > 0).to(x.dtype),
+        _("returned |x|: negative inputs must become 0, not flip sign"): x.abs(),
+        _("a leaky ReLU (a small slope for x < 0): plain ReLU sets negative inputs to exactly 0"):
             torch.where(x > 0, x, 0.01 * x),
-        "returned x unchanged: negative inputs must become 0": x.clone(),
-        "zeroed the positive inputs and kept the negative ones": torch.where(x < 0, x, 0.0),
+        _("returned x unchanged: negative inputs must become 0"): x.clone(),
+        _("zeroed the positive inputs and kept the negative ones"): torch.where(x < 0, x, 0.0),
     }
 
 
@@ -222,7 +235,7 @@ def _relu_grad_mistakes(x: torch.Tensor) -> dict:
 
 def check_relu(f, *, seed: int | None = None, thorough: bool = False) -> None:
     _check_activation("relu", f, seed, thorough, ref.relu, _relu_mistakes, _RELU_FORBID,
-                      "ReLU never needs anything that can overflow: `torch.clamp(x, min=0)`",
+                      N_("ReLU never needs anything that can overflow: `torch.clamp(x, min=0)`"),
                       _relu_grad_mistakes)
 
 
@@ -235,31 +248,31 @@ def _phi(x: torch.Tensor) -> torch.Tensor:
 
 def _gelu_mistakes(x: torch.Tensor) -> dict:
     return {
-        "used the tanh approximation 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); this "
-        "exercise asks for the exact GELU, x * Phi(x) with Phi(x) = (1 + erf(x / sqrt(2))) / 2":
+        _("used the tanh approximation 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); this "
+          "exercise asks for the exact GELU, x * Phi(x) with Phi(x) = (1 + erf(x / sqrt(2))) / 2"):
             F.gelu(x, approximate="tanh"),
-        "used the sigmoid approximation x * sigmoid(1.702 x); this exercise asks for the exact "
-        "GELU, x * (1 + erf(x / sqrt(2))) / 2": x * torch.sigmoid(1.702 * x),
-        "a tanh approximation without the cubic term 0.044715 x^3, and the exact GELU is asked "
-        "for anyway: x * (1 + erf(x / sqrt(2))) / 2":
+        _("used the sigmoid approximation x * sigmoid(1.702 x); this exercise asks for the exact "
+          "GELU, x * (1 + erf(x / sqrt(2))) / 2"): x * torch.sigmoid(1.702 * x),
+        _("a tanh approximation without the cubic term 0.044715 x^3, and the exact GELU is asked "
+          "for anyway: x * (1 + erf(x / sqrt(2))) / 2"):
             0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * x)),
-        "forgot the 1/2: Phi(x) = (1 + erf(x / sqrt(2))) / 2 runs from 0 to 1":
+        _("forgot the 1/2: Phi(x) = (1 + erf(x / sqrt(2))) / 2 runs from 0 to 1"):
             x * (1 + torch.erf(x / _SQRT2)),
-        "erf(x) instead of erf(x / sqrt(2)): the standard normal CDF is "
-        "Phi(x) = (1 + erf(x / sqrt(2))) / 2": 0.5 * x * (1 + torch.erf(x)),
-        "divided by 2 instead of sqrt(2) inside erf: Phi(x) = (1 + erf(x / sqrt(2))) / 2":
+        _("erf(x) instead of erf(x / sqrt(2)): the standard normal CDF is "
+          "Phi(x) = (1 + erf(x / sqrt(2))) / 2"): 0.5 * x * (1 + torch.erf(x)),
+        _("divided by 2 instead of sqrt(2) inside erf: Phi(x) = (1 + erf(x / sqrt(2))) / 2"):
             0.5 * x * (1 + torch.erf(x / 2)),
-        "multiplied by sqrt(2) instead of dividing inside erf: Phi(x) = (1 + erf(x / sqrt(2))) "
-        "/ 2": 0.5 * x * (1 + torch.erf(x * _SQRT2)),
-        "a sign error: 1 - erf(...) gives Phi(-x); GELU(x) = x (1 + erf(x / sqrt(2))) / 2":
+        _("multiplied by sqrt(2) instead of dividing inside erf: Phi(x) = (1 + erf(x / sqrt(2))) "
+          "/ 2"): 0.5 * x * (1 + torch.erf(x * _SQRT2)),
+        _("a sign error: 1 - erf(...) gives Phi(-x); GELU(x) = x (1 + erf(x / sqrt(2))) / 2"):
             0.5 * x * (1 - torch.erf(x / _SQRT2)),
-        "used the normal DENSITY phi(x) = exp(-x^2/2) / sqrt(2 pi); GELU uses the cumulative "
-        "distribution Phi(x) = (1 + erf(x / sqrt(2))) / 2":
+        _("used the normal DENSITY phi(x) = exp(-x^2/2) / sqrt(2 pi); GELU uses the cumulative "
+          "distribution Phi(x) = (1 + erf(x / sqrt(2))) / 2"):
             x * torch.exp(-x * x / 2) / math.sqrt(2 * math.pi),
-        "returned Phi(x) alone: GELU multiplies it by x, x * Phi(x)": _phi(x),
-        "returned SiLU, x * sigmoid(x): GELU is x * Phi(x), with the normal CDF":
+        _("returned Phi(x) alone: GELU multiplies it by x, x * Phi(x)"): _phi(x),
+        _("returned SiLU, x * sigmoid(x): GELU is x * Phi(x), with the normal CDF"):
             x * torch.sigmoid(x),
-        "returned ReLU: GELU is the smooth x * Phi(x)": torch.clamp(x, min=0),
+        _("returned ReLU: GELU is the smooth x * Phi(x)"): torch.clamp(x, min=0),
     }
 
 
@@ -269,26 +282,27 @@ def _gelu_grad_mistakes(x: torch.Tensor) -> dict:
 
 def check_gelu(f, *, seed: int | None = None, thorough: bool = False) -> None:
     _check_activation("gelu", f, seed, thorough, ref.gelu, _gelu_mistakes, _GELU_FORBID,
-                      "an intermediate overflowed to inf (and inf * 0 or inf / inf is NaN): "
-                      "x * (1 + torch.erf(x / math.sqrt(2))) / 2 never overflows",
+                      N_("an intermediate overflowed to inf (and inf * 0 or inf / inf is NaN): "
+                         "x * (1 + torch.erf(x / math.sqrt(2))) / 2 never overflows"),
                       _gelu_grad_mistakes)
 
 
 def _silu_mistakes(x: torch.Tensor) -> dict:
     e = torch.exp(x)
     return {
-        "x * exp(x) / (1 + exp(x)) overflows: for large x, exp(x) is inf and inf / inf is NaN; "
-        "use x * torch.sigmoid(x) or x / (1 + torch.exp(-x))": x * e / (1 + e),
-        "returned sigmoid(x) alone: SiLU multiplies it by x, x * sigmoid(x)": torch.sigmoid(x),
-        "a sign error in the exponent: sigmoid(x) = 1 / (1 + exp(-x)), so SiLU(x) = "
-        "x / (1 + exp(-x))": x * torch.sigmoid(-x),
-        "x * sigmoid(1.702 x) is an approximation of GELU; SiLU is x * sigmoid(x)":
+        _("x * exp(x) / (1 + exp(x)) overflows: for large x, exp(x) is inf and inf / inf is NaN; "
+          "use x * torch.sigmoid(x) or x / (1 + torch.exp(-x))"): x * e / (1 + e),
+        _("returned sigmoid(x) alone: SiLU multiplies it by x, x * sigmoid(x)"): torch.sigmoid(x),
+        _("a sign error in the exponent: sigmoid(x) = 1 / (1 + exp(-x)), so SiLU(x) = "
+          "x / (1 + exp(-x))"): x * torch.sigmoid(-x),
+        _("x * sigmoid(1.702 x) is an approximation of GELU; SiLU is x * sigmoid(x)"):
             x * torch.sigmoid(1.702 * x),
-        "tanh instead of sigmoid: SiLU(x) = x * sigmoid(x) = x / (1 + exp(-x))": x * torch.tanh(x),
-        "returned GELU: SiLU uses the logistic sigmoid, x * sigmoid(x)":
+        _("tanh instead of sigmoid: SiLU(x) = x * sigmoid(x) = x / (1 + exp(-x))"):
+            x * torch.tanh(x),
+        _("returned GELU: SiLU uses the logistic sigmoid, x * sigmoid(x)"):
             F.gelu(x, approximate="none"),
-        "returned softplus, log(1 + exp(x)): SiLU is x * sigmoid(x)": F.softplus(x),
-        "returned ReLU: SiLU is the smooth x * sigmoid(x)": torch.clamp(x, min=0),
+        _("returned softplus, log(1 + exp(x)): SiLU is x * sigmoid(x)"): F.softplus(x),
+        _("returned ReLU: SiLU is the smooth x * sigmoid(x)"): torch.clamp(x, min=0),
     }
 
 
@@ -298,9 +312,9 @@ def _silu_grad_mistakes(x: torch.Tensor) -> dict:
 
 def check_silu(f, *, seed: int | None = None, thorough: bool = False) -> None:
     _check_activation("silu", f, seed, thorough, ref.silu, _silu_mistakes, _SILU_FORBID,
-                      "an intermediate overflowed: exp(x) is inf for x above about 89 in "
-                      "float32 (710 in float64), and inf / inf or 0 * inf is NaN; "
-                      "x * torch.sigmoid(x) and x / (1 + torch.exp(-x)) never overflow",
+                      N_("an intermediate overflowed: exp(x) is inf for x above about 89 in "
+                         "float32 (710 in float64), and inf / inf or 0 * inf is NaN; "
+                         "x * torch.sigmoid(x) and x / (1 + torch.exp(-x)) never overflow"),
                       _silu_grad_mistakes)
 
 
@@ -323,20 +337,20 @@ class _Activation:
 
 _ACTIVATIONS = {"relu": ref.relu, "gelu": ref.gelu, "silu": ref.silu}
 
-_FFN_SHAPES = ("the matrix shapes do not fit: x [..., H] @ w1 [H, H_ff] -> [..., H_ff], the "
-               "activation, then @ w2 [H_ff, H] -> [..., H]. Weights are [in, out] and used as "
-               "`x @ W` without transposing (F.linear(x, W) would transpose them); check also "
-               "that w1 comes first and w2 second")
+_FFN_SHAPES = N_("the matrix shapes do not fit: x [..., H] @ w1 [H, H_ff] -> [..., H_ff], the "
+                 "activation, then @ w2 [H_ff, H] -> [..., H]. Weights are [in, out] and used as "
+                 "`x @ W` without transposing (F.linear(x, W) would transpose them); check also "
+                 "that w1 comes first and w2 second")
 _SHAPE_WORDS = ("cannot be multiplied", "size mismatch", "must match the size", "mat1 and mat2")
-_LEADING_AXES = ("x may have any number of leading axes, [B, S, H] or [T, H]: the projections act "
-                 "on the last axis only, so write `x @ w` (or einsum with '...'), without "
-                 "unpacking B, S, H = x.shape")
+_LEADING_AXES = N_("x may have any number of leading axes, [B, S, H] or [T, H]: the projections "
+                   "act on the last axis only, so write `x @ w` (or einsum with '...'), without "
+                   "unpacking B, S, H = x.shape")
 _LEADING_WORDS = ("einsum", "unpack", "not enough values", "too many values")
 
 
 def _weights(c: Check, h: int, h_ff: int, count: int, dtype=torch.float32):
     """count matrices [H, H_ff] ... (the last one [H_ff, H]), scaled to keep outputs O(1)."""
-    mats = [c.randn(h, h_ff, dtype=torch.float64) / math.sqrt(h) for _ in range(count - 1)]
+    mats = [c.randn(h, h_ff, dtype=torch.float64) / math.sqrt(h) for _n in range(count - 1)]
     mats.append(c.randn(h_ff, h, dtype=torch.float64) / math.sqrt(h_ff))
     return [m.to(dtype) for m in mats]
 
@@ -344,19 +358,19 @@ def _weights(c: Check, h: int, h_ff: int, count: int, dtype=torch.float32):
 def _ffn_mistakes(x, w1, w2, act: Callable, act_name: str) -> dict:
     h = x @ w1
     mistakes = {
-        "applied the activation after W2, to the output: the activation goes between the two "
-        "matrices, activation(x @ w1) @ w2": lambda: act(h @ w2),
-        "applied the activation to the input x before W1: FFN(x) = activation(x @ w1) @ w2":
+        _("applied the activation after W2, to the output: the activation goes between the two "
+          "matrices, activation(x @ w1) @ w2"): lambda: act(h @ w2),
+        _("applied the activation to the input x before W1: FFN(x) = activation(x @ w1) @ w2"):
             lambda: act(x) @ w1 @ w2,
-        "the activation's result is not used (x @ w1 @ w2 is a linear map): "
-        "h = activation(x @ w1), then h @ w2": lambda: h @ w2,
-        "applied the activation twice": lambda: act(act(h)) @ w2,
-        "forgot W2: the FFN projects back down to H, activation(x @ w1) @ w2": lambda: act(h),
+        _("the activation's result is not used (x @ w1 @ w2 is a linear map): "
+          "h = activation(x @ w1), then h @ w2"): lambda: h @ w2,
+        _("applied the activation twice"): lambda: act(act(h)) @ w2,
+        _("forgot W2: the FFN projects back down to H, activation(x @ w1) @ w2"): lambda: act(h),
     }
     for name, fn in _ACTIVATIONS.items():
         if name != act_name:
-            mistakes[f"ignored the `activation` argument and applied {name}: call the "
-                      f"function you are given, activation(x @ w1)"] = (
+            mistakes[_("ignored the `activation` argument and applied {name}: call the "
+                       "function you are given, activation(x @ w1)").format(name=name)] = (
                 lambda fn=fn: fn(h) @ w2)
     return mistakes
 
@@ -364,9 +378,18 @@ def _ffn_mistakes(x, w1, w2, act: Callable, act_name: str) -> dict:
 def _expect_unchanged(c: Check, inputs: dict[str, torch.Tensor], before: dict) -> None:
     for name, t in inputs.items():
         if not _same_values(t, before[name]):
-            c.fail(f"changed its input `{name}` in place.",
-                   "in-place operations (`mul_`, `add_`, `+=` on an input, `out=`) write into "
-                   "the caller's tensors; compute new tensors instead")
+            c.fail(_("changed its input `{name}` in place.").format(name=name),
+                   _("in-place operations (`mul_`, `add_`, `+=` on an input, `out=`) write into "
+                     "the caller's tensors; compute new tensors instead"))
+
+
+def _ffn_what(name: str, dtype, shape, h: int, h_ff: int) -> str:
+    """ "ffn of float64 x [3, 4, 5] with H=5, H_ff=9" (no dtype named for float32)."""
+    if dtype == torch.float64:
+        return _("{name} of float64 x {shape} with H={h}, H_ff={h_ff}").format(
+            name=name, shape=list(shape), h=h, h_ff=h_ff)
+    return _("{name} of x {shape} with H={h}, H_ff={h_ff}").format(
+        name=name, shape=list(shape), h=h, h_ff=h_ff)
 
 
 def check_ffn(f, *, seed: int | None = None, thorough: bool = False) -> None:
@@ -395,64 +418,78 @@ def check_ffn(f, *, seed: int | None = None, thorough: bool = False) -> None:
                                                         _LEADING_WORDS: _LEADING_AXES})
             _expect_unchanged(c, inputs, before)
             dims = ("B", "S", "H") if len(shape) == 3 else ("T", "H")
-            label = "float64 " if dtype == torch.float64 else ""
-            what = (f"ffn of {label}x {list(shape)} with H={h}, H_ff={h_ff}, "
-                    f"activation={act_name}")
-            never = (lambda got: "never called `activation`: apply the function you are given, "
-                     "activation(x @ w1)") if not act.shapes else None
+            what = _ffn_what("ffn", dtype, shape, h, h_ff) + f", activation={act_name}"
+            never = (lambda got: _("never called `activation`: apply the function you are "
+                                   "given, activation(x @ w1)")) if not act.shapes else None
             _compare(c, got, want, what=what, dims=dims,
                      wrong=_ffn_mistakes(x, w1, w2, fn, act_name), extra=never)
             if not act.shapes:
-                c.fail(f"{what}: never called the `activation` it was given.",
-                       "apply the activation argument, activation(x @ w1), instead of a fixed "
-                       "activation function")
+                c.fail(_("{what}: never called the `activation` it was given.").format(
+                    what=what), _("apply the activation argument, activation(x @ w1), instead "
+                                  "of a fixed activation function"))
         c.headline("activation(x @ w1) @ w2")
-        c.headline("uses the activation it is given")
-        c.headline("[B, S, H] and [T, H] inputs; float64 kept")
+        c.headline(_("uses the activation it is given"))
+        c.headline(_("[B, S, H] and [T, H] inputs; float64 kept"))
 
 
 # --------------------------------------------------------------------------------------------
 # swiglu_ffn
 
-_SWIGLU_SHAPES = ("the matrix shapes do not fit: x [..., H] @ w_gate [H, H_ff] and x @ w_up "
-                  "[H, H_ff] give [..., H_ff]; their gated product @ w_down [H_ff, H] maps back "
-                  "to [..., H]. Weights are [in, out] and used as `x @ W` without transposing "
-                  "(F.linear(x, W) would transpose them)")
+_SWIGLU_SHAPES = N_("the matrix shapes do not fit: x [..., H] @ w_gate [H, H_ff] and x @ w_up "
+                    "[H, H_ff] give [..., H_ff]; their gated product @ w_down [H_ff, H] maps back "
+                    "to [..., H]. Weights are [in, out] and used as `x @ W` without transposing "
+                    "(F.linear(x, W) would transpose them)")
 
 
 def _swiglu_mistakes(x, w_gate, w_up, w_down) -> dict:
     g, u = x @ w_gate, x @ w_up
     silu = ref.silu
     return {
-        "gate and up swapped: SiLU goes on the gate branch x @ W_gate, which then multiplies "
-        "x @ W_up": lambda: (silu(u) * g) @ w_down,
-        "applied SiLU to the product: only the gate branch goes through SiLU, "
-        "(silu(x @ W_gate) * (x @ W_up)) @ W_down": lambda: silu(g * u) @ w_down,
-        "no gate: silu(x @ W_up) @ W_down is a plain FFN; multiply silu(x @ W_gate) with "
-        "x @ W_up": lambda: silu(u) @ w_down,
-        "dropped the up branch: silu(x @ W_gate) must be multiplied by x @ W_up":
+        _("gate and up swapped: SiLU goes on the gate branch x @ W_gate, which then multiplies "
+          "x @ W_up"): lambda: (silu(u) * g) @ w_down,
+        _("applied SiLU to the product: only the gate branch goes through SiLU, "
+          "(silu(x @ W_gate) * (x @ W_up)) @ W_down"): lambda: silu(g * u) @ w_down,
+        _("no gate: silu(x @ W_up) @ W_down is a plain FFN; multiply silu(x @ W_gate) with "
+          "x @ W_up"): lambda: silu(u) @ w_down,
+        _("dropped the up branch: silu(x @ W_gate) must be multiplied by x @ W_up"):
             lambda: silu(g) @ w_down,
-        "sigmoid instead of SiLU (that is the original GLU); SwiGLU uses silu(g) = "
-        "g * sigmoid(g)": lambda: (torch.sigmoid(g) * u) @ w_down,
-        "ReLU instead of SiLU (that is ReGLU); SwiGLU uses silu": lambda: (ref.relu(g) * u)
+        _("sigmoid instead of SiLU (that is the original GLU); SwiGLU uses silu(g) = "
+          "g * sigmoid(g)"): lambda: (torch.sigmoid(g) * u) @ w_down,
+        _("ReLU instead of SiLU (that is ReGLU); SwiGLU uses silu"): lambda: (ref.relu(g) * u)
         @ w_down,
-        "GELU instead of SiLU (that is GEGLU); SwiGLU uses silu": lambda: (ref.gelu(g) * u)
+        _("GELU instead of SiLU (that is GEGLU); SwiGLU uses silu"): lambda: (ref.gelu(g) * u)
         @ w_down,
-        "no activation: (x @ W_gate) * (x @ W_up) is a bilinear layer; apply SiLU to the gate "
-        "branch": lambda: (g * u) @ w_down,
-        "applied SiLU to both branches: only the gate goes through SiLU":
+        _("no activation: (x @ W_gate) * (x @ W_up) is a bilinear layer; apply SiLU to the gate "
+          "branch"): lambda: (g * u) @ w_down,
+        _("applied SiLU to both branches: only the gate goes through SiLU"):
             lambda: (silu(g) * silu(u)) @ w_down,
-        "added the branches: the gate MULTIPLIES the up branch elementwise":
+        _("added the branches: the gate MULTIPLIES the up branch elementwise"):
             lambda: (silu(g) + u) @ w_down,
-        "applied SiLU after W_down: it belongs on the gate branch, before the product":
+        _("applied SiLU after W_down: it belongs on the gate branch, before the product"):
             lambda: silu((g * u) @ w_down),
-        "forgot W_down: the gated product [..., H_ff] is projected back to H by W_down":
+        _("forgot W_down: the gated product [..., H_ff] is projected back to H by W_down"):
             lambda: silu(g) * u,
     }
 
 
+# swiglu_ffn is built on silu: a broken silu of the learner's own that swiglu_ffn calls is named
+# ("fix silu first"). torch's F.silu is a Python function called `silu` too, and swiglu_ffn may
+# use it, so a function from torch (or the standard library) is never blamed.
+_SWIGLU_PIECES = {"silu": check_silu}
+_LIBRARY_DIRS = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(os.__file__) + os.sep)
+
+
+def _own_silu_first(failure: CheckFailure, record: CallRecord) -> str | None:
+    own = {name: fn for name, fn in record.seen.items()
+           if not getattr(getattr(fn, "__code__", None), "co_filename", "").startswith(
+               _LIBRARY_DIRS)}
+    _passed, broken = earlier_failures(own, _SWIGLU_PIECES, failure.seed)
+    return None if broken is None else fix_first_text("swiglu_ffn", *broken)
+
+
 def check_swiglu_ffn(f, *, seed: int | None = None, thorough: bool = False) -> None:
-    with Check("swiglu_ffn", f, seed=seed) as c:
+    with builds_on("swiglu_ffn", _SWIGLU_PIECES, hint=_own_silu_first), \
+            Check("swiglu_ffn", f, seed=seed) as c:
         b, s, h, h_ff = c.sizes(4, 2, 14)
         h, h_ff = min(h, h_ff), max(h, h_ff)
         cases = [((b, s, h), torch.float32)] * (3 if thorough else 1)
@@ -467,12 +504,10 @@ def check_swiglu_ffn(f, *, seed: int | None = None, thorough: bool = False) -> N
                                                                 _LEADING_WORDS: _LEADING_AXES})
             _expect_unchanged(c, inputs, before)
             dims = ("B", "S", "H") if len(shape) == 3 else ("T", "H")
-            label = "float64 " if dtype == torch.float64 else ""
-            _compare(c, got, want, what=f"swiglu_ffn of {label}x {list(shape)} with H={h}, "
-                     f"H_ff={h_ff}", dims=dims,
-                     wrong=_swiglu_mistakes(x, w_gate, w_up, w_down))
+            _compare(c, got, want, what=_ffn_what("swiglu_ffn", dtype, shape, h, h_ff),
+                     dims=dims, wrong=_swiglu_mistakes(x, w_gate, w_up, w_down))
         c.headline("(silu(x W_gate) * (x W_up)) W_down")
-        c.headline("[B, S, H] and [T, H] inputs; float64 kept")
+        c.headline(_("[B, S, H] and [T, H] inputs; float64 kept"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -481,39 +516,41 @@ def check_swiglu_ffn(f, *, seed: int | None = None, thorough: bool = False) -> N
 
 def _count_mistakes(h: int, h_ff: int, gated: bool) -> dict:
     want = ref.ffn_param_count(h, h_ff, gated)
-    mistakes = {"returned a float: return an int": float(want)}
+    mistakes = {_("returned a float: return an int"): float(want)}
     if gated:
-        mistakes["forgot the third matrix: a gated FFN has W_gate, W_up and W_down, "
-                 "3 H H_ff"] = 2 * h * h_ff
-        mistakes["counted W_down as H_ff x H_ff: it maps H_ff back to H, [H_ff, H]"] = (
+        mistakes[_("forgot the third matrix: a gated FFN has W_gate, W_up and W_down, "
+                   "3 H H_ff")] = 2 * h * h_ff
+        mistakes[_("counted W_down as H_ff x H_ff: it maps H_ff back to H, [H_ff, H]")] = (
             2 * h * h_ff + h_ff * h_ff)
-        mistakes["added biases: LLaMA's FFN matrices have no biases"] = 3 * h * h_ff + 2 * h_ff + h
-        mistakes["assumed H_ff = 4H: use the ffn_hidden_size you are given"] = 12 * h * h
+        mistakes[_("added biases: LLaMA's FFN matrices have no biases")] = (
+            3 * h * h_ff + 2 * h_ff + h)
+        mistakes[_("assumed H_ff = 4H: use the ffn_hidden_size you are given")] = 12 * h * h
     else:
-        mistakes["counted three matrices for a plain FFN: without a gate there are only W1 and "
-                 "W2, 2 H H_ff"] = 3 * h * h_ff
-        mistakes["counted W2 as H_ff x H_ff: it maps H_ff back to H, [H_ff, H]"] = (
+        mistakes[_("counted three matrices for a plain FFN: without a gate there are only W1 and "
+                   "W2, 2 H H_ff")] = 3 * h * h_ff
+        mistakes[_("counted W2 as H_ff x H_ff: it maps H_ff back to H, [H_ff, H]")] = (
             h * h_ff + h_ff * h_ff)
-        mistakes["added biases: the course's FFNs have no biases"] = 2 * h * h_ff + h_ff + h
-        mistakes["assumed H_ff = 4H: use the ffn_hidden_size you are given"] = 8 * h * h
-    mistakes["counted one matrix: each matrix has H x H_ff entries, and there are "
-             f"{3 if gated else 2} of them"] = h * h_ff
+        mistakes[_("added biases: the course's FFNs have no biases")] = 2 * h * h_ff + h_ff + h
+        mistakes[_("assumed H_ff = 4H: use the ffn_hidden_size you are given")] = 8 * h * h
+    mistakes[_("counted one matrix: each matrix has H x H_ff entries, and there are {count} of "
+               "them").format(count=3 if gated else 2)] = h * h_ff
     return mistakes
 
 
 def check_ffn_param_count(f, *, seed: int | None = None, thorough: bool = False) -> None:
     with Check("ffn_param_count", f, seed=seed) as c:
         cases = [(4096, 11008, True), (4096, 16384, False)]
-        for _ in range(3 if thorough else 1):
+        for _n in range(3 if thorough else 1):
             h, h_ff = c.sizes(2, 16, 400)
             cases += [(h, h_ff, True), (h, h_ff, False)]
         for i, (h, h_ff, gated) in enumerate(cases):
             got = c.call(h, h_ff, gated) if i % 2 == 0 else c.call(h, h_ff, gated=gated)
             what = f"ffn_param_count({h}, {h_ff}, gated={gated})"
             if isinstance(got, torch.Tensor):
-                c.fail(f"{what} should be a Python int, got a torch.Tensor ({describe(got)}).",
-                       "return a Python int (`int(...)`), not a tensor")
+                c.fail(_("{what} should be a Python int, got a torch.Tensor ({value}).").format(
+                    what=what, value=describe(got)),
+                       _("return a Python int (`int(...)`), not a tensor"))
             c.expect_equal(got, ref.ffn_param_count(h, h_ff, gated), what=what,
                            wrong=_count_mistakes(h, h_ff, gated))
         c.headline("LLaMA-2-7B: 3 x 4096 x 11008 = 135,266,304")
-        c.headline("gated 3 H H_ff, plain 2 H H_ff")
+        c.headline(_("gated 3 H H_ff, plain 2 H H_ff"))

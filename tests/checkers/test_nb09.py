@@ -10,7 +10,8 @@ import torch.nn.functional as F
 
 from checks import nb09
 from checks import reference as ref
-from checks.engine import ForbiddenCall
+from checks.context import LANG_ENV
+from checks.engine import CheckFailure, ForbiddenCall
 
 from ..support.catalogue import Wrong, assert_passes, assert_rejects, exercises, implementations
 
@@ -455,3 +456,70 @@ def test_ffn_and_swiglu_may_use_library_activations():
 def test_silu_overflow_is_named_on_large_inputs():
     failure = assert_rejects(nb09.check_silu, Wrong("overflow", _silu_overflow, "nan"), seed=1)
     assert "large" in str(failure)
+
+
+# --------------------------------------------------------------------------------------------
+# swiglu_ffn is built on silu: a broken silu of the learner's own that swiglu_ffn calls is named
+# ("fix silu first"); torch's F.silu (a Python function called `silu` too) never is. The
+# learner's functions are written as a notebook cell is: module-level functions of a namespace
+# of their own.
+
+_LEARNER_SWIGLU = """
+def silu(x):
+    return x * torch.sigmoid(x)
+
+def swiglu_ffn(x, w_gate, w_up, w_down):
+    return (silu(x @ w_gate) * (x @ w_up)) @ w_down
+"""
+
+
+def _learner(source: str) -> dict:
+    namespace = {"torch": torch, "F": F, "__name__": "__main__"}
+    exec(compile(source, "<learner cell>", "exec"), namespace)
+    return namespace
+
+
+def _failure_text(checker, fn) -> str:
+    with pytest.raises(CheckFailure) as info:
+        checker(fn, seed=0)
+    return str(info.value)
+
+
+def test_swiglu_ffn_built_on_a_right_silu_passes():
+    ns = _learner(_LEARNER_SWIGLU)
+    assert_passes(nb09.check_silu, ns["silu"], seed=0)
+    assert_passes(nb09.check_swiglu_ffn, ns["swiglu_ffn"], seed=0)
+
+
+def test_swiglu_ffn_says_fix_silu_first():
+    ns = _learner(_LEARNER_SWIGLU.replace("x * torch.sigmoid(x)", "torch.sigmoid(x)"))
+    text = _failure_text(nb09.check_swiglu_ffn, ns["swiglu_ffn"])
+    assert "your silu does not pass its own check (returned sigmoid(x) alone" in text, text
+    assert "swiglu_ffn is built on it, so fix silu first" in text, text
+
+
+def test_swiglu_ffn_keeps_its_own_diagnosis_when_silu_is_right():
+    ns = _learner(_LEARNER_SWIGLU.replace("(silu(x @ w_gate) * (x @ w_up))",
+                                          "(silu(x @ w_up) * (x @ w_gate))"))
+    text = _failure_text(nb09.check_swiglu_ffn, ns["swiglu_ffn"])
+    assert "gate and up swapped" in text and "does not pass its own check" not in text, text
+
+
+def test_swiglu_ffn_does_not_blame_a_broken_silu_it_does_not_call():
+    ns = _learner(_LEARNER_SWIGLU.replace("x * torch.sigmoid(x)", "torch.sigmoid(x)")
+                  .replace("(silu(x @ w_gate) * (x @ w_up))", "(F.silu(x @ w_up) * (x @ w_gate))"))
+    text = _failure_text(nb09.check_swiglu_ffn, ns["swiglu_ffn"])
+    assert "gate and up swapped" in text and "does not pass its own check" not in text, text
+
+
+def test_chapter_09_reads_in_chinese(monkeypatch):
+    monkeypatch.setenv(LANG_ENV, "zh")
+    ns = _learner(_LEARNER_SWIGLU.replace("x * torch.sigmoid(x)", "torch.sigmoid(x)"))
+    text = _failure_text(nb09.check_silu, ns["silu"])
+    assert "可能的错误：只返回了 sigmoid(x)：SiLU 还要乘以 x" in text, text
+    assert "likely mistake" not in text and "expected" not in text
+    text = _failure_text(nb09.check_swiglu_ffn, ns["swiglu_ffn"])
+    assert "swiglu_ffn 建立在它之上，所以请先修好 silu" in text, text
+    with pytest.raises(ForbiddenCall) as info:
+        nb09.check_relu(F.relu, seed=0)
+    assert "请用逐元素的张量运算自己写 ReLU" in str(info.value), str(info.value)
