@@ -36,6 +36,7 @@ from .engine import Check, CheckFailure, LearnerError, is_remote, values_close
 from .nb11 import random_layer, random_positions  # the same random blocks as chapter 11
 from .reference import block as ref_block
 from .reference import model as ref_model
+from .i18n import N_, _
 from .reference.norms import rms_norm
 
 TOP = ("embed", "layers", "final_norm", "lm_head")
@@ -51,13 +52,16 @@ LOGITS = ("B", "S", "V")
 # runs. The earlier chapters' pieces (decoder_block, init_block_params, rms_norm, ...) stay
 # allowed: they are what this chapter assembles.
 
-_REFERENCE_HINT = ("this exercise asks you to write {name} yourself (from the earlier chapters' "
-                   "pieces where it needs them), not to call the course's finished one")
+_REFERENCE_HINT = N_("this exercise asks you to write {name} yourself (from the earlier chapters' "
+                     "pieces where it needs them), not to call the course's finished one")
+
+
+BUILD_BLOCK = N_("build each block with init_block_params (chapter 11)")
 
 
 def _no_reference(c: Check, *names: str) -> None:
     """Make `c.call` fail if the learner's function reaches checks.reference's `names`."""
-    c.forbid_functions([getattr(ref_model, n) for n in names], _REFERENCE_HINT)
+    c.forbid_functions([getattr(ref_model, n) for n in names], _(_REFERENCE_HINT))
 
 
 def _local(f) -> bool:
@@ -105,147 +109,170 @@ def _top_shape_hint(name: str, got: tuple, want: tuple, cfg: ModelConfig) -> str
     h, v = cfg.hidden_size, cfg.vocab_size
     if name == "lm_head":
         if got == (v, h):
-            return ("the LM head is applied as x @ W, so it is [H, |V|] (a [|V|, H] matrix is "
-                    "the embedding table's layout, or nn.Linear's [out, in])")
+            return _("the LM head is applied as x @ W, so it is [H, |V|] (a [|V|, H] matrix is "
+                     "the embedding table's layout, or nn.Linear's [out, in])")
         if got == (h, h) or got == (cfg.n_heads * cfg.head_dim, h):
-            return ("the LM head maps the H features of a token to |V| scores, [H, |V|]; a matrix "
-                    "into H features is the shape of the attention output projection W_O")
+            return _("the LM head maps the H features of a token to |V| scores, [H, |V|]; a "
+                     "matrix into H features is the shape of the attention output projection W_O")
     if name == "embed" and got == (h, v):
-        return "the embedding table has one row per token: [|V|, H]"
+        return _("the embedding table has one row per token: [|V|, H]")
     if name == "final_norm" and len(got) != 1:
-        return "a norm's scale is one number per hidden feature: shape [H]"
+        return _("a norm's scale is one number per hidden feature: shape [H]")
     return None
 
 
 def _expect_block_layout(c: Check, layer, cfg: ModelConfig, dtype: torch.dtype, where: str,
                          label: str) -> None:
     if not isinstance(layer, dict):
-        c.fail(f"{where} is {type(layer).__name__}; expected a dict with the block's 7 tensors "
-               f"({', '.join(BLOCK)}).", "build each block with init_block_params (chapter 11)")
+        c.fail(_("{where} is {kind}; expected a dict with the block's 7 tensors ({names}).")
+               .format(where=where, kind=type(layer).__name__, names=", ".join(BLOCK)),
+               BUILD_BLOCK)
     missing = [n for n in BLOCK if n not in layer]
     extra = sorted(str(k) for k in set(layer) - set(BLOCK))
     if missing or extra:
-        text = "; ".join(([f"missing {', '.join(missing)}"] if missing else []) +
-                         ([f"unexpected {', '.join(extra)}"] if extra else []))
-        c.fail(f"{where} does not have the block layout's keys ({text}).",
-               "build each block with init_block_params (chapter 11): "
-               f"{', '.join(BLOCK)}")
+        c.fail(_("{where} does not have the block layout's keys ({problems}).").format(
+            where=where, problems=_key_problems(missing, extra)),
+               _("build each block with init_block_params (chapter 11): {names}").format(
+                   names=", ".join(BLOCK)))
     shapes = ref_block.block_shapes(cfg)
     for name in BLOCK:
         t = layer[name]
         if not isinstance(t, torch.Tensor):
-            c.fail(f"{where}['{name}'] is {type(t).__name__}; expected a torch.Tensor.")
+            c.fail(_("{name} is {kind}; expected a torch.Tensor.").format(
+                name=f"{where}['{name}']", kind=type(t).__name__))
         if tuple(t.shape) != shapes[name]:
-            c.fail(f"{where}['{name}'] has shape {list(t.shape)}, expected {list(shapes[name])} "
-                   f"({label}).", "build each block with init_block_params (chapter 11)")
+            c.fail(_("{name} has shape {got}, expected {want} ({case}).").format(
+                name=f"{where}['{name}']", got=list(t.shape), want=list(shapes[name]),
+                case=label), BUILD_BLOCK)
         if t.dtype != dtype:
-            c.fail(f"{where}['{name}'] has dtype {t.dtype}, expected {dtype} ({label}).",
-                   "pass dtype=dtype on to every block (init_block_params(cfg, generator, "
-                   "dtype))")
+            c.fail(_("{name} has dtype {got}, expected {want} ({case}).").format(
+                name=f"{where}['{name}']", got=t.dtype, want=dtype, case=label),
+                   _("pass dtype=dtype on to every block (init_block_params(cfg, generator, "
+                     "dtype))"))
+
+
+def _key_problems(missing: list[str], extra: list[str]) -> str:
+    """"missing a, b; unexpected c" in the current language."""
+    return "; ".join(([_("missing {names}").format(names=", ".join(missing))] if missing else [])
+                     + ([_("unexpected {names}").format(names=", ".join(extra))] if extra
+                        else []))
 
 
 def _expect_model_layout(c: Check, got, cfg: ModelConfig, dtype: torch.dtype, label: str) -> None:
     if not isinstance(got, dict):
-        c.fail(f"returned {type(got).__name__}; expected a dict with the keys "
-               f"{', '.join(TOP)}.")
+        c.fail(_("returned {kind}; expected a dict with the keys {names}.").format(
+            kind=type(got).__name__, names=", ".join(TOP)))
     keys = set(got)
     missing = [n for n in TOP if n not in keys]
     extra = sorted(str(k) for k in keys - set(TOP))
     if missing or extra:
-        hint = "use the names of the parameter layout exactly"
+        hint = _("use the names of the parameter layout exactly")
         if "lm_head" in missing and not ({"output", "head", "unembed", "w_out"} & keys):
-            hint = ("LLaMA-2's LM head is a matrix of its own (not tied to the embedding): "
-                    "params['lm_head'], [H, |V|]")
+            hint = _("LLaMA-2's LM head is a matrix of its own (not tied to the embedding): "
+                     "params['lm_head'], [H, |V|]")
         elif "layers" in missing and ({"blocks", "block", "h", "layer"} & keys):
-            hint = "the list of blocks is called 'layers'"
+            hint = _("the list of blocks is called 'layers'")
         elif "final_norm" in missing and ({"norm", "ln_f", "norm_f"} & keys):
-            hint = "the norm after the last block is called 'final_norm'"
-        text = "; ".join(([f"missing {', '.join(missing)}"] if missing else []) +
-                         ([f"unexpected {', '.join(extra)}"] if extra else []))
-        c.fail(f"the dict's keys are not the layout's ({text}); expected exactly "
-               f"{', '.join(TOP)}.", hint)
+            hint = _("the norm after the last block is called 'final_norm'")
+        c.fail(_("the dict's keys are not the layout's ({problems}); expected exactly {names}.")
+               .format(problems=_key_problems(missing, extra), names=", ".join(TOP)), hint)
     for name, shape in _top_shapes(cfg).items():
         t = got[name]
         if not isinstance(t, torch.Tensor):
-            c.fail(f"params['{name}'] is {type(t).__name__}; expected a torch.Tensor.")
+            c.fail(_("{name} is {kind}; expected a torch.Tensor.").format(
+                name=f"params['{name}']", kind=type(t).__name__))
         if tuple(t.shape) != shape:
-            c.fail(f"params['{name}'] has shape {list(t.shape)}, expected {list(shape)} "
-                   f"({label}).", _top_shape_hint(name, tuple(t.shape), shape, cfg))
+            c.fail(_("{name} has shape {got}, expected {want} ({case}).").format(
+                name=f"params['{name}']", got=list(t.shape), want=list(shape), case=label),
+                   _top_shape_hint(name, tuple(t.shape), shape, cfg))
         if t.dtype != dtype:
-            c.fail(f"params['{name}'] has dtype {t.dtype}, expected {dtype} ({label}).",
-                   "create every tensor with dtype=dtype (the final norm too)")
+            c.fail(_("{name} has dtype {got}, expected {want} ({case}).").format(
+                name=f"params['{name}']", got=t.dtype, want=dtype, case=label),
+                   _("create every tensor with dtype=dtype (the final norm too)"))
     layers = got["layers"]
     if not isinstance(layers, list):
-        c.fail(f"params['layers'] is {type(layers).__name__}; expected a list with one dict per "
-               "block.", "params['layers'] = [init_block_params(cfg, generator, dtype) for _ in "
+        c.fail(_("params['layers'] is {kind}; expected a list with one dict per block.").format(
+            kind=type(layers).__name__),
+               "params['layers'] = [init_block_params(cfg, generator, dtype) for _ in "
                "range(cfg.n_layers)]")
     if len(layers) != cfg.n_layers:
-        c.fail(f"params['layers'] holds {len(layers)} blocks, expected {cfg.n_layers} "
-               f"(cfg.n_layers; {label}).", "one block per layer: range(cfg.n_layers)")
+        c.fail(_("params['layers'] holds {count} blocks, expected {want} (cfg.n_layers; {case}).")
+               .format(count=len(layers), want=cfg.n_layers, case=label),
+               _("one block per layer: range(cfg.n_layers)"))
     for i, layer in enumerate(layers):
         _expect_block_layout(c, layer, cfg, dtype, f"params['layers'][{i}]", label)
-    c.note("the layout: embed [|V|, H], L blocks, final_norm [H], lm_head [H, |V|]")
+    c.note(_("the layout: embed [|V|, H], L blocks, final_norm [H], lm_head [H, |V|]"))
 
 
 def _expect_random_matrix(c: Check, t: torch.Tensor, where: str, label: str) -> None:
     t = t.detach().double()
     if not bool(t.isfinite().all()):
-        c.fail(f"{where} holds NaN or inf ({label}).", "torch.empty leaves memory "
-               "uninitialised: fill it (normal_) or use torch.randn")
+        c.fail(_("{name} holds NaN or inf ({case}).").format(name=where, case=label),
+               _("torch.empty leaves memory uninitialised: fill it (normal_) or use "
+                 "torch.randn"))
     mean, std, n = float(t.mean()), float(t.std()), t.numel()
     if std == 0:
-        c.fail(f"every entry of {where} is {float(t.flatten()[0]):g} ({label}).",
-               "draw the weight matrices at random: torch.randn(..., generator=generator) * 0.02")
+        c.fail(_("every entry of {name} is {value} ({case}).").format(
+            name=where, value=f"{float(t.flatten()[0]):g}", case=label),
+               _("draw the weight matrices at random: torch.randn(..., "
+                 "generator=generator) * 0.02"))
     rows_equal = t.shape[0] > 1 and bool((t[0] == t[1]).all())
     cols_equal = t.shape[1] > 1 and bool((t[:, 0] == t[:, 1]).all())
     if rows_equal or cols_equal:
-        c.fail(f"{where} repeats the same {'row' if rows_equal else 'column'} ({label}).",
-               "draw the whole matrix at once, one random number per entry")
+        repeats = (_("{name} repeats the same row ({case}).") if rows_equal else
+                   _("{name} repeats the same column ({case})."))
+        c.fail(repeats.format(name=where, case=label),
+               _("draw the whole matrix at once, one random number per entry"))
     # With >= 500 entries the sample std of a correct draw is within 25% of 0.02 except with
     # probability < 1e-15, and the mean within 7 standard errors except with probability < 1e-11.
     if not (0.75 * INIT_STD <= std <= 1.25 * INIT_STD):
         if 0.75 <= std <= 1.25:
-            hint = "std 1: multiply torch.randn(...) by 0.02"
+            hint = _("std 1: multiply torch.randn(...) by 0.02")
         elif abs(std * math.sqrt(t.shape[0]) - 1) < 0.25:
-            hint = ("scaled by 1 / sqrt(fan_in); this course (like LLaMA's and Hugging Face's "
-                    "initializer_range) draws every matrix with std 0.02")
+            hint = _("scaled by 1 / sqrt(fan_in); this course (like LLaMA's and Hugging Face's "
+                     "initializer_range) draws every matrix with std 0.02")
         elif abs(std - INIT_STD / math.sqrt(3)) < 0.15 * INIT_STD:
-            hint = "uniform in [-0.02, 0.02] has std 0.0115: draw from a normal with std 0.02"
+            hint = _("uniform in [-0.02, 0.02] has std 0.0115: draw from a normal with std "
+                     "0.02")
         else:
-            hint = "draw from a normal distribution with mean 0 and std 0.02"
-        c.fail(f"{where} has standard deviation {std:.4g}, expected about {INIT_STD} ({label}).",
-               hint)
+            hint = _("draw from a normal distribution with mean 0 and std 0.02")
+        c.fail(_("{name} has standard deviation {std}, expected about {want} ({case}).").format(
+            name=where, std=f"{std:.4g}", want=INIT_STD, case=label), hint)
     if abs(mean) > 7 * INIT_STD / math.sqrt(n):
-        c.fail(f"{where} has mean {mean:.4g}, expected about 0 ({label}).",
-               "draw from a normal with mean 0 (torch.rand is uniform on [0, 1))")
+        c.fail(_("{name} has mean {mean}, expected about 0 ({case}).").format(
+            name=where, mean=f"{mean:.4g}", case=label),
+               _("draw from a normal with mean 0 (torch.rand is uniform on [0, 1))"))
 
 
 def _expect_model_values(c: Check, got: dict, label: str) -> None:
     if not bool((got["final_norm"] == 1).all()):
-        c.fail(f"params['final_norm'] should be all ones ({label}).",
-               "a norm's scale starts at one (torch.ones), like the blocks' norms")
+        c.fail(_("{name} should be all ones ({case}).").format(name="params['final_norm']",
+                                                               case=label),
+               _("a norm's scale starts at one (torch.ones), like the blocks' norms"))
     _expect_random_matrix(c, got["embed"], "params['embed']", label)
     _expect_random_matrix(c, got["lm_head"], "params['lm_head']", label)
     if torch.equal(got["lm_head"], got["embed"].T):
-        c.fail(f"params['lm_head'] is the embedding table transposed ({label}).",
-               "that is a tied LM head (GPT-2 does it); LLaMA-2's LM head is a matrix of its own: "
-               "draw it separately, [H, |V|]")
+        c.fail(_("params['lm_head'] is the embedding table transposed ({case}).").format(
+            case=label),
+               _("that is a tied LM head (GPT-2 does it); LLaMA-2's LM head is a matrix of its "
+                 "own: draw it separately, [H, |V|]"))
     layers = got["layers"]
     for i, layer in enumerate(layers):
         for name in BLOCK_NORMS:
             if not bool((layer[name] == 1).all()):
-                c.fail(f"params['layers'][{i}]['{name}'] should be all ones ({label}).",
-                       "build each block with init_block_params (chapter 11)")
+                c.fail(_("{name} should be all ones ({case}).").format(
+                    name=f"params['layers'][{i}]['{name}']", case=label), BUILD_BLOCK)
         for name in BLOCK_MATRICES:
             _expect_random_matrix(c, layer[name], f"params['layers'][{i}]['{name}']", label)
         for j in range(i):
             same = [n for n in BLOCK_MATRICES if torch.equal(layer[n], layers[j][n])]
             if same:
-                c.fail(f"blocks {j} and {i} hold the same {', '.join(same)} ({label}).",
-                       "every block needs its own weights: call init_block_params once per block "
-                       "(`[init_block_params(...)] * L` repeats ONE dict L times, and a fixed seed "
-                       "per block makes every block draw the same numbers)")
-    c.note("norms at one; matrices N(0, 0.02^2); every block its own; LM head untied")
+                c.fail(_("blocks {j} and {i} hold the same {names} ({case}).").format(
+                    j=j, i=i, names=", ".join(same), case=label),
+                       _("every block needs its own weights: call init_block_params once per "
+                         "block (`[init_block_params(...)] * L` repeats ONE dict L times, and a "
+                         "fixed seed per block makes every block draw the same numbers)"))
+    c.note(_("norms at one; matrices N(0, 0.02^2); every block its own; LM head untied"))
 
 
 def _all_tensors(p: dict) -> list[tuple[str, torch.Tensor]]:
@@ -271,25 +298,28 @@ def check_init_model_params(f, *, seed: int | None = None, thorough: bool = Fals
             _expect_model_values(c, got, label)
             again = c.call(cfg, generator=torch.Generator().manual_seed(s))
             _expect_model_layout(c, again, cfg, torch.float32, label)
-            differ = [w for (w, a), (_, b) in zip(_all_tensors(got), _all_tensors(again))
+            differ = [w for (w, a), (_w, b) in zip(_all_tensors(got), _all_tensors(again))
                       if not torch.equal(a, b)]
             if differ:
                 blocks_only = all(w.startswith("params['layers']") for w in differ)
-                c.fail(f"two generators seeded alike (torch.Generator().manual_seed({s})) gave "
-                       f"different {', '.join(differ[:3])}{' ...' if len(differ) > 3 else ''} "
-                       f"({label}).",
-                       "pass generator=generator on to init_block_params as well" if blocks_only
-                       else "draw every random number from the `generator` argument: "
-                            "torch.randn(..., generator=generator)")
+                names = ", ".join(differ[:3]) + (" ..." if len(differ) > 3 else "")
+                c.fail(_("two generators seeded alike ({seeded}) gave different {names} "
+                         "({case}).").format(seeded=f"torch.Generator().manual_seed({s})",
+                                             names=names, case=label),
+                       _("pass generator=generator on to init_block_params as well")
+                       if blocks_only else
+                       _("draw every random number from the `generator` argument: "
+                         "torch.randn(..., generator=generator)"))
             other = c.call(cfg, generator=torch.Generator().manual_seed(s + 1))
             _expect_model_layout(c, other, cfg, torch.float32, label)
-            same = [w for (w, a), (_, b) in zip(_random_tensors(got), _random_tensors(other))
+            same = [w for (w, a), (_w, b) in zip(_random_tensors(got), _random_tensors(other))
                     if torch.equal(a, b)]
             if same:
-                c.fail(f"generators with different seeds gave the same {', '.join(same[:3])} "
-                       f"({label}).", "the weights must come from the `generator` argument; a "
-                       "fixed seed (torch.manual_seed) inside the function makes them constant")
-        c.headline("reproducible from a seeded generator")
+                c.fail(_("generators with different seeds gave the same {names} ({case}).")
+                       .format(names=", ".join(same[:3]), case=label),
+                       _("the weights must come from the `generator` argument; a fixed seed "
+                         "(torch.manual_seed) inside the function makes them constant"))
+        c.headline(_("reproducible from a seeded generator"))
         cfg = _init_cfgs(c)[1]
         for dtype in ((torch.float64, torch.bfloat16, torch.float16) if thorough
                       else (torch.float64, torch.bfloat16)):
@@ -298,20 +328,21 @@ def check_init_model_params(f, *, seed: int | None = None, thorough: bool = Fals
                          dtype=dtype)
             _expect_model_layout(c, got, cfg, dtype, label)
             _expect_model_values(c, got, label)
-        c.note("float64 and bfloat16")
+        c.note(_("float64 and bfloat16"))
         # generator=None: torch's global generator, which moves on after every draw.
         label = _cfg_text(cfg) + ", generator=None"
         first, second = c.call(cfg), c.call(cfg)
         for p in (first, second):
             _expect_model_layout(c, p, cfg, torch.float32, label)
         _expect_model_values(c, first, label)
-        same = [w for (w, a), (_, b) in zip(_random_tensors(first), _random_tensors(second))
+        same = [w for (w, a), (_w, b) in zip(_random_tensors(first), _random_tensors(second))
                 if torch.equal(a, b)]
         if same:
-            c.fail(f"with generator=None, two calls in a row gave the same {', '.join(same[:3])}.",
-                   "with generator=None draw from torch's global generator, which moves on after "
-                   "every draw; a new torch.Generator() (or a fixed seed) starts from the same "
-                   "state every time")
+            c.fail(_("with generator=None, two calls in a row gave the same {names}.").format(
+                names=", ".join(same[:3])),
+                   _("with generator=None draw from torch's global generator, which moves on "
+                     "after every draw; a new torch.Generator() (or a fixed seed) starts from "
+                     "the same state every time"))
         if local:
             state = torch.get_rng_state()
             try:
@@ -323,50 +354,51 @@ def check_init_model_params(f, *, seed: int | None = None, thorough: bool = Fals
             finally:
                 torch.set_rng_state(state)
             _expect_model_layout(c, second, cfg, torch.float32, label)
-            differ = [w for (w, a), (_, b) in zip(_all_tensors(first), _all_tensors(second))
+            differ = [w for (w, a), (_w, b) in zip(_all_tensors(first), _all_tensors(second))
                       if not torch.equal(a, b)]
             if differ:
-                c.fail("with generator=None, two calls after the same torch.manual_seed gave "
-                       f"different {', '.join(differ[:3])}.",
-                       "with generator=None draw from torch's global generator "
-                       "(torch.randn(..., generator=None) does)")
-        c.note("generator=None uses torch's global generator")
+                c.fail(_("with generator=None, two calls after the same torch.manual_seed gave "
+                         "different {names}.").format(names=", ".join(differ[:3])),
+                       _("with generator=None draw from torch's global generator (torch.randn(..., "
+                         "generator=None) does)"))
+        c.note(_("generator=None uses torch's global generator"))
 
 
 # ============================================================================================
 # Exercise 2: model_forward
 
-NO_FINAL_NORM = ("no final RMSNorm: after the last block, normalise with params['final_norm'] "
-                 "(and cfg.norm_eps) before the LM head")
-FINAL_EPS = ("ignored cfg.norm_eps in the final norm: rms_norm(x, params['final_norm'], "
-             "cfg.norm_eps)")
-TIED_HEAD = ("used the embedding table (transposed) as the LM head: LLaMA-2's LM head is its own "
-             "matrix, params['lm_head'] [H, |V|]")
-FIRST_BLOCK_ONLY = "ran only the first block: run all L blocks of params['layers'], in order"
-LAST_BLOCK_ONLY = ("ran only the last block (was x overwritten from the embeddings in the loop?): "
-                   "each block takes the previous block's output, x = decoder_block(x, layer, ...)")
-SKIPPED_LAST = ("skipped the last block (range(L - 1)?): run every block of params['layers']")
-REVERSED = "ran the blocks in reverse order: block 0 first, then 1, ..., L - 1"
-FIRST_REPEATED = ("ran params['layers'][0] L times: each block has its own weights, "
-                  "for layer in params['layers']")
-NO_BLOCKS = "left out the blocks: embed -> L decoder blocks -> final norm -> LM head"
-EMBED_SCALED = ("scaled the embeddings by sqrt(H) (as the original Transformer and Gemma do); "
-                "LLaMA feeds the looked-up rows as they are")
-NORM_EVERY = ("applied the final norm after every block: it comes once, after the last block "
-              "(each block normalises its own sublayer inputs)")
-POSITIONS_IGNORED = ("ignored `positions`: used 0, 1, ..., S-1 although positions were given; "
-                     "pass the given positions to every block (arange(S) is only the default)")
-FIRST_ROW_POSITIONS = ("used the first row of positions [B, S] for every sequence; pass the whole "
-                       "[B, S] tensor on to the blocks (RoPE accepts it)")
-PROBABILITIES = ("returned probabilities (softmax of the logits): model_forward returns the raw "
-                 "scores x @ W_lm; the softmax belongs to the loss or to sampling")
-LOG_PROBABILITIES = ("returned log-probabilities (log_softmax of the logits): model_forward "
-                     "returns the raw scores x @ W_lm")
-LAST_ONLY = ("returned only the last position's logits [B, |V|]: model_forward returns the logits "
-             "of every position, [B, S, |V|] (generation picks the last row itself)")
-NORM_AFTER_HEAD = "normalised after the LM head: the final norm comes before it"
-POSITIONS_REQUIRED = ("positions is optional: `positions=None` in the signature, and when it is "
-                      "None use torch.arange(S) (every sequence starts at position 0)")
+NO_FINAL_NORM = N_("no final RMSNorm: after the last block, normalise with params['final_norm'] "
+                   "(and cfg.norm_eps) before the LM head")
+FINAL_EPS = N_("ignored cfg.norm_eps in the final norm: rms_norm(x, params['final_norm'], "
+               "cfg.norm_eps)")
+TIED_HEAD = N_("used the embedding table (transposed) as the LM head: LLaMA-2's LM head is its own "
+               "matrix, params['lm_head'] [H, |V|]")
+FIRST_BLOCK_ONLY = N_("ran only the first block: run all L blocks of params['layers'], in order")
+LAST_BLOCK_ONLY = N_("ran only the last block (was x overwritten from the embeddings in the "
+                     "loop?): each block takes the previous block's output, x = decoder_block(x, "
+                     "layer, ...)")
+SKIPPED_LAST = N_("skipped the last block (range(L - 1)?): run every block of params['layers']")
+REVERSED = N_("ran the blocks in reverse order: block 0 first, then 1, ..., L - 1")
+FIRST_REPEATED = N_("ran params['layers'][0] L times: each block has its own weights, "
+                    "for layer in params['layers']")
+NO_BLOCKS = N_("left out the blocks: embed -> L decoder blocks -> final norm -> LM head")
+EMBED_SCALED = N_("scaled the embeddings by sqrt(H) (as the original Transformer and Gemma do); "
+                  "LLaMA feeds the looked-up rows as they are")
+NORM_EVERY = N_("applied the final norm after every block: it comes once, after the last block "
+                "(each block normalises its own sublayer inputs)")
+POSITIONS_IGNORED = N_("ignored `positions`: used 0, 1, ..., S-1 although positions were given; "
+                       "pass the given positions to every block (arange(S) is only the default)")
+FIRST_ROW_POSITIONS = N_("used the first row of positions [B, S] for every sequence; pass the "
+                         "whole [B, S] tensor on to the blocks (RoPE accepts it)")
+PROBABILITIES = N_("returned probabilities (softmax of the logits): model_forward returns the raw "
+                   "scores x @ W_lm; the softmax belongs to the loss or to sampling")
+LOG_PROBABILITIES = N_("returned log-probabilities (log_softmax of the logits): model_forward "
+                       "returns the raw scores x @ W_lm")
+LAST_ONLY = N_("returned only the last position's logits [B, |V|]: model_forward returns the "
+               "logits of every position, [B, S, |V|] (generation picks the last row itself)")
+NORM_AFTER_HEAD = N_("normalised after the LM head: the final norm comes before it")
+POSITIONS_REQUIRED = N_("positions is optional: `positions=None` in the signature, and when it is "
+                        "None use torch.arange(S) (every sequence starts at position 0)")
 
 
 def _model_cfg(c: Check, kind: str = "gqa", *, decoupled: bool = False, partial: bool = False,
@@ -389,7 +421,7 @@ def _model_cfg(c: Check, kind: str = "gqa", *, decoupled: bool = False, partial:
 
 def _params(c: Check, cfg: ModelConfig) -> dict:
     h, v = cfg.hidden_size, cfg.vocab_size
-    return {"embed": c.randn(v, h), "layers": [random_layer(c, cfg) for _ in range(cfg.n_layers)],
+    return {"embed": c.randn(v, h), "layers": [random_layer(c, cfg) for _n in range(cfg.n_layers)],
             "final_norm": 1.0 + 0.4 * c.randn(h),
             "lm_head": c.randn(h, v, scale=1.5 / math.sqrt(h))}
 
@@ -461,7 +493,7 @@ def _label(cfg: ModelConfig, b: int, s: int, positions, how: str) -> str:
     elif positions.dim() == 1:
         parts.append(f"positions [S] {positions.tolist()}")
     else:
-        parts.append("positions [B, S], one row per sequence")
+        parts.append(_("positions [B, S], one row per sequence"))
     return ", ".join(parts)
 
 
@@ -471,7 +503,7 @@ def _forward_case(c: Check, cfg: ModelConfig, b: int, s: int, mode: str) -> None
     ids = c.randint(0, cfg.vocab_size, (b, s))
     positions = None if mode in ("omitted", "none") else random_positions(c, b, s, batched=mode == "BS")
     before = (ids.clone(), [(w, t.clone()) for w, t in _all_tensors(params)])
-    how = "positions not passed" if mode == "omitted" else "positions=None"
+    how = _("positions not passed") if mode == "omitted" else "positions=None"
     label = _label(cfg, b, s, positions, how)
     try:
         if mode == "omitted":
@@ -483,13 +515,15 @@ def _forward_case(c: Check, cfg: ModelConfig, b: int, s: int, mode: str) -> None
     except LearnerError as err:
         first = err.message.splitlines()[0]
         if mode in ("omitted", "none") and ("positions" in err.message or "NoneType" in first):
-            raise CheckFailure(c.exercise, f"({label}) {err.message}", hint=POSITIONS_REQUIRED,
+            raise CheckFailure(c.exercise, f"({label}) {err.shown_message}",
+                               hint=POSITIONS_REQUIRED,
                                seed=c.seed) from None
         raise
-    if not torch.equal(ids, before[0]) or any(not torch.equal(t, t0) for (_, t), (_, t0) in
+    if not torch.equal(ids, before[0]) or any(not torch.equal(t, t0) for (_w, t), (_w0, t0) in
                                               zip(_all_tensors(params), before[1])):
-        c.fail(f"changed its inputs (token_ids or params) in place ({label}).",
-               "leave the inputs alone: `x = x + ...` makes a new tensor, `x += ...` does not")
+        c.fail(_("changed its inputs (token_ids or params) in place ({case}).").format(
+            case=label),
+               _("leave the inputs alone: `x = x + ...` makes a new tensor, `x += ...` does not"))
     with torch.no_grad():
         want = ref_model.model_forward(ids, params, cfg, positions)
     _quiet_expect(c, got, want, what=f"logits ({label})", dims=LOGITS,
@@ -502,14 +536,14 @@ def check_model_forward(f, *, seed: int | None = None, thorough: bool = False) -
         b, s = c.sizes(2, 2, 8)
         s += 2
         _forward_case(c, _model_cfg(c, "gqa"), b, s, "omitted")
-        c.headline("embed -> L blocks -> final RMSNorm -> LM head, logits [B, S, |V|]")
+        c.headline(_("embed -> L blocks -> final RMSNorm -> LM head, logits [B, S, |V|]"))
         _forward_case(c, _model_cfg(c, "gqa", decoupled=True, partial=True,
                                     base=c.choice([500.0, 1e6]), eps=c.choice([0.05, 0.2])),
                       b, s, "BS")
         _forward_case(c, _model_cfg(c, "mha"), b, s, "S")
         _forward_case(c, _model_cfg(c, "mqa", base=500.0, layers=2), b, s, "none")
         if thorough:
-            for _ in range(3):
+            for _n in range(3):
                 b, s = c.sizes(2, 2, 8)
                 _forward_case(c, _model_cfg(c, c.choice(["gqa", "mha", "mqa"]),
                                             decoupled=c.choice([False, True]),
@@ -517,8 +551,8 @@ def check_model_forward(f, *, seed: int | None = None, thorough: bool = False) -
                                             eps=c.choice([1e-5, 0.1])),
                               b, s + 1, c.choice(["omitted", "S", "BS"]))
             _forward_case(c, _model_cfg(c, "gqa"), 3, 1, "omitted")   # one token
-        c.headline("positions: default arange(S), [S] and [B, S] with gaps")
-        c.note("GQA, MHA, MQA; rope_base, rotary_dim and norm_eps from cfg")
+        c.headline(_("positions: default arange(S), [S] and [B, S] with gaps"))
+        c.note(_("GQA, MHA, MQA; rope_base, rotary_dim and norm_eps from cfg"))
         # Causality, on the learner's own function: a new last token changes no earlier logits.
         cfg = _model_cfg(c, "gqa", layers=2)
         b, s = 2, c.randint(4, 8)
@@ -530,51 +564,54 @@ def check_model_forward(f, *, seed: int | None = None, thorough: bool = False) -
         if isinstance(out, torch.Tensor) and isinstance(out2, torch.Tensor) and \
                 out.shape == out2.shape == (b, s, cfg.vocab_size):
             if not values_close(out[:, :-1], out2[:, :-1], 1e-5, 1e-4):
-                c.fail("changing only the LAST token changed the logits of earlier positions.",
-                       "the model must be causal: every block's attention uses the causal mask")
+                c.fail(_("changing only the LAST token changed the logits of earlier "
+                         "positions."),
+                       _("the model must be causal: every block's attention uses the causal "
+                         "mask"))
             if values_close(out[:, -1], out2[:, -1], 1e-6, 1e-6):
-                c.fail("changing the last token did not change the last position's logits.",
-                       "the logits of position t are computed from the tokens up to and "
-                       "including t")
-        c.note("causal: a later token never changes earlier logits")
+                c.fail(_("changing the last token did not change the last position's logits."),
+                       _("the logits of position t are computed from the tokens up to and "
+                         "including t"))
+        c.note(_("causal: a later token never changes earlier logits"))
 
 
 # ============================================================================================
 # Exercise 3: next_token_loss
 
-NO_SHIFT = ("no shift: the logits at position t predict the NEXT token, so compare "
-            "logits[:, :-1] with token_ids[:, 1:] (scoring each position against its own token "
-            "rewards copying the input)")
-WRONG_WAY = ("shifted the wrong way: logits[:, t] predicts token t + 1, so pair logits[:, :-1] "
-             "with token_ids[:, 1:] (not logits[:, 1:] with token_ids[:, :-1])")
-ROLLED = ("wrapped around (torch.roll): the last position has no next token and the first token "
-          "is never a target; drop them by slicing, logits[:, :-1] and token_ids[:, 1:]")
-SUMMED = ("summed instead of averaged: the loss is the MEAN over all B * (S - 1) predictions "
-          "(cross_entropy's default reduction), so that it does not grow with batch or length")
-SUM_OVER_TIME = ("summed over the positions and averaged over the batch: take the mean over all "
-                 "B * (S - 1) predictions")
-SUM_OVER_BATCH = ("averaged over the positions but summed over the batch: take the mean over all "
-                  "B * (S - 1) predictions")
-DIVIDED_BY_BS = ("divided by B * S: there are only S - 1 predictions per sequence (the last "
-                 "position has no next token); average over B * (S - 1)")
-PER_TOKEN = ("returned one loss per prediction: average them into one scalar (reduction='mean', "
-             "or .mean())")
-PER_SEQUENCE = "returned one loss per sequence: average over the batch as well, into one scalar"
-SHAPE_ONE = "returned a tensor of shape [1]: the loss is a 0-dim scalar tensor"
-AXIS_SEQ = ("log-softmax over the wrong axis (the sequence axis, dim=1): the distribution is "
-            "over the vocabulary, the last axis (dim=-1)")
-AXIS_BATCH = ("log-softmax over the wrong axis (the batch axis, dim=0): the distribution is over "
-              "the vocabulary, the last axis (dim=-1)")
-NO_LOG = ("forgot the log: cross-entropy is the mean of -log p(target), not of -p(target)")
-NO_LOG_SOFTMAX = ("forgot the log-softmax: -logits[target] is not a log-probability; normalise "
-                  "with log_softmax over the vocabulary first (nll_loss expects log-probabilities)")
-NO_MINUS = "forgot the minus sign: the loss is -log p(target), which is positive"
-UNSTABLE = ("not stable for large logits: exp() overflows (or softmax underflows to 0 and log(0) "
-            "= -inf); use log_softmax (x - logsumexp(x)) or F.cross_entropy, which subtract the "
-            "largest logit first")
-NOT_DIFFERENTIABLE = ("the loss must stay differentiable: training backpropagates through it; "
-                      "avoid .item(), .detach(), .numpy(), torch.tensor(...) of a result or "
-                      "torch.no_grad() inside the function")
+NO_SHIFT = N_("no shift: the logits at position t predict the NEXT token, so compare "
+              "logits[:, :-1] with token_ids[:, 1:] (scoring each position against its own token "
+              "rewards copying the input)")
+WRONG_WAY = N_("shifted the wrong way: logits[:, t] predicts token t + 1, so pair logits[:, :-1] "
+               "with token_ids[:, 1:] (not logits[:, 1:] with token_ids[:, :-1])")
+ROLLED = N_("wrapped around (torch.roll): the last position has no next token and the first token "
+            "is never a target; drop them by slicing, logits[:, :-1] and token_ids[:, 1:]")
+SUMMED = N_("summed instead of averaged: the loss is the MEAN over all B * (S - 1) predictions "
+            "(cross_entropy's default reduction), so that it does not grow with batch or length")
+SUM_OVER_TIME = N_("summed over the positions and averaged over the batch: take the mean over all "
+                   "B * (S - 1) predictions")
+SUM_OVER_BATCH = N_("averaged over the positions but summed over the batch: take the mean over all "
+                    "B * (S - 1) predictions")
+DIVIDED_BY_BS = N_("divided by B * S: there are only S - 1 predictions per sequence (the last "
+                   "position has no next token); average over B * (S - 1)")
+PER_TOKEN = N_("returned one loss per prediction: average them into one scalar (reduction='mean', "
+               "or .mean())")
+PER_SEQUENCE = N_("returned one loss per sequence: average over the batch as well, into one scalar")
+SHAPE_ONE = N_("returned a tensor of shape [1]: the loss is a 0-dim scalar tensor")
+AXIS_SEQ = N_("log-softmax over the wrong axis (the sequence axis, dim=1): the distribution is "
+              "over the vocabulary, the last axis (dim=-1)")
+AXIS_BATCH = N_("log-softmax over the wrong axis (the batch axis, dim=0): the distribution is over "
+                "the vocabulary, the last axis (dim=-1)")
+NO_LOG = N_("forgot the log: cross-entropy is the mean of -log p(target), not of -p(target)")
+NO_LOG_SOFTMAX = N_("forgot the log-softmax: -logits[target] is not a log-probability; normalise "
+                    "with log_softmax over the vocabulary first (nll_loss expects "
+                    "log-probabilities)")
+NO_MINUS = N_("forgot the minus sign: the loss is -log p(target), which is positive")
+UNSTABLE = N_("not stable for large logits: exp() overflows (or softmax underflows to 0 and log(0) "
+              "= -inf); use log_softmax (x - logsumexp(x)) or F.cross_entropy, which subtract the "
+              "largest logit first")
+NOT_DIFFERENTIABLE = N_("the loss must stay differentiable: training backpropagates through it; "
+                        "avoid .item(), .detach(), .numpy(), torch.tensor(...) of a result or "
+                        "torch.no_grad() inside the function")
 
 
 def _ce(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
@@ -588,14 +625,16 @@ def _nll_with(logp: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 
 
 def _loss_mixups(logits: torch.Tensor, ids: torch.Tensor) -> dict:
-    b, s, _ = logits.shape
+    b, s, _v = logits.shape
     shifted, targets = logits[:, :-1], ids[:, 1:]
     n = b * (s - 1)
     per_token = lambda: _ce(shifted, targets, "none").view(b, s - 1)  # noqa: E731
     return {
         NO_SHIFT: lambda: _ce(logits, ids),
-        NO_SHIFT + " (the last position dropped)": lambda: _ce(shifted, ids[:, :-1]),
-        NO_SHIFT + " (the first position dropped)": lambda: _ce(logits[:, 1:], targets),
+        _("{mistake} (the last position dropped)").format(mistake=_(NO_SHIFT)):
+            lambda: _ce(shifted, ids[:, :-1]),
+        _("{mistake} (the first position dropped)").format(mistake=_(NO_SHIFT)):
+            lambda: _ce(logits[:, 1:], targets),
         WRONG_WAY: lambda: _ce(logits[:, 1:], ids[:, :-1]),
         ROLLED: lambda: _ce(logits, ids.roll(-1, dims=1)),
         SUMMED: lambda: per_token().sum(),
@@ -603,17 +642,19 @@ def _loss_mixups(logits: torch.Tensor, ids: torch.Tensor) -> dict:
         SUM_OVER_BATCH: lambda: per_token().sum() / (s - 1),
         DIVIDED_BY_BS: lambda: per_token().sum() / (b * s),
         PER_TOKEN: lambda: per_token(),
-        PER_TOKEN + " (flattened)": lambda: per_token().reshape(n),
+        _("{mistake} (flattened)").format(mistake=_(PER_TOKEN)): lambda: per_token().reshape(n),
         PER_SEQUENCE: lambda: per_token().mean(-1),
         SHAPE_ONE: lambda: _ce(shifted, targets).reshape(1),
         AXIS_SEQ: lambda: _nll_with(torch.log_softmax(logits, dim=1), ids),
-        AXIS_SEQ.replace("dim=1)", "dim=1, of the sliced logits)"):
+        _("log-softmax over the wrong axis (the sequence axis, dim=1, of the sliced logits): the "
+          "distribution is over the vocabulary, the last axis (dim=-1)"):
             lambda: -torch.log_softmax(shifted, dim=1).gather(-1, targets[..., None]).mean(),
         AXIS_BATCH: lambda: _nll_with(torch.log_softmax(logits, dim=0), ids),
         NO_LOG: lambda: _nll_with(torch.softmax(logits, dim=-1), ids),
         NO_LOG_SOFTMAX: lambda: _nll_with(logits, ids),
         NO_MINUS: lambda: -_ce(shifted, targets),
-        NO_SHIFT + " and " + SUMMED.split(":")[0]: lambda: _ce(logits, ids, "sum"),
+        _("{mistake} and summed instead of averaged").format(mistake=_(NO_SHIFT)):
+            lambda: _ce(logits, ids, "sum"),
     }
 
 
@@ -621,17 +662,20 @@ def _loss_case(c: Check, logits: torch.Tensor, ids: torch.Tensor, label: str) ->
     before = (logits.clone(), ids.clone())
     got = c.call(logits, ids)
     if isinstance(got, (float, int)):
-        c.fail(f"returned a Python {type(got).__name__} ({label}); expected a 0-dim tensor.",
-               "return the tensor itself, without .item(): training calls loss.backward() on it")
+        c.fail(_("returned a Python {kind} ({case}); expected a 0-dim tensor.").format(
+            kind=type(got).__name__, case=label),
+               _("return the tensor itself, without .item(): training calls loss.backward() on "
+                 "it"))
     if not torch.equal(logits, before[0]) or not torch.equal(ids, before[1]):
-        c.fail(f"changed its inputs in place ({label}).",
-               "slice and compute into new tensors; leave logits and token_ids alone")
+        c.fail(_("changed its inputs in place ({case}).").format(case=label),
+               _("slice and compute into new tensors; leave logits and token_ids alone"))
     want = ref_model.next_token_loss(logits, ids)
     if isinstance(got, torch.Tensor) and got.shape == want.shape and want.isfinite().all() and \
             not bool(got.detach().isfinite().all()):
-        c.fail(f"the loss is {float(got)} for {label}; the correct loss is finite "
-               f"({float(want):.6g}).", UNSTABLE)
-    _quiet_expect(c, got, want, what=f"the loss ({label})", wrong=_loss_mixups(logits, ids))
+        c.fail(_("the loss is {got} for {case}; the correct loss is finite ({want}).").format(
+            got=float(got), case=label, want=f"{float(want):.6g}"), UNSTABLE)
+    _quiet_expect(c, got, want, what=_("the loss ({case})").format(case=label),
+                  wrong=_loss_mixups(logits, ids))
     return got
 
 
@@ -639,32 +683,34 @@ def check_next_token_loss(f, *, seed: int | None = None, thorough: bool = False)
     with Check("next_token_loss", f, seed=seed) as c:
         _no_reference(c, "next_token_loss")
         local = _local(f)
-        for _ in range(3 if thorough else 2):
+        for _n in range(3 if thorough else 2):
             b, s, v = c.sizes(3, 2, 12)
             v += 10
             logits = c.randn(b, s + 1, v, scale=2.0)
             ids = c.randint(0, v, (b, s + 1))
             _loss_case(c, logits, ids, f"logits [B={b}, S={s + 1}, V={v}]")
-        c.headline("mean cross-entropy of logits[:, t] against token_ids[:, t + 1]")
+        c.headline(_("mean cross-entropy of logits[:, t] against token_ids[:, t + 1]"))
         # Uniform logits: every prediction has probability 1/|V|, so the loss is ln |V|.
         b, s, v = c.sizes(3, 3, 12)
         got = _loss_case(c, torch.zeros(b, s, v), c.randint(0, v, (b, s)),
-                         f"all-zero logits [B={b}, S={s}, V={v}]")
-        c.note("uniform logits give ln |V|")
+                         _("all-zero logits {shape}").format(shape=f"[B={b}, S={s}, V={v}]"))
+        c.note(_("uniform logits give ln |V|"))
         # One prediction per sequence (S = 2), a single sequence, float64.
         b, v = c.sizes(2, 3, 12)
         _loss_case(c, c.randn(b, 2, v + 7), c.randint(0, v + 7, (b, 2)),
-                   f"S=2 (one prediction per sequence), logits [B={b}, S=2, V={v + 7}]")
+                   _("S=2 (one prediction per sequence), logits {shape}").format(
+                       shape=f"[B={b}, S=2, V={v + 7}]"))
         s, v = c.sizes(2, 4, 12)
         _loss_case(c, c.randn(1, s, v, dtype=torch.float64, scale=2.0),
-                   c.randint(0, v, (1, s)), f"float64 logits [B=1, S={s}, V={v}]")
+                   c.randint(0, v, (1, s)),
+                   _("float64 logits {shape}").format(shape=f"[B=1, S={s}, V={v}]"))
         c.note("S=2, B=1, float64")
         # Large logits: a naive exp overflows and log(softmax) underflows; the loss stays finite.
         b, s, v = c.sizes(3, 3, 12)
         big = 1000.0 + c.randn(b, s, v, scale=30.0)
-        _loss_case(c, big, c.randint(0, v, (b, s)), f"large logits (~1000 ± 30) [B={b}, S={s}, "
-                   f"V={v}]")
-        c.note("stable for large logits")
+        _loss_case(c, big, c.randint(0, v, (b, s)),
+                   _("large logits (~1000 ± 30) {shape}").format(shape=f"[B={b}, S={s}, V={v}]"))
+        c.note(_("stable for large logits"))
         if local:   # the gradient, which training follows, when the function runs here
             b, s, v = c.sizes(3, 3, 12)
             logits = c.randn(b, s, v, scale=2.0)
@@ -672,42 +718,45 @@ def check_next_token_loss(f, *, seed: int | None = None, thorough: bool = False)
             leaf = logits.clone().requires_grad_(True)
             got = c.call(leaf, ids)
             if not isinstance(got, torch.Tensor):
-                c.fail(f"the loss should be a torch.Tensor, got {type(got).__name__}.",
+                c.fail(_("the loss should be a torch.Tensor, got {kind}.").format(
+                    kind=type(got).__name__),
                        NOT_DIFFERENTIABLE)
             if not got.requires_grad:
-                c.fail("no gradient flows back to the logits from the loss.", NOT_DIFFERENTIABLE)
+                c.fail(_("no gradient flows back to the logits from the loss."),
+                       NOT_DIFFERENTIABLE)
             (grad,) = torch.autograd.grad(got.sum(), leaf, allow_unused=True)
             if grad is None:
-                c.fail("no gradient flows back to the logits from the loss.", NOT_DIFFERENTIABLE)
+                c.fail(_("no gradient flows back to the logits from the loss."),
+                       NOT_DIFFERENTIABLE)
             ref_leaf = logits.clone().requires_grad_(True)
             (want,) = torch.autograd.grad(ref_model.next_token_loss(ref_leaf, ids), ref_leaf)
-            _quiet_expect(c, grad, want, what="the gradient with respect to the logits",
+            _quiet_expect(c, grad, want, what=_("the gradient with respect to the logits"),
                           dims=LOGITS)
-            c.note("gradient flows to the logits")
+            c.note(_("gradient flows to the logits"))
 
 
 # ============================================================================================
 # Exercise 4: model_param_count
 
-UNTIED = ("counted only one [|V|, H] matrix: LLaMA-2's LM head [H, |V|] is a separate matrix "
-          "from the embedding table [|V|, H] (the two are not tied), so both count")
-HEAD_AS_WO = ("counted the LM head as an H x H matrix, the shape of the attention output "
-              "projection W_O: W_O maps the merged heads back to H inside every block, while the "
-              "LM head maps H features to |V| scores once, at the top: [H, |V|]")
-HEAD_AS_BLOCK_WO = ("counted the LM head as [N_h * D_h, H], W_O's shape: the LM head maps H "
-                    "features to |V| scores: [H, |V|]")
-NO_FINAL_NORM_COUNT = "left out the final RMSNorm's scale: H more parameters"
-FINAL_NORM_PER_BLOCK = ("counted a final norm in every block: there is one final norm, after the "
-                        "last block (each block's own two norms are in block_param_count)")
-L_MINUS_ONE = "counted L - 1 blocks: the model has cfg.n_layers blocks"
-L_PLUS_ONE = "counted L + 1 blocks: the model has cfg.n_layers blocks"
-ONE_BLOCK = "counted one block: multiply the block count by cfg.n_layers"
-MHA_BLOCKS = ("counted the attention as 4 H x H matrices: with GQA, W_K and W_V have N_kv * D_h "
-              "columns (chapter 11's block_param_count)")
-HEAD_BIAS = "added a bias of |V| to the LM head: the course's linear layers have no biases"
-NO_BLOCK_NORMS = ("left out the blocks' norm scales: each block has two RMSNorms of H "
-                  "(chapter 11's block_param_count)")
-AS_FLOAT = "returned a float; a parameter count is an exact int (avoid `/`)"
+UNTIED = N_("counted only one [|V|, H] matrix: LLaMA-2's LM head [H, |V|] is a separate matrix "
+            "from the embedding table [|V|, H] (the two are not tied), so both count")
+HEAD_AS_WO = N_("counted the LM head as an H x H matrix, the shape of the attention output "
+                "projection W_O: W_O maps the merged heads back to H inside every block, while the "
+                "LM head maps H features to |V| scores once, at the top: [H, |V|]")
+HEAD_AS_BLOCK_WO = N_("counted the LM head as [N_h * D_h, H], W_O's shape: the LM head maps H "
+                      "features to |V| scores: [H, |V|]")
+NO_FINAL_NORM_COUNT = N_("left out the final RMSNorm's scale: H more parameters")
+FINAL_NORM_PER_BLOCK = N_("counted a final norm in every block: there is one final norm, after the "
+                          "last block (each block's own two norms are in block_param_count)")
+L_MINUS_ONE = N_("counted L - 1 blocks: the model has cfg.n_layers blocks")
+L_PLUS_ONE = N_("counted L + 1 blocks: the model has cfg.n_layers blocks")
+ONE_BLOCK = N_("counted one block: multiply the block count by cfg.n_layers")
+MHA_BLOCKS = N_("counted the attention as 4 H x H matrices: with GQA, W_K and W_V have N_kv * D_h "
+                "columns (chapter 11's block_param_count)")
+HEAD_BIAS = N_("added a bias of |V| to the LM head: the course's linear layers have no biases")
+NO_BLOCK_NORMS = N_("left out the blocks' norm scales: each block has two RMSNorms of H "
+                    "(chapter 11's block_param_count)")
+AS_FLOAT = N_("returned a float; a parameter count is an exact int (avoid `/`)")
 
 
 def _count_mixups(cfg: ModelConfig, want: int) -> dict:
@@ -726,7 +775,8 @@ def _count_mixups(cfg: ModelConfig, want: int) -> dict:
         ONE_BLOCK: want - (n_l - 1) * block,
         HEAD_BIAS: want + v,
         NO_BLOCK_NORMS: want - 2 * h * n_l,
-        UNTIED + "; and " + NO_FINAL_NORM_COUNT[0].lower() + NO_FINAL_NORM_COUNT[1:]:
+        _("{mistake}; and left out the final RMSNorm's scale: H more parameters").format(
+            mistake=_(UNTIED)):
             want - v * h - h,
     }
     if cfg.n_kv_heads != cfg.n_heads or cfg.n_heads * cfg.head_dim != h:
@@ -748,8 +798,8 @@ def check_model_param_count(f, *, seed: int | None = None, thorough: bool = Fals
     with Check("model_param_count", f, seed=seed) as c:
         _no_reference(c, "model_param_count")
         gqa_7b = ModelConfig(n_kv_heads=8)
-        cases = [(LLAMA2_7B, "LLaMA-2-7B"), (gqa_7b, "LLaMA-2-7B shapes with GQA, N_kv = 8")]
-        for _ in range(4 if thorough else 2):
+        cases = [(LLAMA2_7B, "LLaMA-2-7B"), (gqa_7b, _("LLaMA-2-7B shapes with GQA, N_kv = 8"))]
+        for _n in range(4 if thorough else 2):
             cfg = _count_cfg(c, c.choice(["gqa", "mqa"]))
             cases.append((cfg, _cfg_text(cfg)))
         cfg = _count_cfg(c, "mha")
@@ -759,8 +809,8 @@ def check_model_param_count(f, *, seed: int | None = None, thorough: bool = Fals
             c.expect_equal(c.call(cfg), want, what=f"model_param_count ({label})",
                            wrong=_count_mixups(cfg, want))
             c.properties.remove(f"model_param_count ({label})")
-        c.headline("the article's 6,738,415,616 for LLaMA-2-7B")
-        c.note("untied LM head [H, |V|]; GQA, MQA, D_h != H / N_h")
+        c.headline(_("the article's 6,738,415,616 for LLaMA-2-7B"))
+        c.note(_("untied LM head [H, |V|]; GQA, MQA, D_h != H / N_h"))
 
 
 # ============================================================================================
@@ -789,38 +839,38 @@ def frequency_tolerance(n: int = N_SAMPLES) -> float:
 
 TOL = frequency_tolerance()
 
-GREEDY_ERROR = ("temperature 0 means greedy decoding: return logits.argmax(-1) without sampling "
-                "(dividing by 0 gives inf and NaN probabilities)")
-GREEDY_ARGMIN = "took the argmin: greedy decoding picks the LARGEST logit, argmax"
-GREEDY_AXIS = ("took the argmax over the batch axis (dim=0): each row is one sequence's logits "
-               "over the vocabulary, so take argmax(dim=-1)")
-NAN_PROBS = ("the probabilities hold NaN, inf or negative numbers: take the softmax over the "
-             "vocabulary axis (dim=-1) of logits / T, after setting the dropped logits to -inf "
-             "(a softmax over another axis gives NaN where a whole column is -inf)")
-KEEPDIM = ("returned [B, 1]: return one token id per row, shape [B] (squeeze the last axis, e.g. "
-           "torch.multinomial(...).squeeze(-1) or argmax(dim=-1) without keepdim)")
-TEMP_IGNORED = "ignored the temperature: divide the logits by T before the softmax"
-TEMP_MULTIPLIED = ("multiplied the logits by T: temperature DIVIDES them, softmax(logits / T), "
-                   "so T < 1 sharpens and T > 1 flattens the distribution")
-TOPK_IGNORED = "ignored top_k: keep only the k largest logits (set the others to -inf)"
-TOPK_SMALLEST = "kept the k SMALLEST logits: top-k keeps the k largest (torch.topk's default)"
-TOPK_PLUS_ONE = "kept k + 1 tokens: top_k keeps exactly the k largest logits"
-TOPK_MINUS_ONE = "kept k - 1 tokens: top_k keeps exactly the k largest logits"
-TOPK_ZERO_FILL = ("set the dropped logits to 0 instead of -inf: exp(0) = 1 still gives them "
-                  "weight; fill with float('-inf') so that their probability is exactly 0")
-UNIFORM = ("sampled uniformly over the vocabulary: draw in proportion to softmax(logits / T) "
-           "(torch.multinomial(probs, 1)); a softmax over the batch axis (dim=0) also looks like "
-           "this when the rows are alike")
-UNIFORM_TOPK = ("sampled uniformly among the k kept tokens: weight them by softmax(logits / T)")
-SAME_ROW = ("every row of the batch got the same token: each row is its own sequence and needs "
-            "its own draw (torch.multinomial(probs, 1) draws one per row)")
-GENERATOR_IGNORED = ("draw the random numbers from the `generator` argument: "
-                     "torch.multinomial(probs, 1, generator=generator) (torch.distributions' "
-                     ".sample() cannot take a generator)")
-FIXED_SEED = ("the samples must come from the `generator` argument; a fixed seed (or a new "
-              "torch.Generator()) inside the function makes them the same every time")
-OUT_OF_TOP_K = ("top-k must drop every token outside the k largest logits: set their logits to "
-                "-inf before the softmax (e.g. below torch.topk(logits, k).values[..., -1:])")
+GREEDY_ERROR = N_("temperature 0 means greedy decoding: return logits.argmax(-1) without sampling "
+                  "(dividing by 0 gives inf and NaN probabilities)")
+GREEDY_ARGMIN = N_("took the argmin: greedy decoding picks the LARGEST logit, argmax")
+GREEDY_AXIS = N_("took the argmax over the batch axis (dim=0): each row is one sequence's logits "
+                 "over the vocabulary, so take argmax(dim=-1)")
+NAN_PROBS = N_("the probabilities hold NaN, inf or negative numbers: take the softmax over the "
+               "vocabulary axis (dim=-1) of logits / T, after setting the dropped logits to -inf "
+               "(a softmax over another axis gives NaN where a whole column is -inf)")
+KEEPDIM = N_("returned [B, 1]: return one token id per row, shape [B] (squeeze the last axis, e.g. "
+             "torch.multinomial(...).squeeze(-1) or argmax(dim=-1) without keepdim)")
+TEMP_IGNORED = N_("ignored the temperature: divide the logits by T before the softmax")
+TEMP_MULTIPLIED = N_("multiplied the logits by T: temperature DIVIDES them, softmax(logits / T), "
+                     "so T < 1 sharpens and T > 1 flattens the distribution")
+TOPK_IGNORED = N_("ignored top_k: keep only the k largest logits (set the others to -inf)")
+TOPK_SMALLEST = N_("kept the k SMALLEST logits: top-k keeps the k largest (torch.topk's default)")
+TOPK_PLUS_ONE = N_("kept k + 1 tokens: top_k keeps exactly the k largest logits")
+TOPK_MINUS_ONE = N_("kept k - 1 tokens: top_k keeps exactly the k largest logits")
+TOPK_ZERO_FILL = N_("set the dropped logits to 0 instead of -inf: exp(0) = 1 still gives them "
+                    "weight; fill with float('-inf') so that their probability is exactly 0")
+UNIFORM = N_("sampled uniformly over the vocabulary: draw in proportion to softmax(logits / T) "
+             "(torch.multinomial(probs, 1)); a softmax over the batch axis (dim=0) also looks like "
+             "this when the rows are alike")
+UNIFORM_TOPK = N_("sampled uniformly among the k kept tokens: weight them by softmax(logits / T)")
+SAME_ROW = N_("every row of the batch got the same token: each row is its own sequence and needs "
+              "its own draw (torch.multinomial(probs, 1) draws one per row)")
+GENERATOR_IGNORED = N_("draw the random numbers from the `generator` argument: "
+                       "torch.multinomial(probs, 1, generator=generator) (torch.distributions' "
+                       ".sample() cannot take a generator)")
+FIXED_SEED = N_("the samples must come from the `generator` argument; a fixed seed (or a new "
+                "torch.Generator()) inside the function makes them the same every time")
+OUT_OF_TOP_K = N_("top-k must drop every token outside the k largest logits: set their logits to "
+                  "-inf before the softmax (e.g. below torch.topk(logits, k).values[..., -1:])")
 
 
 def _spread_logits(c: Check, v: int) -> torch.Tensor:
@@ -875,27 +925,32 @@ def _sample(c: Check, logits: torch.Tensor, label: str, **kwargs) -> torch.Tenso
     except LearnerError as err:
         first = err.message.splitlines()[0]
         if kwargs.get("temperature") == 0 and not ("TypeError" in first and "argument" in first):
-            raise CheckFailure(c.exercise, err.message, hint=GREEDY_ERROR, seed=c.seed) from None
+            raise CheckFailure(c.exercise, err.shown_message, hint=GREEDY_ERROR,
+                               seed=c.seed) from None
         if "probability tensor" in first:
-            raise CheckFailure(c.exercise, err.message, hint=NAN_PROBS, seed=c.seed) from None
+            raise CheckFailure(c.exercise, err.shown_message, hint=NAN_PROBS,
+                               seed=c.seed) from None
         raise
     if not torch.equal(logits, before):
-        c.fail(f"changed the logits it was given in place ({label}).",
-               "`logits /= temperature` or `logits[...] = -inf` writes into the caller's tensor; "
-               "compute into a new tensor (`scores = logits / temperature`, `masked_fill`)")
+        c.fail(_("changed the logits it was given in place ({case}).").format(case=label),
+               _("`logits /= temperature` or `logits[...] = -inf` writes into the caller's "
+                 "tensor; compute into a new tensor (`scores = logits / temperature`, "
+                 "`masked_fill`)"))
     b, v = logits.shape
     if not isinstance(got, torch.Tensor) or type(got) not in (torch.Tensor, torch.nn.Parameter):
-        c.fail(f"returned {type(got).__name__} ({label}); expected a LongTensor [B] of token ids.")
+        c.fail(_("returned {kind} ({case}); expected a LongTensor [B] of token ids.").format(
+            kind=type(got).__name__, case=label))
     if got.shape != (b,):
         hint = KEEPDIM if tuple(got.shape) == (b, 1) else (
             GREEDY_AXIS if tuple(got.shape) == (v,) else None)
-        c.fail(f"returned shape {list(got.shape)} ({label}); expected [B={b}], one token id per "
-               "row.", hint)
+        c.fail(_("returned shape {shape} ({case}); expected [B={b}], one token id per row.")
+               .format(shape=list(got.shape), case=label, b=b), hint)
     if got.dtype != torch.int64:
-        c.fail(f"returned dtype {got.dtype} ({label}); expected torch.int64 (token ids, as "
-               "argmax and multinomial return them).")
+        c.fail(_("returned dtype {dtype} ({case}); expected torch.int64 (token ids, as argmax "
+                 "and multinomial return them).").format(dtype=got.dtype, case=label))
     if bool(((got < 0) | (got >= v)).any()):
-        c.fail(f"returned token ids outside 0 .. |V|-1 = {v - 1} ({label}).")
+        c.fail(_("returned token ids outside 0 .. |V|-1 = {last} ({case}).").format(
+            last=v - 1, case=label))
     return got
 
 
@@ -906,8 +961,8 @@ def _expect_distribution(c: Check, samples: torch.Tensor, probs: torch.Tensor, w
     n = samples.numel()
     tol = frequency_tolerance(n)
     if n > 1 and bool((samples == samples[0]).all()) and float(probs.max()) < 0.9:
-        c.fail(f"all {n} rows of the same logits got the same token {int(samples[0])} ({label}).",
-               SAME_ROW)
+        c.fail(_("all {count} rows of the same logits got the same token {token} ({case}).")
+               .format(count=n, token=int(samples[0]), case=label), SAME_ROW)
     freq = torch.bincount(samples, minlength=v).double() / n
     dev = (freq - probs).abs()
     if float(dev.max()) > tol:
@@ -917,18 +972,21 @@ def _expect_distribution(c: Check, samples: torch.Tensor, probs: torch.Tensor, w
                 hint = mistake
                 break
         worst = int(dev.argmax())
-        c.fail(f"sampled token {worst} with frequency {float(freq[worst]):.3f} in {n} draws, but "
-               f"its probability is {float(probs[worst]):.3f} ({label}; a correct sampler stays "
-               f"within ±{tol:.3f} of every probability except with probability < "
-               f"{FAILURE_PROBABILITY:g}).\n  expected: "
-               f"{[round(float(p), 3) for p in probs]}\n  observed: "
-               f"{[round(float(p), 3) for p in freq]}", hint)
+        c.fail(_("sampled token {token} with frequency {freq} in {count} draws, but its "
+                 "probability is {prob} ({case}; a correct sampler stays within ±{tol} of every "
+                 "probability except with probability < {bound}).\n  expected: {expected}\n  "
+                 "observed: {observed}").format(
+            token=worst, freq=f"{float(freq[worst]):.3f}", count=n,
+            prob=f"{float(probs[worst]):.3f}", case=label, tol=f"{tol:.3f}",
+            bound=f"{FAILURE_PROBABILITY:g}", expected=[round(float(p), 3) for p in probs],
+            observed=[round(float(p), 3) for p in freq]), hint)
 
 
 def _case_label(v: int, temperature: float, top_k: int | None, defaults: bool = False) -> str:
     if defaults:
-        return f"{v} tokens, defaults (temperature=1.0, top_k=None)"
-    return f"{v} tokens, temperature={temperature:g}, top_k={top_k}"
+        return _("{count} tokens, defaults (temperature=1.0, top_k=None)").format(count=v)
+    return _("{count} tokens, temperature={temperature}, top_k={top_k}").format(
+        count=v, temperature=f"{temperature:g}", top_k=top_k)
 
 
 def _statistical_case(c: Check, v: int, temperature: float, top_k: int | None, *,
@@ -948,8 +1006,9 @@ def _statistical_case(c: Check, v: int, temperature: float, top_k: int | None, *
             tol = frequency_tolerance(got.numel())
             hint = next((mistake for mistake, q in _sampling_mixups(row, temperature, top_k).items()
                          if float((freq - q).abs().max()) <= tol), OUT_OF_TOP_K)
-            c.fail(f"returned token {int(outside[0])}, which is not among the top_k={top_k} "
-                   f"largest logits ({label}).", hint)
+            c.fail(_("returned token {token}, which is not among the top_k={top_k} largest "
+                     "logits ({case}).").format(token=int(outside[0]), top_k=top_k, case=label),
+                   hint)
     _expect_distribution(c, got, _probs(row, temperature, top_k),
                          _sampling_mixups(row, temperature, top_k), label)
 
@@ -970,14 +1029,15 @@ def check_sample_next_token(f, *, seed: int | None = None, thorough: bool = Fals
             label = f"logits [B={b}, V={v}], " + ", ".join(f"{k}={val}" for k, val in
                                                           kwargs.items() if k != "generator")
             got = _sample(c, logits, label, **kwargs)
-            _quiet_expect(c, got, want, what=f"greedy tokens ({label})", dims=("B",),
+            _quiet_expect(c, got, want, what=_("greedy tokens ({case})").format(case=label),
+                          dims=("B",),
                           wrong=greedy_wrong)
         huge = c.randn(b, v, scale=1e4)
         _quiet_expect(c, _sample(c, huge, "logits ~ 1e4", temperature=0.0), huge.argmax(-1),
-                      what="greedy tokens for logits ~ 1e4", dims=("B",))
-        c.headline("temperature 0 is greedy: argmax of each row")
+                      what=_("greedy tokens for logits ~ 1e4"), dims=("B",))
+        c.headline(_("temperature 0 is greedy: argmax of each row"))
         # ---- the distributions: defaults, sharper, flatter, top-k
-        vs = [c.randint(6, MAX_VOCAB + 1) for _ in range(4)]
+        vs = [c.randint(6, MAX_VOCAB + 1) for _n in range(4)]
         _statistical_case(c, vs[0], 1.0, None, defaults=True)
         _statistical_case(c, vs[1], 0.5, None)
         _statistical_case(c, vs[2], 2.0, c.randint(2, vs[2] - 2))
@@ -988,55 +1048,57 @@ def check_sample_next_token(f, *, seed: int | None = None, thorough: bool = Fals
                 _statistical_case(c, v, temperature, c.choice([None, c.randint(2, v - 1)]))
             v = c.randint(6, MAX_VOCAB + 1)
             _statistical_case(c, v, 1.3, v)          # top_k = |V| keeps everything
-        c.headline(f"frequencies match softmax(logits / T) over the top k ({N_SAMPLES} draws "
-                     f"each, within ±{TOL:.3f})")
-        c.note("T < 1 sharpens, T > 1 flattens")
-        c.note("top-k never returns a token outside the top k")
+        c.headline(_("frequencies match softmax(logits / T) over the top k ({count} draws each, "
+                     "within ±{tol})").format(count=N_SAMPLES, tol=f"{TOL:.3f}"))
+        c.note(_("T < 1 sharpens, T > 1 flattens"))
+        c.note(_("top-k never returns a token outside the top k"))
         # top_k = 1 leaves one candidate: the argmax, at any temperature
         for temperature in (1.0, 2.5):
             got = _sample(c, logits, f"top_k=1, temperature={temperature}", top_k=1,
                           temperature=temperature, generator=torch.Generator().manual_seed(0))
             if not torch.equal(got, want):
-                c.fail(f"with top_k=1 (temperature={temperature}) returned {got.tolist()}; the "
-                       f"only token top_k=1 keeps is the argmax, {want.tolist()}.",
+                c.fail(_("with top_k=1 (temperature={temperature}) returned {got}; the only "
+                         "token top_k=1 keeps is the argmax, {want}.").format(
+                    temperature=temperature, got=got.tolist(), want=want.tolist()),
                        TOPK_SMALLEST if torch.equal(got, logits.argmin(-1)) else
-                       "keep the k largest logits and set every other logit to -inf before the "
-                       "softmax")
-        c.note("top_k=1 is greedy")
+                       _("keep the k largest logits and set every other logit to -inf before the "
+                         "softmax"))
+        c.note(_("top_k=1 is greedy"))
         # ---- a batch of different rows: each row samples from its own distribution
         v = c.randint(6, MAX_VOCAB + 1)
-        rows = torch.stack([_spread_logits(c, v) for _ in range(3)])
+        rows = torch.stack([_spread_logits(c, v) for _n in range(3)])
         n_each = N_SAMPLES
         logits = rows.repeat(n_each, 1)                        # rows 0, 1, 2, 0, 1, 2, ...
         temperature, top_k = 1.4, v - 2
-        label = f"a batch that cycles through 3 different rows, {v} tokens, temperature=1.4, " \
-                f"top_k={top_k}"
+        label = _("a batch that cycles through 3 different rows, {count} tokens, "
+                  "temperature=1.4, top_k={top_k}").format(count=v, top_k=top_k)
         got = _sample(c, logits, label, temperature=temperature, top_k=top_k,
                       generator=torch.Generator().manual_seed(c.randint(0, 2**31 - 1)))
         for i in range(2 if not thorough else 3):
             _expect_distribution(c, got[i::3], _probs(rows[i], temperature, top_k),
                                  _sampling_mixups(rows[i], temperature, top_k),
-                                 f"{label}: row pattern {i}")
-        c.note("each row of a batch draws from its own logits, independently")
+                                 _("{case}: row pattern {i}").format(case=label, i=i))
+        c.note(_("each row of a batch draws from its own logits, independently"))
         # ---- reproducible with a generator
         v = c.randint(6, MAX_VOCAB + 1)
         logits = _spread_logits(c, v).repeat(2000, 1)
         s = c.randint(0, 2**31 - 2)
-        runs = [_sample(c, logits, f"generator seeded {seed_}", temperature=1.0,
+        runs = [_sample(c, logits, _("generator seeded {seed}").format(seed=seed_),
+                        temperature=1.0,
                         generator=torch.Generator().manual_seed(seed_)) for seed_ in (s, s, s + 1)]
         if not torch.equal(runs[0], runs[1]):
-            c.fail(f"two generators seeded alike (torch.Generator().manual_seed({s})) gave "
-                   "different samples.", GENERATOR_IGNORED)
+            c.fail(_("two generators seeded alike ({seeded}) gave different samples.").format(
+                seeded=f"torch.Generator().manual_seed({s})"), GENERATOR_IGNORED)
         if torch.equal(runs[0], runs[2]):
-            c.fail("generators with different seeds gave the same 2000 samples.", FIXED_SEED)
-        c.note("same generator seed, same samples")
+            c.fail(_("generators with different seeds gave the same 2000 samples."), FIXED_SEED)
+        c.note(_("same generator seed, same samples"))
         # ---- generator=None: torch's global generator
         first = _sample(c, logits, "generator=None", temperature=1.0)
         second = _sample(c, logits, "generator=None", temperature=1.0)
         if torch.equal(first, second):
-            c.fail("with generator=None, two calls in a row gave the same 2000 samples.",
-                   "with generator=None draw from torch's global generator (torch.multinomial"
-                   "(..., generator=None) does), which moves on after every draw")
+            c.fail(_("with generator=None, two calls in a row gave the same 2000 samples."),
+                   _("with generator=None draw from torch's global generator (torch.multinomial"
+                     "(..., generator=None) does), which moves on after every draw"))
         if local:
             state = torch.get_rng_state()
             try:
@@ -1047,7 +1109,7 @@ def check_sample_next_token(f, *, seed: int | None = None, thorough: bool = Fals
             finally:
                 torch.set_rng_state(state)
             if not torch.equal(first, second):
-                c.fail("with generator=None, two calls after the same torch.manual_seed gave "
-                       "different samples.", "with generator=None draw from torch's global "
-                       "generator")
-        c.note("generator=None uses torch's global generator")
+                c.fail(_("with generator=None, two calls after the same torch.manual_seed gave "
+                         "different samples."),
+                       _("with generator=None draw from torch's global generator"))
+        c.note(_("generator=None uses torch's global generator"))

@@ -505,3 +505,18 @@ def test_real_model_lm_head_is_tied_and_counted_once(smol):
                *(t for layer in params["layers"] for t in layer.values())]
     stored = sum({t.data_ptr(): t.numel() for t in tensors}.values())
     assert stored == ref.model_param_count(cfg) - cfg.vocab_size * cfg.hidden_size == 134_515_008
+
+
+def test_chapter_12_reads_in_chinese(monkeypatch):
+    from checks.context import LANG_ENV
+    from checks.engine import CheckFailure
+    monkeypatch.setenv(LANG_ENV, "zh")
+    wrong = {w.name: w for ex in EXERCISES for w in ex.wrong}
+    with pytest.raises(CheckFailure) as info:
+        nb12.check_next_token_loss(wrong["summed"].fn, seed=0)
+    text = str(info.value)
+    assert "可能的错误：求和而不是求平均" in text and "损失（logits" in text, text
+    assert "likely mistake" not in text and "wrong values" not in text
+    with pytest.raises(CheckFailure) as info:
+        nb12.check_sample_next_token(wrong["temperature ignored"].fn, seed=1)
+    assert "次抽取中 token" in str(info.value) and "忽略了温度" in str(info.value), str(info.value)
