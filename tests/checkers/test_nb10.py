@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from checks import nb10
 from checks import reference as ref
+from checks.context import LANG_ENV
 from checks.engine import CheckFailure, ForbiddenCall
 
 from ..support.catalogue import (SEEDS, Exercise, Wrong, assert_passes, assert_passes_thorough,
@@ -435,3 +436,15 @@ def test_failures_are_check_failures():
     """Every diagnosis above is a CheckFailure, never a raw exception from the checker."""
     with pytest.raises(CheckFailure):
         nb10.check_rms_norm(lambda x, g, eps=1e-5: "not a tensor", seed=0)
+
+
+def test_chapter_10_reads_in_chinese(monkeypatch):
+    monkeypatch.setenv(LANG_ENV, "zh")
+    with pytest.raises(CheckFailure) as info:
+        nb10.check_layer_norm(_ln_no_mean, seed=0)
+    text = str(info.value)
+    assert "可能的错误：没有减去均值：LayerNorm 先把每个 token 中心化" in text, text
+    assert "likely mistake" not in text and "expected" not in text
+    with pytest.raises(CheckFailure) as info:
+        nb10.check_pre_norm_residual(lambda x, sublayer, norm: norm(x + sublayer(x)), seed=0)
+    assert "在残差相加之后才用 Norm" in str(info.value), str(info.value)
