@@ -204,3 +204,12 @@ def test_bad_input_is_one_line(tmp_path, args, words):
     done = checks("gradescope", *[a.format(file=tmp_path / "file") for a in args], timeout=60)
     assert done.returncode == 2
     assert len(done.stderr.splitlines()) == 1 and words in done.stderr, done.stderr
+
+
+def test_the_grader_s_limits_go_into_the_zip(tmp_path):
+    done = checks("gradescope", "01", "-o", tmp_path / "a.zip", "--timeout", "30",
+                  "--notebook-timeout", "600", timeout=120)
+    assert done.returncode == 0, done.stderr
+    with zipfile.ZipFile(tmp_path / "a.zip") as archive:
+        options = json.loads(archive.read("course/gradescope.json"))["grade_options"]
+    assert options == ["--timeout", "30", "--notebook-timeout", "600"]

@@ -38,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="folder of the chapters' source notebooks (default: solutions/)")
     parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                         help="the grader's time limit per cell inside Gradescope")
+    parser.add_argument("--notebook-timeout", type=float, default=None, metavar="SECONDS",
+                        help="the grader's time limit per notebook inside Gradescope (set "
+                             "Gradescope's own timeout above it)")
     args = parser.parse_args(argv)
     try:
         chapters = chapters_named(args.chapter, args.source)
@@ -45,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG} gradescope: {exc}", file=sys.stderr)
         return 2
     options = ["--timeout", f"{args.timeout:g}"] if args.timeout else []
+    if args.notebook_timeout:
+        options += ["--notebook-timeout", f"{args.notebook_timeout:g}"]
     try:
         build_zip(args.output, chapters, args.source, options)
     except OSError as exc:
