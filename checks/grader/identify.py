@@ -7,8 +7,9 @@ Before a class is graded, `find_submissions` decides what is graded and whose it
 - The student is the first folder level under the root given: `ROOT/<student>/...`. nbgrader's
   layout is one case of it: a root named `submitted`, or one holding a `submitted/` folder (a
   course folder: only its `submitted/` is searched), has its students one level under
-  `submitted/`. A notebook directly in the root, or a file named on the command line outside
-  such a layout, belongs to no student named.
+  `submitted/`. A notebook directly in the root, one in a first-level folder named like a chapter
+  (the layout of notebooks/: `ROOT/01_notation/01_notation.ipynb`), or a file named on the
+  command line outside nbgrader's layout, belongs to no student named.
 - A notebook nested below its assignment folder (`ROOT/<student>/<assignment>/more/x.ipynb`) is
   the student's, with a warning.
 - A second notebook for one (student, chapter) is not a second record: the one at the standard
@@ -120,7 +121,9 @@ def student_of(path: str | os.PathLike, root: str | os.PathLike | None = None) -
     docstring); without a root, the folder after the first `submitted` in the path (nbgrader's
     `submitted/<student>/...`; a `submitted/` nested further down changes nothing)."""
     parts = _below(path, root)
-    return printable(parts[0]) if parts is not None and len(parts) >= 2 else None
+    if parts is None or len(parts) < 2 or CHAPTER_NAME.fullmatch(parts[0]):
+        return None  # loose in the root, or a chapter's folder (the layout of notebooks/)
+    return printable(parts[0])
 
 
 def layout_warnings(path: str | os.PathLike, root: str | os.PathLike | None = None) -> list[str]:

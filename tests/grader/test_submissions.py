@@ -126,6 +126,8 @@ def test_finding_as_one_student_of_a_course_folder(klass):
     plain = tmp / "submissions" / "alice" / "01_notation.ipynb"
     assert identify.student_of(plain, tmp / "submissions") == "alice"
     assert identify.student_of(tmp / "submissions" / "loose.ipynb", tmp / "submissions") is None
+    chapters = tmp / "notebooks"  # the learner's layout: chapters, not students
+    assert identify.student_of(chapters / "01_notation" / "01_notation.ipynb", chapters) is None
 
 
 def test_a_named_link_or_fifo_is_refused_and_nothing_blocks(klass):
