@@ -213,3 +213,24 @@ def test_the_grader_s_limits_go_into_the_zip(tmp_path):
     with zipfile.ZipFile(tmp_path / "a.zip") as archive:
         options = json.loads(archive.read("course/gradescope.json"))["grade_options"]
     assert options == ["--timeout", "30", "--notebook-timeout", "600"]
+
+
+def test_a_hang_and_a_crash_cost_only_their_exercises_on_gradescope(tmp_path):
+    """A submission whose kv_group_size hangs and whose tensor_shape calls os._exit: in
+    Gradescope's run, as in `checks grade`, only those two exercises lose their points."""
+    target = tmp_path / "autograder.zip"
+    assert checks("gradescope", "01", "-o", target, "--timeout", "20").returncode == 0
+    root = unpack(target, tmp_path / "ag")
+    nb = sub.prepend(sub.solution(), "kv_group_size", "while True: pass")
+    nb = sub.prepend(nb, "tensor_shape", "import os; os._exit(3)")
+    sub.write(nb, root / "submission" / f"{CHAPTER}.ipynb")
+    results = run_autograder(root)
+    copy = sub.write(nb, tmp_path / "direct" / f"{CHAPTER}.ipynb")
+    report = tmp_path / "direct.json"
+    assert checks("grade", copy, "--json", report, "--timeout", "20").returncode == 0
+    (record,) = json.loads(report.read_text())["notebooks"]
+    check_results(results, record)
+    scores = {t["name"].split(": ")[1]: t["score"] for t in results["tests"]}
+    assert scores == {"head_dim": 1, "kv_group_size": 0, "validate_config": 2,
+                      "tensor_shape": 0}
+    assert "skipped" in " ".join(t["output"] for t in results["tests"])
