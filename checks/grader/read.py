@@ -227,7 +227,7 @@ def read_notebook(path: str | os.PathLike, *, max_bytes: int = CEILING_BYTES,
 
 def _notebook_bytes(path: Path, max_bytes: int) -> bytes:
     """The file's bytes: opened without following a link and without blocking (a FIFO), checked to
-    be one regular file of at most `max_bytes`, read no further than that."""
+    be a regular file of at most `max_bytes`, read no further than that."""
     if path.suffix != ".ipynb":
         if not os.path.lexists(path):
             raise GradingError(path, "no such file")
