@@ -58,11 +58,6 @@ from .config import LLAMA2_7B, ModelConfig
 from .reference import generation as gen
 from .reference import roofline
 
-# Kept importable from here for the maintainers' benchmark and chapter 13's tests, which still
-# name them `timing.*`: the counts themselves live in (and are withheld with) the reference.
-decode_bytes, decode_flops = roofline.decode_bytes, roofline.decode_flops
-prefill_flops, weight_bytes = roofline.prefill_flops, roofline.weight_bytes
-
 MiB = 2**20
 
 # --------------------------------------------------------------------------------------------

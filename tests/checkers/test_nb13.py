@@ -632,8 +632,8 @@ INTENSITY_WRONG = [
 
 
 def _calls_timing(cfg, batch, seq_len):
-    from checks import timing
-    return timing.prefill_flops(cfg, batch, seq_len)
+    from checks.reference import roofline
+    return roofline.prefill_flops(cfg, batch, seq_len)
 
 
 def test_calling_the_course_formulas_is_a_forbidden_call():
@@ -643,10 +643,11 @@ def test_calling_the_course_formulas_is_a_forbidden_call():
         nb13.check_decode_step_bytes(lambda *a: ref.decode_step_bytes(*a), seed=0)
 
 
-def test_the_reference_counts_agree_with_the_timing_module():
-    """Two formulations of the same counts (per operation here, per token in checks.timing,
-    whose tests hold it to PyTorch's FLOP counter)."""
-    from checks import LLAMA2_7B, timing
+def test_the_reference_counts_agree_with_the_roofline_module():
+    """Two formulations of the same counts (per operation here, per token in
+    checks.reference.roofline, whose tests hold it to PyTorch's FLOP counter)."""
+    from checks import LLAMA2_7B
+    from checks.reference import roofline as timing
 
     cfgs = CFGS + [LLAMA2_7B, ModelConfig(vocab_size=49152, hidden_size=576, n_heads=9,
                                           n_kv_heads=3, ffn_hidden_size=1536, n_layers=30)]
@@ -746,3 +747,19 @@ def test_recorders_stay_in_the_grading_process():
         sandbox._ArgPickler(io.BytesIO(), worker, False).dump(((handle, {"embed": table}), {}))
     assert any(obj == cache.update for obj in lent)
     assert any(obj is recorder for obj in lent)
+
+
+def test_chapter_13_reads_in_chinese(monkeypatch):
+    from checks.context import LANG_ENV
+    from checks.engine import CheckFailure
+    monkeypatch.setenv(LANG_ENV, "zh")
+    with pytest.raises(CheckFailure) as info:
+        nb13.check_KVCache(GreaterEqualCache, seed=1)
+    text = str(info.value)
+    assert "update 抛出了 ValueError" in text and "恰好写到最后一个位置时报错了" in text, text
+    assert "likely mistake" not in text and "raised" not in text
+    wrong = {w.name: w for w in GENERATE_WRONG}
+    failure = next(w for name, w in wrong.items() if "stuck" in name)
+    with pytest.raises(CheckFailure) as info:
+        nb13.check_generate(failure.fn, seed=1)
+    assert "缓存没有前进" in str(info.value), str(info.value)
