@@ -54,113 +54,115 @@ import torch.nn.functional as F
 from . import reference as ref
 from .config import LLAMA2_7B, ModelConfig
 from .engine import Check, CheckFailure, LearnerError, NotStarted, builds_on
-from .i18n import N_
+from .i18n import N_, _
 from .reference import generation as gen
 from .reference import roofline
 
 # --------------------------------------------------------------------------------------------
 # The mistakes this chapter diagnoses, in the words a failure shows.
 
-NOT_PREALLOCATED = ("the cache allocated no tensors when it was created: preallocate each layer's "
-                    "K and V, [B, N_kv, max_seq_len, D_h], in __init__ (torch.zeros), and write "
-                    "into them; growing the cache with torch.cat copies every cached key at "
-                    "every step")
-REPEATED_HEADS_ALLOC = ("the cache holds N_h heads: it stores the N_kv KV heads only (not "
-                        "repeated for every query head); that is the whole memory saving of GQA "
-                        "(chapter 06)")
-REPEATED_HEADS = ("passed K/V with N_h heads (repeated for every query head) to cache.update: "
-                  "the cache stores the N_kv KV heads only, and grouped_query_attention shares "
-                  "them among the query heads by itself")
-CFG_MAX_LEN = ("sized the cache with cfg.max_seq_len; use the max_seq_len argument (a generation "
-               "needs only P + max_new_tokens positions)")
-ONE_LAYER = "allocated K and V for one layer only: every layer keeps its own cache"
-K_ONLY = "allocated room for K only (or K and V sharing a buffer): K and V are stored separately"
-COPY = ("returned a copy ({what} lives in new memory), not a view of the preallocated buffer: "
-        "slice it, `buffer[:, :, :start_pos + T]`; torch.cat, .clone() or indexing with a list "
-        "copies every cached position at every step")
-REALLOCATED = ("replaced its buffers during update (new tensors after the call): write into the "
-               "preallocated tensors in place (`buffer[:, :, start_pos:start_pos + T] = k`)")
-OFFSET_PLUS_ONE = ("wrote the new K/V one position too far (at start_pos + 1): the T new tokens "
-                   "occupy positions start_pos .. start_pos+T-1")
-AT_ZERO = "wrote the new K/V at position 0 every time: write them at start_pos .. start_pos+T-1"
-OWN_COUNTER = ("kept a length counter of its own and ignored start_pos: the caller says where "
-               "the new tokens go (which also lets it overwrite, to rewind a generation)")
-SHARED_COUNTER = ("advanced one position counter on every update, for all layers together: all "
-                  "L layers write the same positions start_pos .. start_pos+T-1, each in its own "
-                  "buffer")
-SHARED_BUFFER = "all layers share one buffer: each layer needs its own K and V"
-NEW_ONLY = ("returned only the new K/V ([B, N_kv, T, D_h]): return every position so far, "
-            "0 .. start_pos+T-1, which the new queries attend to")
-WHOLE_BUFFER = ("returned the whole preallocated buffer (max_seq_len positions, empty slots "
-                "included): slice it to the filled part, 0 .. start_pos+T-1")
-UP_TO_START = "returned positions 0 .. start_pos-1, without the tokens just written"
-ONE_SHORT = "returned one position too few: positions 0 .. start_pos+T-1 are start_pos+T of them"
-SWAPPED = "returned (values, keys): update returns (k_all, v_all), keys first"
-NO_OVERFLOW = ("wrote past max_seq_len without raising: check `start_pos + T > max_seq_len` and "
-               "raise ValueError (slicing silently stops at the end of the buffer)")
-WRONG_ERROR = ("raised {name} on overflow; raise ValueError with a message that names the "
-               "positions and max_seq_len")
-FULL_IS_FINE = ("raised an error when writing exactly up to the last position: the cache holds "
-                "positions 0 .. max_seq_len-1, so only start_pos + T > max_seq_len overflows "
-                "(use `>`, not `>=`)")
-DTYPE_IGNORED = "ignored the dtype argument: allocate the buffers with dtype=dtype"
+NOT_PREALLOCATED = N_("the cache allocated no tensors when it was created: preallocate each "
+                      "layer's K and V, [B, N_kv, max_seq_len, D_h], in __init__ (torch.zeros), "
+                      "and write into them; growing the cache with torch.cat copies every cached "
+                      "key at every step")
+REPEATED_HEADS_ALLOC = N_("the cache holds N_h heads: it stores the N_kv KV heads only (not "
+                          "repeated for every query head); that is the whole memory saving of GQA "
+                          "(chapter 06)")
+REPEATED_HEADS = N_("passed K/V with N_h heads (repeated for every query head) to cache.update: "
+                    "the cache stores the N_kv KV heads only, and grouped_query_attention shares "
+                    "them among the query heads by itself")
+CFG_MAX_LEN = N_("sized the cache with cfg.max_seq_len; use the max_seq_len argument (a generation "
+                 "needs only P + max_new_tokens positions)")
+ONE_LAYER = N_("allocated K and V for one layer only: every layer keeps its own cache")
+K_ONLY = N_("allocated room for K only (or K and V sharing a buffer): K and V are stored "
+            "separately")
+COPY = N_("returned a copy ({what} lives in new memory), not a view of the preallocated buffer: "
+          "slice it, `buffer[:, :, :start_pos + T]`; torch.cat, .clone() or indexing with a list "
+          "copies every cached position at every step")
+REALLOCATED = N_("replaced its buffers during update (new tensors after the call): write into the "
+                 "preallocated tensors in place (`buffer[:, :, start_pos:start_pos + T] = k`)")
+OFFSET_PLUS_ONE = N_("wrote the new K/V one position too far (at start_pos + 1): the T new tokens "
+                     "occupy positions start_pos .. start_pos+T-1")
+AT_ZERO = N_("wrote the new K/V at position 0 every time: write them at start_pos .. start_pos+T-1")
+OWN_COUNTER = N_("kept a length counter of its own and ignored start_pos: the caller says where "
+                 "the new tokens go (which also lets it overwrite, to rewind a generation)")
+SHARED_COUNTER = N_("advanced one position counter on every update, for all layers together: all "
+                    "L layers write the same positions start_pos .. start_pos+T-1, each in its own "
+                    "buffer")
+SHARED_BUFFER = N_("all layers share one buffer: each layer needs its own K and V")
+NEW_ONLY = N_("returned only the new K/V ([B, N_kv, T, D_h]): return every position so far, "
+              "0 .. start_pos+T-1, which the new queries attend to")
+WHOLE_BUFFER = N_("returned the whole preallocated buffer (max_seq_len positions, empty slots "
+                  "included): slice it to the filled part, 0 .. start_pos+T-1")
+UP_TO_START = N_("returned positions 0 .. start_pos-1, without the tokens just written")
+ONE_SHORT = N_("returned one position too few: positions 0 .. start_pos+T-1 are start_pos+T of "
+               "them")
+SWAPPED = N_("returned (values, keys): update returns (k_all, v_all), keys first")
+NO_OVERFLOW = N_("wrote past max_seq_len without raising: check `start_pos + T > max_seq_len` and "
+                 "raise ValueError (slicing silently stops at the end of the buffer)")
+WRONG_ERROR = N_("raised {name} on overflow; raise ValueError with a message that names the "
+                 "positions and max_seq_len")
+FULL_IS_FINE = N_("raised an error when writing exactly up to the last position: the cache holds "
+                  "positions 0 .. max_seq_len-1, so only start_pos + T > max_seq_len overflows "
+                  "(use `>`, not `>=`)")
+DTYPE_IGNORED = N_("ignored the dtype argument: allocate the buffers with dtype=dtype")
 
-NO_OFFSET = ("decode positions not offset: rotated the new tokens by positions 0 .. T-1 "
-             "(torch.arange(T)); they sit at start_pos .. start_pos+T-1, so "
-             "positions = torch.arange(start_pos, start_pos + T)")
-TOP_LEFT = ("causal mask top-left aligned (`causal_mask(T)` or `tril(ones(T, S_k))`): the T new "
-            "queries are the LAST T of the start_pos+T keys, so query i sits at position "
-            "start_pos + i; use the bottom-right mask causal_mask(T, start_pos + T)")
-SQUARE_NEW = ("built the mask with causal_mask(T): a [T, T] square, while the T new queries meet "
-              "start_pos + T keys (the scores are [T, start_pos + T]); use the bottom-right "
-              "causal_mask(T, start_pos + T). A decode step hides the mistake: there a [1, 1] "
-              "mask broadcasts")
-SQUARE_ALL = ("built the mask with causal_mask(start_pos + T): one row per key, while only the T "
-              "new tokens are queries (the scores are [T, start_pos + T]); use the bottom-right "
-              "causal_mask(T, start_pos + T)")
-SQUARE_EITHER = ("a square causal mask against a longer cache (causal_mask(T) or "
-                 "causal_mask(start_pos + T)): the scores of T new queries against the "
-                 "start_pos + T keys are [T, start_pos + T]; use causal_mask(T, start_pos + T)")
-NO_MASK = ("no causal mask: within a chunk of several new tokens each may attend only up to its "
-           "own position; pass causal_mask(T, start_pos + T)")
-IGNORED_CACHE = ("ignored the cache: attended to the new tokens' own K and V only; attend to the "
-                 "(k_all, v_all) that cache.update returns, every position so far")
-UNROTATED_STORED = ("the cache stores K before RoPE: rotate K by its positions first, then store "
-                    "it (the rotated keys never change, so each is rotated exactly once)")
-UNROTATED_RECOMPUTED = ("the cache stores K before RoPE (and every cached key is rotated again at "
-                        "every step): rotate the new K first, then store it; cached keys are "
-                        "already rotated and are used as they are")
-NOT_ADVANCED = ("cache not advanced: every decode step used start_pos = P, so each new token "
-                "overwrote the previous one's slot; the token generated at step t sits at "
-                "position P + t")
-SKIPPED_SLOT = ("start_pos one too far in the decode steps (P + t + 1): the token generated at "
-                "step t sits at position P + t, the slot right after the previous one")
-FIRST_POSITION = ("took the logits of the first position after the prefill: the next token comes "
-                  "from the LAST position's logits, logits[:, -1]")
-RECOMPUTED = ("recomputed the whole sequence each step: with use_cache=True, feed only the "
-              "newest token (one per sequence) at start_pos = its position; the cache holds the "
-              "keys and values of everything before it")
-PREFILL_BY_TOKEN = ("pushed the prompt through one token at a time: prefill runs the whole prompt "
-                    "in one call, forward_with_cache(prompt_ids, ..., start_pos=0)")
-NEW_TOKENS_ONLY = "returned only the new tokens: return the prompt followed by them, [B, P + n]"
-WASTED_FORWARD = ("fed the last new token back through the model: its logits are never used, so "
-                  "that forward pass is wasted (a whole pass over every weight); n new tokens "
-                  "need the prefill and n - 1 decode steps; stop the loop once the last token is "
-                  "chosen")
-WASTED_FORWARD_UNCACHED = ("fed the last new token back through the model: its logits are never "
-                           "used, so that pass is wasted; without the cache, n new tokens need n "
-                           "passes (over P, P + 1, ..., P + n - 1 tokens)")
-ONE_TOO_MANY = "generated max_new_tokens + 1 tokens"
-ONE_TOO_FEW = "generated max_new_tokens - 1 tokens"
+NO_OFFSET = N_("decode positions not offset: rotated the new tokens by positions 0 .. T-1 "
+               "(torch.arange(T)); they sit at start_pos .. start_pos+T-1, so "
+               "positions = torch.arange(start_pos, start_pos + T)")
+TOP_LEFT = N_("causal mask top-left aligned (`causal_mask(T)` or `tril(ones(T, S_k))`): the T new "
+              "queries are the LAST T of the start_pos+T keys, so query i sits at position "
+              "start_pos + i; use the bottom-right mask causal_mask(T, start_pos + T)")
+SQUARE_NEW = N_("built the mask with causal_mask(T): a [T, T] square, while the T new queries meet "
+                "start_pos + T keys (the scores are [T, start_pos + T]); use the bottom-right "
+                "causal_mask(T, start_pos + T). A decode step hides the mistake: there a [1, 1] "
+                "mask broadcasts")
+SQUARE_ALL = N_("built the mask with causal_mask(start_pos + T): one row per key, while only the T "
+                "new tokens are queries (the scores are [T, start_pos + T]); use the bottom-right "
+                "causal_mask(T, start_pos + T)")
+SQUARE_EITHER = N_("a square causal mask against a longer cache (causal_mask(T) or "
+                   "causal_mask(start_pos + T)): the scores of T new queries against the "
+                   "start_pos + T keys are [T, start_pos + T]; use causal_mask(T, start_pos + T)")
+NO_MASK = N_("no causal mask: within a chunk of several new tokens each may attend only up to its "
+             "own position; pass causal_mask(T, start_pos + T)")
+IGNORED_CACHE = N_("ignored the cache: attended to the new tokens' own K and V only; attend to the "
+                   "(k_all, v_all) that cache.update returns, every position so far")
+UNROTATED_STORED = N_("the cache stores K before RoPE: rotate K by its positions first, then store "
+                      "it (the rotated keys never change, so each is rotated exactly once)")
+UNROTATED_RECOMPUTED = N_("the cache stores K before RoPE (and every cached key is rotated again "
+                          "at every step): rotate the new K first, then store it; cached keys are "
+                          "already rotated and are used as they are")
+NOT_ADVANCED = N_("cache not advanced: every decode step used start_pos = P, so each new token "
+                  "overwrote the previous one's slot; the token generated at step t sits at "
+                  "position P + t")
+SKIPPED_SLOT = N_("start_pos one too far in the decode steps (P + t + 1): the token generated at "
+                  "step t sits at position P + t, the slot right after the previous one")
+FIRST_POSITION = N_("took the logits of the first position after the prefill: the next token comes "
+                    "from the LAST position's logits, logits[:, -1]")
+RECOMPUTED = N_("recomputed the whole sequence each step: with use_cache=True, feed only the "
+                "newest token (one per sequence) at start_pos = its position; the cache holds the "
+                "keys and values of everything before it")
+PREFILL_BY_TOKEN = N_("pushed the prompt through one token at a time: prefill runs the whole "
+                      "prompt in one call, forward_with_cache(prompt_ids, ..., start_pos=0)")
+NEW_TOKENS_ONLY = N_("returned only the new tokens: return the prompt followed by them, [B, P + n]")
+WASTED_FORWARD = N_("fed the last new token back through the model: its logits are never used, so "
+                    "that forward pass is wasted (a whole pass over every weight); n new tokens "
+                    "need the prefill and n - 1 decode steps; stop the loop once the last token is "
+                    "chosen")
+WASTED_FORWARD_UNCACHED = N_("fed the last new token back through the model: its logits are never "
+                             "used, so that pass is wasted; without the cache, n new tokens need n "
+                             "passes (over P, P + 1, ..., P + n - 1 tokens)")
+ONE_TOO_MANY = N_("generated max_new_tokens + 1 tokens")
+ONE_TOO_FEW = N_("generated max_new_tokens - 1 tokens")
 
 SCALE_BY_H = N_("scaled the scores by 1/sqrt(H) = 1/sqrt(N_h * D_h), the width of all heads "
                 "together; each head scales its scores by 1/sqrt(D_h), its own width "
                 "(cfg.head_dim)")
 
-_FORWARD_HINT = ("this exercise asks you to write the cached forward pass yourself from the "
-                 "earlier chapters' pieces (rms_norm, split_qkv, apply_rope, "
-                 "grouped_query_attention, causal_mask, swiglu_ffn), not to call the course's "
-                 "finished {name}")
+_FORWARD_HINT = N_("this exercise asks you to write the cached forward pass yourself from the "
+                   "earlier chapters' pieces (rms_norm, split_qkv, apply_rope, "
+                   "grouped_query_attention, causal_mask, swiglu_ffn), not to call the course's "
+                   "finished {name}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -202,7 +204,7 @@ def _calling(c: Check, fn):
 
 def _no_reference(c: Check, *fns) -> None:
     """Make `c.call` fail if the learner's function runs the course's own answer (`fns`)."""
-    c.forbid_functions(fns, _FORWARD_HINT)
+    c.forbid_functions(fns, _(_FORWARD_HINT))
 
 
 
@@ -230,7 +232,7 @@ def _params(c: Check, cfg: ModelConfig) -> dict:
     h, d, h_ff, v = cfg.hidden_size, cfg.head_dim, cfg.ffn_hidden_size, cfg.vocab_size
     width = (cfg.n_heads + 2 * cfg.n_kv_heads) * d
     layers = []
-    for _ in range(cfg.n_layers):
+    for _n in range(cfg.n_layers):
         layers.append({
             "attn_norm": 1.0 + 0.3 * c.randn(h),
             "wqkv": c.randn(h, width, scale=1.3 / math.sqrt(h)),
@@ -406,11 +408,12 @@ _CACHE_MISTAKES = {
 def _construct(c: Check, cls, cfg, batch, s_max, **kwargs):
     cache = c.call(cfg, batch, s_max, **kwargs)
     if isinstance(cache, ref.KVCache):
-        c.fail("KVCache is (or derives from) the course's reference checks.reference.KVCache.",
-               "write the cache yourself: preallocated tensors and an update method")
+        c.fail(_("KVCache is (or derives from) the course's reference checks.reference.KVCache."),
+               _("write the cache yourself: preallocated tensors and an update method"))
     if not callable(getattr(cache, "update", None)):
-        c.fail(f"KVCache(...) has no update method (got {type(cache).__name__}).",
-               "define `def update(self, layer_idx, k, v, start_pos)` in the class")
+        c.fail(_("KVCache(...) has no update method (got {kind}).").format(
+            kind=type(cache).__name__),
+               _("define `def update(self, layer_idx, k, v, start_pos)` in the class"))
     return cache
 
 
@@ -423,11 +426,13 @@ def _check_allocation(c: Check, cache, cfg, batch, s_max, dtype) -> dict[int, to
     if held == want:
         bad = [t for t in storages.values() if t.dtype != dtype]
         if bad:
-            c.fail(f"the cache's buffers have dtype {bad[0].dtype}, expected {dtype}.",
+            c.fail(_("the cache's buffers have dtype {got}, expected {want}.").format(
+                got=bad[0].dtype, want=dtype),
                    DTYPE_IGNORED)
         return storages
     if held == 0:
-        c.fail("right after KVCache(cfg, batch_size, max_seq_len) the cache holds no tensors.",
+        c.fail(_("right after KVCache(cfg, batch_size, max_seq_len) the cache holds no "
+                 "tensors."),
                NOT_PREALLOCATED)
     mixups = {
         REPEATED_HEADS_ALLOC: 2 * cfg.n_layers * cfg.n_heads * per,
@@ -436,8 +441,8 @@ def _check_allocation(c: Check, cache, cfg, batch, s_max, dtype) -> dict[int, to
         K_ONLY: cfg.n_layers * cfg.n_kv_heads * per,
     }
     hint = next((m for m, n in mixups.items() if n == held), None)
-    c.fail(f"the cache's tensors hold {held} numbers; expected 2·L·B·N_kv·S_max·D_h = {want} "
-           f"({sizes}).", hint)
+    c.fail(_("the cache's tensors hold {held} numbers; expected 2·L·B·N_kv·S_max·D_h = {want} "
+             "({sizes}).").format(held=held, want=want, sizes=sizes), hint)
     return storages
 
 
@@ -451,9 +456,11 @@ def _expect_update(c: Check, cache, storages, sims, layer, k, v, start, want_k, 
     got = _update(c, cache, layer, k, v, start)
     for sim in sims.values():
         sim.update(layer, k, v, start)
-    label = f"update(layer_idx={layer}, k, v, start_pos={start}) with T={k.shape[2]}"
+    label = _("{call} with T={t}").format(
+        call=f"update(layer_idx={layer}, k, v, start_pos={start})", t=k.shape[2])
     if not isinstance(got, tuple) or len(got) != 2:
-        c.fail(f"{label} returned {type(got).__name__}; expected a tuple (k_all, v_all).")
+        c.fail(_("{call} returned {kind}; expected a tuple (k_all, v_all).").format(
+            call=label, kind=type(got).__name__))
     dims = ("B", "N_kv", "S", "D_h")
     t_new, end = k.shape[2], start + k.shape[2]
     for i, (what, t, want) in enumerate((("k_all", got[0], want_k), ("v_all", got[1], want_v))):
@@ -464,20 +471,26 @@ def _expect_update(c: Check, cache, storages, sims, layer, k, v, start, want_k, 
             if hint is None and t.shape[2] == s_max:
                 hint = WHOLE_BUFFER
             if hint is not None:
-                c.fail(f"{what} from {label} has shape {list(t.shape)}, expected "
-                       f"[B={want.shape[0]}, N_kv={want.shape[1]}, S={end}, D_h={want.shape[3]}]"
-                       f" (positions 0..{end - 1}).", hint)
-        c.expect_tensor(t, want, what=f"{what} from {label}", dims=dims,
+                c.fail(_("{what} from {call} has shape {got}, expected {want} (positions "
+                         "0..{last}).").format(
+                    what=what, call=label, got=list(t.shape), last=end - 1,
+                    want=f"[B={want.shape[0]}, N_kv={want.shape[1]}, S={end}, "
+                         f"D_h={want.shape[3]}]"), hint)
+        c.expect_tensor(t, want, what=_("{what} from {call}").format(what=what, call=label),
+                        dims=dims,
                         wrong={m: (lambda s=s, i=i: s.last[i]) for m, s in sims.items()})
     if set(_storages(cache)) != set(storages):
-        c.fail(f"after {label} the cache holds different tensors than it was created with.",
+        c.fail(_("after {call} the cache holds different tensors than it was created with.")
+               .format(call=label),
                REALLOCATED)
     for what, t, given in (("k_all", got[0], k), ("v_all", got[1], v)):
         if t.untyped_storage().data_ptr() not in storages:
             same = t.untyped_storage().data_ptr() == given.untyped_storage().data_ptr()
-            c.fail(f"{what} from {label} is not a view of the cache's preallocated tensors"
-                   f"{' (it is the tensor update was given)' if same else ''}.",
-                   NEW_ONLY if same else COPY.format(what=what))
+            text = (_("{what} from {call} is not a view of the cache's preallocated tensors (it "
+                      "is the tensor update was given).") if same else
+                    _("{what} from {call} is not a view of the cache's preallocated tensors."))
+            c.fail(text.format(what=what, call=label),
+                   NEW_ONLY if same else _(COPY).format(what=what))
 
 
 @_one_thread
@@ -490,7 +503,7 @@ def check_KVCache(cls, *, seed: int | None = None, thorough: bool = False) -> No
             s_max = prompt + 3 + 2 + extra + 4      # prefill, 3 decodes, a chunk of 2, room
             cache = _construct(c, cls, cfg, batch, s_max)
             storages = _check_allocation(c, cache, cfg, batch, s_max, torch.float32)
-            c.headline("preallocated: 2·L·B·N_kv·S_max·D_h numbers, N_kv heads only")
+            c.headline(_("preallocated: 2·L·B·N_kv·S_max·D_h numbers, N_kv heads only"))
             sims = {m: _SimCache(mode, n_layers, batch, cfg.n_kv_heads, s_max, cfg.head_dim)
                     for m, mode in _CACHE_MISTAKES.items()}
             # The expected contents: what was written last at every position, per layer.
@@ -507,27 +520,28 @@ def check_KVCache(cls, *, seed: int | None = None, thorough: bool = False) -> No
                                    kv[layer, 0, :, :, :end], kv[layer, 1, :, :, :end], s_max)
 
             step(0, prompt)                                 # prefill
-            c.headline("prefill writes positions 0..P-1 of every layer")
+            c.headline(_("prefill writes positions 0..P-1 of every layer"))
             for i in range(3):                              # decode steps
                 step(prompt + i, 1)
-            c.headline("decode steps write at start_pos and return views of 0..start_pos")
+            c.headline(_("decode steps write at start_pos and return views of 0..start_pos"))
             step(prompt + 3, 2)                             # a chunk of two
             step(prompt + 2, 2)                             # rewind: overwrite from start_pos
-            c.headline("writes where start_pos says (rewinding too)")
+            c.headline(_("writes where start_pos says (rewinding too)"))
             # Fill exactly to the end (every position written, none skipped): allowed.
             start = prompt + 4
             try:
                 step(start, s_max - start)
             except LearnerError as err:
                 if "ValueError" in err.message.splitlines()[0]:
-                    c.fail(f"update raised ValueError when writing positions {start}..{s_max - 1}"
-                           f" of a cache with max_seq_len={s_max}.", FULL_IS_FINE)
+                    c.fail(_("update raised ValueError when writing positions {first}..{last} "
+                             "of a cache with max_seq_len={size}.").format(
+                        first=start, last=s_max - 1, size=s_max), FULL_IS_FINE)
                 raise
             # Overflow: must raise ValueError.
             for start, t in ((s_max - 1, 2), (s_max, 1)):
                 k = c.randn(batch, cfg.n_kv_heads, t, cfg.head_dim)
-                label = (f"update(0, k, v, start_pos={start}) with T={t} on a cache with "
-                         f"max_seq_len={s_max}")
+                label = _("{call} with T={t} on a cache with max_seq_len={size}").format(
+                    call=f"update(0, k, v, start_pos={start})", t=t, size=s_max)
                 try:
                     cache.update(0, k, k.clone(), start)
                 except ValueError:
@@ -535,10 +549,11 @@ def check_KVCache(cls, *, seed: int | None = None, thorough: bool = False) -> No
                 except NotImplementedError:
                     raise NotStarted("KVCache") from None
                 except Exception as exc:
-                    c.fail(f"{label} raised {type(exc).__name__}: {exc}",
-                           WRONG_ERROR.format(name=type(exc).__name__))
-                c.fail(f"{label} did not raise.", NO_OVERFLOW)
-            c.headline("overflowing max_seq_len raises ValueError")
+                    c.fail(_("{call} raised {error}: {text}").format(
+                        call=label, error=type(exc).__name__, text=exc),
+                           _(WRONG_ERROR).format(name=type(exc).__name__))
+                c.fail(_("{call} did not raise.").format(call=label), NO_OVERFLOW)
+            c.headline(_("overflowing max_seq_len raises ValueError"))
         # dtype and device arguments; MQA (one KV head).
         cfg = _cfg(c, "mqa", n_layers=2)
         for dtype in ([torch.float64, torch.bfloat16] if thorough else [torch.float64]):
@@ -551,9 +566,10 @@ def check_KVCache(cls, *, seed: int | None = None, thorough: bool = False) -> No
             got = _update(c, cache, 1, k, v, 0)
             if isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], torch.Tensor) \
                     and got[0].dtype != dtype:
-                c.fail(f"with dtype={dtype} update returned {got[0].dtype} keys.", DTYPE_IGNORED)
+                c.fail(_("with dtype={dtype} update returned {got} keys.").format(
+                    dtype=dtype, got=got[0].dtype), DTYPE_IGNORED)
             _expect_update(c, cache, storages, sims, 0, k, v, 0, k, v, s_max)
-        c.headline("dtype and device arguments; MQA")
+        c.headline(_("dtype and device arguments; MQA"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -588,24 +604,31 @@ class _RecordingCache(gen.KVCache):
         c, cfg = self.check, self.cfg
         start, t = self.expected
         if not isinstance(k, torch.Tensor) or not isinstance(v, torch.Tensor) or k.dim() != 4:
-            c.fail(f"cache.update(layer_idx={layer_idx}, ...) got k of {type(k).__name__} "
-                   f"{tuple(getattr(k, 'shape', ()))}; expected [B, N_kv, T, D_h].")
+            c.fail(_("{call} got k of {kind} {shape}; expected [B, N_kv, T, D_h].").format(
+                call=f"cache.update(layer_idx={layer_idx}, ...)", kind=type(k).__name__,
+                shape=tuple(getattr(k, "shape", ()))))
         if k.shape[1] != cfg.n_kv_heads or v.shape[1] != cfg.n_kv_heads:
             heads = k.shape[1] if k.shape[1] != cfg.n_kv_heads else v.shape[1]
-            c.fail(f"cache.update(layer_idx={layer_idx}, ...) got K/V with {heads} heads "
-                   f"(k {list(k.shape)}, v {list(v.shape)}); the cache holds N_kv = "
-                   f"{cfg.n_kv_heads}.", REPEATED_HEADS if heads == cfg.n_heads else
-                   "pass K and V heads-first, [B, N_kv, T, D_h] (split_qkv gives that layout)")
+            c.fail(_("{call} got K/V with {heads} heads ({shapes}); the cache holds N_kv = "
+                     "{n_kv}.").format(call=f"cache.update(layer_idx={layer_idx}, ...)",
+                                       heads=heads, n_kv=cfg.n_kv_heads,
+                                       shapes=f"k {list(k.shape)}, v {list(v.shape)}"),
+                   REPEATED_HEADS if heads == cfg.n_heads else
+                   _("pass K and V heads-first, [B, N_kv, T, D_h] (split_qkv gives that "
+                     "layout)"))
         if tuple(k.shape) != tuple(v.shape) or k.shape[2] != t or k.shape[3] != cfg.head_dim:
-            c.fail(f"cache.update(layer_idx={layer_idx}, ...) got k {list(k.shape)} and v "
-                   f"{list(v.shape)}; expected [B, N_kv, T, D_h] with T={t}, the new tokens.")
+            c.fail(_("{call} got k {k} and v {v}; expected [B, N_kv, T, D_h] with T={t}, the "
+                     "new tokens.").format(call=f"cache.update(layer_idx={layer_idx}, ...)",
+                                           k=list(k.shape), v=list(v.shape), t=t))
         if start_pos != start:
-            c.fail(f"called cache.update(layer_idx={layer_idx}, k, v, start_pos={start_pos}) in a "
-                   f"call with start_pos={start}.", "the new tokens' K and V go to positions "
-                   "start_pos .. start_pos+T-1: pass the start_pos you were given")
+            c.fail(_("called {call} in a call with start_pos={start}.").format(
+                call=f"cache.update(layer_idx={layer_idx}, k, v, start_pos={start_pos})",
+                start=start),
+                   _("the new tokens' K and V go to positions start_pos .. start_pos+T-1: pass "
+                     "the start_pos you were given"))
         if not isinstance(layer_idx, int) or not 0 <= layer_idx < cfg.n_layers:
-            c.fail(f"called cache.update with layer_idx={layer_idx!r}; layers are 0 .. "
-                   f"{cfg.n_layers - 1}.")
+            c.fail(_("called cache.update with layer_idx={index}; layers are 0 .. {last}.")
+                   .format(index=repr(layer_idx), last=cfg.n_layers - 1))
         self.calls.append((layer_idx, start_pos, t))
         return super().update(layer_idx, k, v, start_pos)
 
@@ -638,28 +661,29 @@ def _plans(c: Check, thorough: bool) -> list[tuple]:
     batch, prompt = c.sizes(2, 2, 8)
     prompt += 2
     chunks = [(0, prompt)] + [(prompt + i, prompt + i + 1) for i in range(3)]
-    plans.append(("prefill, then 3 decode steps", cfg, batch, chunks,
-                  "prefill, then one token per decode step"))
+    plans.append((_("prefill, then 3 decode steps"), cfg, batch, chunks,
+                  _("prefill, then one token per decode step")))
     cfg = _cfg(c, c.choice(["gqa", "mha"]), partial=True)
     a, b2 = c.sizes(2, 2, 6)
     batch = c.randint(1, 4)
     chunks = [(0, a), (a, a + b2), (a + b2, a + b2 + 1)]
-    plans.append((f"chunked prefill ({a} then {b2} tokens), then a decode step", cfg, batch,
-                  chunks, "chunked prefill (bottom-right mask); rotary_dim < head_dim"))
+    plans.append((_("chunked prefill ({a} then {b} tokens), then a decode step").format(
+        a=a, b=b2), cfg, batch, chunks,
+                  _("chunked prefill (bottom-right mask); rotary_dim < head_dim")))
     cfg = _cfg(c, "mqa", n_layers=3)
     a, b2 = c.sizes(2, 2, 6)
     chunks = [(0, a), (a, a + 1), (a + 1, a + 1 + b2), (a + 1 + b2, a + 2 + b2)]
-    plans.append((f"MQA: prefill, decode, a chunk of {b2}, decode", cfg, c.randint(1, 3), chunks,
-                  "MQA (one KV head)"))
-    for _ in range(2 if thorough else 0):
+    plans.append((_("MQA: prefill, decode, a chunk of {count}, decode").format(count=b2), cfg,
+                  c.randint(1, 3), chunks, _("MQA (one KV head)")))
+    for _n in range(2 if thorough else 0):
         cfg = _cfg(c, c.choice(["gqa", "mqa", "mha"]), partial=c.choice([False, True]))
-        sizes = [c.randint(1, 6) for _ in range(4)]
+        sizes = [c.randint(1, 6) for _n in range(4)]
         chunks, s = [], 0
         for n in sizes:
             chunks.append((s, s + n))
             s += n
-        plans.append(("random chunks " + "+".join(map(str, sizes)), cfg, c.randint(1, 4), chunks,
-                      "random chunkings"))
+        plans.append((_("random chunks {sizes}").format(sizes="+".join(map(str, sizes))), cfg,
+                      c.randint(1, 4), chunks, _("random chunkings")))
     return plans
 
 
@@ -694,9 +718,11 @@ def _diagnose_raise(c: Check, err: LearnerError, tokens, params, cfg, batch, s_m
         if {t, e} <= numbers:
             found.append(hint)
     if found:
-        kind = "decode" if t == 1 else "chunk"
-        c.fail(f"call {len(chunks)} ({kind}: T={t} new tokens at start_pos={s}, so {e} keys) "
-               f"{text}", found[0] if len(found) == 1 else SQUARE_EITHER)
+        kind = _("decode") if t == 1 else _("chunk")
+        c.fail(_("call {n} ({kind}: T={t} new tokens at start_pos={start}, so {keys} keys) "
+                 "{error}").format(n=len(chunks), kind=kind, t=t, start=s, keys=e,
+                                   error=err.summary()),
+               found[0] if len(found) == 1 else SQUARE_EITHER)
 
 
 @_one_thread
@@ -733,19 +759,21 @@ def check_forward_with_cache(f, *, seed: int | None = None, thorough: bool = Fal
                         raise mine.failure
                     gen.forward_with_cache(ids, params, cfg, theirs, s)
                 if not torch.equal(ids, tokens[:, s:e]):
-                    c.fail("changed token_ids in place.")
-                layers = sorted(layer for layer, _, _ in mine.calls)
+                    c.fail(_("changed token_ids in place."))
+                layers = sorted(layer for layer, _s, _t in mine.calls)
                 if layers != list(range(cfg.n_layers)):
                     missing = sorted(set(range(cfg.n_layers)) - set(layers))
-                    c.fail(f"in the call with start_pos={s} (T={t}) cache.update was called for "
-                           f"layers {layers}; expected each of the {cfg.n_layers} layers once.",
-                           f"layer {missing[0]}'s K and V never reached the cache: call "
-                           "cache.update(layer_idx, k, v, start_pos) once in every layer"
-                           if missing else "call cache.update once per layer and call")
+                    c.fail(_("in the call with start_pos={start} (T={t}) cache.update was called "
+                             "for layers {layers}; expected each of the {count} layers once.")
+                           .format(start=s, t=t, layers=layers, count=cfg.n_layers),
+                           _("layer {layer}'s K and V never reached the cache: call "
+                             "cache.update(layer_idx, k, v, start_pos) once in every layer")
+                           .format(layer=missing[0])
+                           if missing else _("call cache.update once per layer and call"))
                 done = chunks[:n + 1]
-                kind = "prefill" if s == 0 else "decode" if t == 1 else "chunk"
-                what = (f"logits of call {n + 1} ({kind}: T={t} new tokens at start_pos={s}; "
-                        f"{label})")
+                kind = _("prefill") if s == 0 else _("decode") if t == 1 else _("chunk")
+                what = _("logits of call {n} ({kind}: T={t} new tokens at start_pos={start}; "
+                         "{case})").format(n=n + 1, kind=kind, t=t, start=s, case=label)
 
                 def variant(mistake, done=done):
                     return _replay(tokens, params, cfg, batch, s_max, done, mistake)[0][-1]
@@ -759,15 +787,17 @@ def check_forward_with_cache(f, *, seed: int | None = None, thorough: bool = Fal
                         c.expect_tensor(
                             mine.storage[layer, i, :, :, :e].clone(),
                             theirs.storage[layer, i, :, :, :e],
-                            what=f"the cache's {name} of layer {layer}, positions 0..{e - 1}, "
-                                 f"after call {n + 1} ({label})", dims=("B", "N_kv", "S", "D_h"),
+                            what=_("the cache's {name} of layer {layer}, positions 0..{last}, "
+                                   "after call {n} ({case})").format(
+                                name=name, layer=layer, last=e - 1, n=n + 1, case=label),
+                            dims=("B", "N_kv", "S", "D_h"),
                             wrong={m: (lambda m=m, layer=layer, i=i, done=done: _replay(
                                 tokens, params, cfg, batch, s_max, done,
                                 _FORWARD_MISTAKES[m])[1].storage[layer, i, :, :, :e])
                                 for m in (UNROTATED_RECOMPUTED, UNROTATED_STORED)})
             c.headline(headline)
-        c.headline("logits equal the uncached forward pass over the whole sequence")
-        c.headline("the cache holds K after RoPE and V, N_kv heads")
+        c.headline(_("logits equal the uncached forward pass over the whole sequence"))
+        c.headline(_("the cache holds K after RoPE and V, N_kv heads"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -886,7 +916,7 @@ def _greedy_margin(params, cfg, seq: torch.Tensor, p: int) -> float:
 def _scenario(c: Check, kind: str, batch: int, p: int, n: int):
     """cfg, params, prompt and the reference's greedy output, drawn until every greedy choice wins
     by a clear margin and the main mistakes would give other tokens (so none goes unnoticed)."""
-    for _ in range(40):
+    for _n in range(40):
         cfg = _cfg(c, kind)
         params = _params(c, cfg)
         prompt = c.randint(0, cfg.vocab_size, (batch, p))
@@ -913,30 +943,35 @@ def _generate_mixups(params, cfg, prompt, n, want) -> dict:
 def _check_steps(c: Check, log: list[int], batch: int, p: int, n: int, label: str) -> None:
     """With the cache: one prefill call over the prompt, then exactly `batch` tokens per call."""
     if not log:
-        c.fail(f"{label}: the check saw no token embeddings being read from params['embed'].",
-               "look the tokens up with params['embed'][token_ids] or F.embedding(token_ids, "
-               "params['embed']) (or chapter 02's embed), which the check can count")
+        c.fail(_("{call}: the check saw no token embeddings being read from params['embed'].")
+               .format(call=label),
+               _("look the tokens up with params['embed'][token_ids] or F.embedding(token_ids, "
+                 "params['embed']) (or chapter 02's embed), which the check can count"))
     shown = ", ".join(map(str, log[:8])) + (", ..." if len(log) > 8 else "")
-    seen = f"tokens looked up per forward call: [{shown}]"
+    seen = _("tokens looked up per forward call: {counts}").format(counts=f"[{shown}]")
     first, rest = log[0], log[1:]
     if first < batch * (p - 1):
         hint = PREFILL_BY_TOKEN if first == batch else None
-        c.fail(f"{label}: the first forward call fed {first} tokens; the prefill feeds the whole "
-               f"prompt, B·P = {batch}·{p} = {batch * p} ({seen}).", hint)
+        c.fail(_("{call}: the first forward call fed {count} tokens; the prefill feeds the whole "
+                 "prompt, B·P = {b}·{p} = {total} ({seen}).").format(
+            call=label, count=first, b=batch, p=p, total=batch * p, seen=seen), hint)
     if first > batch * p:
-        c.fail(f"{label}: the first forward call fed {first} tokens, more than the prompt's "
-               f"B·P = {batch * p} ({seen}).")
+        c.fail(_("{call}: the first forward call fed {count} tokens, more than the prompt's "
+                 "B·P = {total} ({seen}).").format(call=label, count=first, total=batch * p,
+                                                   seen=seen))
     over = [(i, m) for i, m in enumerate(rest, 1) if m != batch]
     if over:
         i, m = over[0]
         grows = len(rest) > 1 and all(b > a for a, b in zip(rest, rest[1:]))
-        c.fail(f"{label}: decode call {i} fed {m} tokens; with the cache each decode step feeds "
-               f"exactly one new token per sequence, B = {batch} ({seen}).",
+        c.fail(_("{call}: decode call {i} fed {count} tokens; with the cache each decode step "
+                 "feeds exactly one new token per sequence, B = {b} ({seen}).").format(
+            call=label, i=i, count=m, b=batch, seen=seen),
                RECOMPUTED if grows or m >= batch * p else None)
     steps = len(rest) - (first == batch * (p - 1) != batch * p)   # fed the last prompt token late
     if steps != n - 1 and n > 0:
-        c.fail(f"{label}: {len(log)} forward calls for {n} new tokens ({seen}); expected the "
-               f"prefill and then {n - 1} decode steps (the last new token is never fed back).",
+        c.fail(_("{call}: {calls} forward calls for {n} new tokens ({seen}); expected the "
+                 "prefill and then {steps} decode steps (the last new token is never fed back).")
+               .format(call=label, calls=len(log), n=n, seen=seen, steps=n - 1),
                WASTED_FORWARD if steps == n else None)
 
 
@@ -944,8 +979,9 @@ def _check_uncached_calls(c: Check, log: list[int], n: int, label: str) -> None:
     """Without the cache: one forward pass per new token, none after the last."""
     if len(log) > n:
         shown = ", ".join(map(str, log[:8])) + (", ..." if len(log) > 8 else "")
-        c.fail(f"{label}: {len(log)} forward calls for {n} new tokens (tokens looked up per "
-               f"call: [{shown}]); expected {n}, one per new token.",
+        c.fail(_("{call}: {calls} forward calls for {n} new tokens (tokens looked up per call: "
+                 "{counts}); expected {n}, one per new token.").format(
+            call=label, calls=len(log), n=n, counts=f"[{shown}]"),
                WASTED_FORWARD_UNCACHED if len(log) == n + 1 else None)
 
 
@@ -957,7 +993,7 @@ def check_generate(f, *, seed: int | None = None, thorough: bool = False) -> Non
         batch, p = c.sizes(2, 2, 5)
         trials = [("gqa", batch, p + 2, c.randint(5, 8)), ("mqa", 1, c.randint(2, 6),
                                                            c.randint(4, 7))]
-        for _ in range(2 if thorough else 0):
+        for _n in range(2 if thorough else 0):
             trials.append((c.choice(["gqa", "mha", "mqa"]), c.randint(1, 4), c.randint(1, 7),
                            c.randint(2, 9)))
         for kind, batch, p, n in trials:
@@ -969,42 +1005,47 @@ def check_generate(f, *, seed: int | None = None, thorough: bool = False) -> Non
             label = f"generate(params, cfg, prompt [B={batch}, P={p}], max_new_tokens={n})"
             got = c.call(_counting_params(params, log), cfg, prompt, n)
             if not torch.equal(prompt, before):
-                c.fail(f"{label} changed prompt_ids in place.",
-                       "write the tokens into a new tensor")
-            c.expect_tensor(got, want, what=f"{label} (greedy, with the cache)", dims=dims,
+                c.fail(_("{call} changed prompt_ids in place.").format(call=label),
+                       _("write the tokens into a new tensor"))
+            c.expect_tensor(got, want,
+                            what=_("{call} (greedy, with the cache)").format(call=label), dims=dims,
                             wrong=mixups)
             _check_steps(c, log.items, batch, p, n, label)
             log = _Recorder()
             got = c.call(_counting_params(params, log), cfg, prompt, n, use_cache=False)
-            c.expect_tensor(got, want, what=f"{label[:-1]}, use_cache=False) (greedy)",
+            c.expect_tensor(got, want, what=_("{call} (greedy)").format(
+                call=f"{label[:-1]}, use_cache=False)"),
                             dims=dims, wrong=mixups)
             _check_uncached_calls(c, log.items, n, f"{label[:-1]}, use_cache=False)")
-        c.headline("greedy tokens identical with and without the cache")
-        c.headline("one prefill over the prompt, then one new token per sequence per step; "
-                   "no forward pass after the last token")
+        c.headline(_("greedy tokens identical with and without the cache"))
+        c.headline(_("one prefill over the prompt, then one new token per sequence per step; "
+                     "no forward pass after the last token"))
         # Edge cases: nothing to generate; a single token (the prefill alone).
-        cfg, params, prompt, _ = _scenario(c, "gqa", 2, 3, 0)
+        cfg, params, prompt, _want = _scenario(c, "gqa", 2, 3, 0)
         for n in (0, 1):
             want = gen.generate(params, cfg, prompt, n)
             log = _Recorder()
             got = c.call(_counting_params(params, log), cfg, prompt, n)
-            c.expect_tensor(got, want, what=f"generate(..., max_new_tokens={n}) (greedy)",
+            c.expect_tensor(got, want, what=_("{call} (greedy)").format(
+                call=f"generate(..., max_new_tokens={n})"),
                             dims=("B", "P + max_new_tokens"),
                             wrong=_generate_mixups(params, cfg, prompt, n, want))
             if n == 1:
                 _check_steps(c, log.items, 2, 3, 1, "generate(..., max_new_tokens=1)")
             elif log.items:
-                c.fail(f"generate(..., max_new_tokens=0) ran {len(log.items)} forward "
-                       f"call(s) (tokens looked up per call: {log.items[:8]}).",
-                       "with nothing to generate, no forward pass is needed: return the prompt")
-        c.headline("max_new_tokens = 0 and 1")
+                c.fail(_("generate(..., max_new_tokens=0) ran {calls} forward call(s) (tokens "
+                         "looked up per call: {counts}).").format(calls=len(log.items),
+                                                                counts=log.items[:8]),
+                       _("with nothing to generate, no forward pass is needed: return the "
+                         "prompt"))
+        c.headline(_("max_new_tokens = 0 and 1"))
         _check_sampling(c)
-        c.note("temperature > 0 samples, reproducibly with the generator")
+        c.note(_("temperature > 0 samples, reproducibly with the generator"))
 
 
 def _check_sampling(c: Check) -> None:
     """temperature > 0: reproducible with the generator, the generator really used, not greedy."""
-    cfg, params, prompt, _ = _scenario(c, "gqa", 2, 3, 0)
+    cfg, params, prompt, _want = _scenario(c, "gqa", 2, 3, 0)
     n = 8
     greedy = gen.generate(params, cfg, prompt, n)
     label = "generate(..., temperature=1.5, generator=g)"
@@ -1021,26 +1062,28 @@ def _check_sampling(c: Check) -> None:
         if not isinstance(a, torch.Tensor) or a.shape != greedy.shape or a.dtype != torch.long:
             c.expect_tensor(a, greedy, what=label, dims=("B", "P + max_new_tokens"))
         if not torch.equal(a[:, :prompt.shape[1]], prompt):
-            c.fail(f"{label} does not start with the prompt.")
+            c.fail(_("{call} does not start with the prompt.").format(call=label))
         if int(a.min()) < 0 or int(a.max()) >= cfg.vocab_size:
-            c.fail(f"{label} produced token ids outside 0 .. {cfg.vocab_size - 1}.")
+            c.fail(_("{call} produced token ids outside 0 .. {last}.").format(
+                call=label, last=cfg.vocab_size - 1))
         if not torch.equal(a, b):
-            c.fail(f"{label}: two runs with generators seeded alike gave different tokens.",
-                   "pass `generator` on to the sampler (sample_next_token(..., "
-                   "generator=generator)); the global random state must not matter")
+            c.fail(_("{call}: two runs with generators seeded alike gave different tokens.")
+                   .format(call=label),
+                   _("pass `generator` on to the sampler (sample_next_token(..., "
+                     "generator=generator)); the global random state must not matter"))
         outs.append(a)
     if all(torch.equal(o, greedy) for o in outs):
-        c.fail(f"{label} gave the greedy tokens three times out of three.",
-               "pass `temperature` on to the sampler: temperature 0 is greedy, above 0 it "
-               "samples from softmax(logits / temperature)")
+        c.fail(_("{call} gave the greedy tokens three times out of three.").format(call=label),
+               _("pass `temperature` on to the sampler: temperature 0 is greedy, above 0 it "
+                 "samples from softmax(logits / temperature)"))
 
 
 # --------------------------------------------------------------------------------------------
 # Exercises 4-6: the roofline's arithmetic. A multiply-add counts as 2 FLOPs; the chapter's text
 # defines what each count includes, and `checks.reference.generation` holds the answers.
 
-_COUNT_HINT = ("this exercise asks you to write the formula yourself; the course's {name} (in "
-               "checks.reference) is what your answer is compared with")
+_COUNT_HINT = N_("this exercise asks you to write the formula yourself; the course's {name} (in "
+                 "checks.reference) is what your answer is compared with")
 
 
 def _roofline_cfg(c: Check) -> ModelConfig:
@@ -1086,31 +1129,32 @@ def _prefill_mixups(cfg: ModelConfig, b: int, p: int, want: int) -> dict:
     h, d = cfg.hidden_size, cfg.head_dim
     f = functools.partial(_prefill_count, cfg, b, p)
     return {
-        "counted a multiply-add as 1 FLOP: it is 2 (a multiply and an add), so a [in, out] "
-        "weight costs 2·in·out per token": f(per_mac=1),
-        "left out attention's own products: the scores Q Kᵀ and the weighted sum of V are "
-        "matrix products too (2·D_h FLOPs each per query-key pair and query head)":
+        _("counted a multiply-add as 1 FLOP: it is 2 (a multiply and an add), so a [in, out] "
+          "weight costs 2·in·out per token"): f(per_mac=1),
+        _("left out attention's own products: the scores Q Kᵀ and the weighted sum of V are "
+          "matrix products too (2·D_h FLOPs each per query-key pair and query head)"):
             f(attn="none"),
-        "counted the full P x P score matrix: under the causal mask query i meets only keys "
-        "0..i, P(P+1)/2 pairs": f(attn="square"),
-        "counted only Q Kᵀ: the weighted sum of V (weights @ V) costs as much again":
+        _("counted the full P x P score matrix: under the causal mask query i meets only keys "
+          "0..i, P(P+1)/2 pairs"): f(attn="square"),
+        _("counted only Q Kᵀ: the weighted sum of V (weights @ V) costs as much again"):
             f(attn="scores"),
-        "counted attention for the N_kv KV heads: every one of the N_h query heads computes its "
-        "own scores and weighted sum": f(attn_heads=cfg.n_kv_heads),
-        "counted the K and V projections for N_h heads (K/V repeated for every query head): "
-        "with GQA, W_K and W_V have N_kv·D_h columns each": f(kv_heads=cfg.n_heads),
-        "used H where N_h·D_h belongs (W_Q's columns, W_O's rows): they differ when head_dim "
-        "is set explicitly": f(width=h),
-        "ran the LM head on every prompt position: prefill needs only the last position's "
-        "logits (the next token), B rows": f(lm_head_rows=b * p),
-        "left out the LM head (B·H·|V| multiply-adds for the last positions)": f(lm_head_rows=0),
-        "left out the batch B: all B·P tokens go through every weight": _prefill_count(cfg, 1, p),
-        "counted one layer: every one of the L layers does the same work": f(layers=1),
-        "counted two FFN matrices: SwiGLU has three (W_gate, W_up, W_down)": f(ffn=2),
-        "left out W_O, the attention output projection": f(wo=False),
-        "counted the embedding lookup as a product: it reads rows of the table, no FLOPs":
+        _("counted attention for the N_kv KV heads: every one of the N_h query heads computes its "
+          "own scores and weighted sum"): f(attn_heads=cfg.n_kv_heads),
+        _("counted the K and V projections for N_h heads (K/V repeated for every query head): "
+          "with GQA, W_K and W_V have N_kv·D_h columns each"): f(kv_heads=cfg.n_heads),
+        _("used H where N_h·D_h belongs (W_Q's columns, W_O's rows): they differ when head_dim "
+          "is set explicitly"): f(width=h),
+        _("ran the LM head on every prompt position: prefill needs only the last position's "
+          "logits (the next token), B rows"): f(lm_head_rows=b * p),
+        _("left out the LM head (B·H·|V| multiply-adds for the last positions)"): f(lm_head_rows=0),
+        _("left out the batch B: all B·P tokens go through every weight"):
+            _prefill_count(cfg, 1, p),
+        _("counted one layer: every one of the L layers does the same work"): f(layers=1),
+        _("counted two FFN matrices: SwiGLU has three (W_gate, W_up, W_down)"): f(ffn=2),
+        _("left out W_O, the attention output projection"): f(wo=False),
+        _("counted the embedding lookup as a product: it reads rows of the table, no FLOPs"):
             f(embed=True),
-        "returned a float; the FLOP count is an exact int (avoid `/` and float factors)":
+        _("returned a float; the FLOP count is an exact int (avoid `/` and float factors)"):
             float(want),
     }
 
@@ -1136,34 +1180,36 @@ def _decode_count(cfg: ModelConfig, b: int, c_len: int, s: int, *, kv_factor: in
 def _decode_mixups(cfg: ModelConfig, b: int, c_len: int, s: int, want: int) -> dict:
     f = functools.partial(_decode_count, cfg, b, c_len, s)
     return {
-        "forgot the factor 2 of the cache: it holds K and V": f(kv_factor=1),
-        "left out the cache write: the step reads the C cached positions and writes the new "
-        "token's K and V, C + 1 positions in all": f(new=0),
-        "counted the new position twice (written, then read again): count each cache entry the "
-        "step touches once, C + 1 positions": f(new=2),
-        "counted N_h heads in the cache (K/V repeated for every query head): it holds the N_kv "
-        "KV heads only": f(kv_heads=cfg.n_heads),
-        "counted elements, not bytes: multiply by bytes_per_elem": f(weight_s=1, cache_s=1),
-        "multiplied only the cache by bytes_per_elem: the weights are stored in the same "
-        "dtype": f(weight_s=1),
-        "multiplied only the weights by bytes_per_elem: the cache is stored in the same "
-        "dtype": f(cache_s=1),
-        "counted bits, not bytes (multiplied by 8)": want * 8,
-        "counted the whole embedding table: a decode step looks up only B of its rows (left "
-        "out); the LM head is read in full": f(embed=True),
-        "left out the LM head [H, |V|], read in full at every step": f(lm_head=False),
-        "left out the norm scales (2 per layer and the final one, H numbers each)":
+        _("forgot the factor 2 of the cache: it holds K and V"): f(kv_factor=1),
+        _("left out the cache write: the step reads the C cached positions and writes the new "
+          "token's K and V, C + 1 positions in all"): f(new=0),
+        _("counted the new position twice (written, then read again): count each cache entry the "
+          "step touches once, C + 1 positions"): f(new=2),
+        _("counted N_h heads in the cache (K/V repeated for every query head): it holds the N_kv "
+          "KV heads only"): f(kv_heads=cfg.n_heads),
+        _("counted elements, not bytes: multiply by bytes_per_elem"): f(weight_s=1, cache_s=1),
+        _("multiplied only the cache by bytes_per_elem: the weights are stored in the same "
+          "dtype"): f(weight_s=1),
+        _("multiplied only the weights by bytes_per_elem: the cache is stored in the same "
+          "dtype"): f(cache_s=1),
+        _("counted bits, not bytes (multiplied by 8)"): want * 8,
+        _("counted the whole embedding table: a decode step looks up only B of its rows (left "
+          "out); the LM head is read in full"): f(embed=True),
+        _("left out the LM head [H, |V|], read in full at every step"): f(lm_head=False),
+        _("left out the norm scales (2 per layer and the final one, H numbers each)"):
             f(norms=False),
-        "read the weights once per sequence: one read serves the whole batch": f(weight_copies=b),
-        "left out the batch B in the cache: every sequence has its own K and V": f(cache_batch=1),
-        "counted one layer's cache: every layer keeps its own K and V": f(layers_kv=1),
-        "counted one layer's weights: every layer's matrices are read": f(layers_w=1),
-        "counted two FFN matrices: SwiGLU has three (W_gate, W_up, W_down)": f(ffn=2),
-        "hard-coded 2 bytes per element (bf16); use bytes_per_elem":
+        _("read the weights once per sequence: one read serves the whole batch"):
+            f(weight_copies=b),
+        _("left out the batch B in the cache: every sequence has its own K and V"):
+            f(cache_batch=1),
+        _("counted one layer's cache: every layer keeps its own K and V"): f(layers_kv=1),
+        _("counted one layer's weights: every layer's matrices are read"): f(layers_w=1),
+        _("counted two FFN matrices: SwiGLU has three (W_gate, W_up, W_down)"): f(ffn=2),
+        _("hard-coded 2 bytes per element (bf16); use bytes_per_elem"):
             f(weight_s=2, cache_s=2) if s != 2 else None,
-        "returned GiB; return the exact number of bytes as an int": want / 2**30,
-        "returned GB; return the exact number of bytes as an int": want / 1e9,
-        "returned a float; the byte count is an exact int (avoid `/` and float factors)":
+        _("returned GiB; return the exact number of bytes as an int"): want / 2**30,
+        _("returned GB; return the exact number of bytes as an int"): want / 1e9,
+        _("returned a float; the byte count is an exact int (avoid `/` and float factors)"):
             float(want),
     }
 
@@ -1171,10 +1217,10 @@ def _decode_mixups(cfg: ModelConfig, b: int, c_len: int, s: int, want: int) -> d
 @_one_thread
 def check_prefill_flops(f, *, seed: int | None = None, thorough: bool = False) -> None:
     with Check("prefill_flops", f, seed=seed) as c:
-        c.forbid_functions([gen.prefill_flops, roofline.prefill_flops], _COUNT_HINT)
+        c.forbid_functions([gen.prefill_flops, roofline.prefill_flops], _(_COUNT_HINT))
         cases = [_distinct(c, lambda: (_roofline_cfg(c), c.randint(2, 7), c.randint(7, 40)),
                            gen.prefill_flops, _prefill_mixups)
-                 for _ in range(3 if thorough else 2)]
+                 for _n in range(3 if thorough else 2)]
         cfg = _roofline_cfg(c)
         cases += [(cfg, c.randint(2, 5), 1), (ModelConfig(**{**vars(cfg), "n_kv_heads": 1}),
                                               3, c.randint(5, 20))]
@@ -1185,9 +1231,9 @@ def check_prefill_flops(f, *, seed: int | None = None, thorough: bool = False) -
             c.expect_equal(c.call(cfg, b, p), want,
                            what=f"prefill_flops({name}, batch={b}, seq_len={p})",
                            wrong=_prefill_mixups(cfg, b, p, want))
-        c.headline("2 FLOPs per multiply-add: every layer's weights for all B·P tokens, "
-                   "attention over the causal triangle, the LM head on the last positions")
-        c.headline("GQA (N_kv < N_h), MQA, head_dim ≠ H/N_h, a one-token prompt")
+        c.headline(_("2 FLOPs per multiply-add: every layer's weights for all B·P tokens, "
+                     "attention over the causal triangle, the LM head on the last positions"))
+        c.headline(_("GQA (N_kv < N_h), MQA, head_dim ≠ H/N_h, a one-token prompt"))
         c.headline("LLaMA-2-7B: B=1, P=512 and B=4, P=2048")
 
 
@@ -1195,10 +1241,10 @@ def check_prefill_flops(f, *, seed: int | None = None, thorough: bool = False) -
 def check_decode_step_bytes(f, *, seed: int | None = None, thorough: bool = False) -> None:
     with Check("decode_step_bytes", f, seed=seed) as c:
         c.forbid_functions([gen.decode_step_bytes, roofline.decode_bytes,
-                            roofline.prefill_bytes], _COUNT_HINT)
+                            roofline.prefill_bytes], _(_COUNT_HINT))
         cases = []
         # 1 and 4 bytes first (int8, fp32): a hard-coded 2 then stands out.
-        for s in [1, 4] + [c.choice([1, 2, 4]) for _ in range(2 if thorough else 0)]:
+        for s in [1, 4] + [c.choice([1, 2, 4]) for _n in range(2 if thorough else 0)]:
             cases.append(_distinct(
                 c, lambda s=s: (_roofline_cfg(c), c.randint(2, 9), c.randint(10, 500), s),
                 gen.decode_step_bytes, _decode_mixups))
@@ -1212,29 +1258,29 @@ def check_decode_step_bytes(f, *, seed: int | None = None, thorough: bool = Fals
                            what=f"decode_step_bytes({name}, batch={b}, context_len={c_len}, "
                                 f"bytes_per_elem={s})",
                            wrong=_decode_mixups(cfg, b, c_len, s, want))
-        c.headline("every weight once per step (LM head and norms, not the embedding table)")
-        c.headline("the cache: C positions read and the new one written, K and V, N_kv heads, "
-                   "every layer and sequence")
-        c.headline("LLaMA-2-7B: B=1 and B=64 at C=512, B=1 at C=4095")
+        c.headline(_("every weight once per step (LM head and norms, not the embedding table)"))
+        c.headline(_("the cache: C positions read and the new one written, K and V, N_kv heads, "
+                     "every layer and sequence"))
+        c.headline(_("LLaMA-2-7B: B=1 and B=64 at C=512, B=1 at C=4095"))
 
 
 def _intensity_mixups(flops, nbytes) -> dict:
     return {
-        "divided bytes by FLOPs: the intensity is FLOPs per byte": nbytes / flops,
-        "used // (floor division), which drops the fraction: use /": float(flops // nbytes),
-        "returned an int: the intensity is a ratio, return a float (flops / num_bytes)":
+        _("divided bytes by FLOPs: the intensity is FLOPs per byte"): nbytes / flops,
+        _("used // (floor division), which drops the fraction: use /"): float(flops // nbytes),
+        _("returned an int: the intensity is a ratio, return a float (flops / num_bytes)"):
             flops // nbytes,
-        "counted each FLOP twice: the FLOP count already has 2 per multiply-add":
+        _("counted each FLOP twice: the FLOP count already has 2 per multiply-add"):
             2 * flops / nbytes,
-        "divided by bits (8 per byte)": flops / (8 * nbytes),
+        _("divided by bits (8 per byte)"): flops / (8 * nbytes),
     }
 
 
 @_one_thread
 def check_arithmetic_intensity(f, *, seed: int | None = None, thorough: bool = False) -> None:
     with Check("arithmetic_intensity", f, seed=seed) as c:
-        c.forbid_functions([gen.arithmetic_intensity], _COUNT_HINT)
-        cases = [(c.randint(10**6, 10**9), c.randint(10**6, 10**9)) for _ in range(3)]
+        c.forbid_functions([gen.arithmetic_intensity], _(_COUNT_HINT))
+        cases = [(c.randint(10**6, 10**9), c.randint(10**6, 10**9)) for _n in range(3)]
         cases += [(c.randint(3, 50) * 7 + 3, 7), (5, 2000)]
         cfg = LLAMA2_7B
         # LLaMA-2-7B in bf16: a 512-token prefill, and a decode step after 511 cached positions
@@ -1249,19 +1295,21 @@ def check_arithmetic_intensity(f, *, seed: int | None = None, thorough: bool = F
             if not isinstance(got, numbers.Real) or isinstance(got, bool) or \
                     not math.isclose(float(got), want, rel_tol=1e-9):
                 hint = c.diagnose(got, wrong, 0.0, 0.0)
-                c.fail(f"{what} is {got!r}, expected {want!r}.", hint)
+                c.fail(_("{what} is {got}, expected {want}.").format(what=what, got=repr(got),
+                                                                     want=repr(want)), hint)
             if not isinstance(got, float):
-                c.fail(f"{what} is {got!r} of type {type(got).__name__}; expected a float.",
-                       "return a Python float: flops / num_bytes")
+                c.fail(_("{what} is {got} of type {kind}; expected a float.").format(
+                    what=what, got=repr(got), kind=type(got).__name__),
+                       _("return a Python float: flops / num_bytes"))
             c.note(what)
-        c.headline("FLOPs per byte, a float (fractions kept)")
+        c.headline(_("FLOPs per byte, a float (fractions kept)"))
 
 
 def _distinct(c: Check, draw, answer, mixups) -> tuple:
     """A case from `draw()` whose known mistakes give different numbers, so that a wrong answer
     is named for what it is (redrawn until so; rarely needed). A mistake that gives the right
     answer here (for example bytes as elements at 1 byte each) is caught by another case."""
-    for _ in range(50):
+    for _n in range(50):
         case = draw()
         want = repr(answer(*case))
         values = [repr(v) for v in mixups(*case, answer(*case)).values() if v is not None]
