@@ -45,8 +45,8 @@ FLOAT_DTYPE = N_("return float32 (compute in float64 if you like, then `.float()
 
 POSITIONS_IGNORED = N_("ignored `positions`: used torch.arange(S) (0, 1, 2, ...) instead of the "
                        "positions given; a decode step or a later chunk starts at start_pos, not 0")
-POSITIONS_FROM_1 = ("positions counted from 1 (m + 1): use the positions exactly as given; the "
-                    "first token of a sequence is position 0")
+POSITIONS_FROM_1 = N_("positions counted from 1 (m + 1): use the positions exactly as given; "
+                      "the first token of a sequence is position 0")
 DIVIDED = N_("divided the positions by the frequencies: the angle is m * theta_i, a product")
 TRANSPOSED = N_("transposed: angles are [..., S, D_r/2], one row per position and one column per "
                 "pair (`positions[..., None] * freqs`)")
