@@ -96,6 +96,7 @@ from pathlib import Path
 from . import reference
 from .context import NOTEBOOKS_ENV, grading
 from .engine import CheckFailure, NotStarted, quiet
+from .i18n import N_, _
 
 BORROWING_CALLS = frozenset({"own_functions", "own_or_reference"})
 
@@ -109,11 +110,21 @@ _loading: contextvars.ContextVar[tuple[tuple[str, set], ...]] = contextvars.Cont
 
 class _Unavailable(Exception):
     """The learner's function cannot be used. `short` fits the one-line summary; the message
-    says more."""
+    says more. Both are message ids (English, with `{placeholders}` filled from `values`): the
+    exception's own text and `short` stay English (they are recorded and compared), `shown()`
+    and `shown_short()` are in the language of the moment (a cached verdict may be shown in
+    another language later)."""
 
-    def __init__(self, short: str, detail: str | None = None):
-        self.short = short
-        super().__init__(detail or short)
+    def __init__(self, short: str, detail: str | None = None, **values):
+        self._short, self._detail, self._values = short, detail or short, values
+        self.short = short.format(**values)
+        super().__init__(self._detail.format(**values))
+
+    def shown_short(self) -> str:
+        return _(self._short).format(**self._values)
+
+    def shown(self) -> str:
+        return _(self._detail).format(**self._values)
 
 
 # --------------------------------------------------------------------------------------------
@@ -161,21 +172,23 @@ def own_functions(wanted: Mapping[str, str], *, root: str | os.PathLike | None =
     fallbacks = {name: _reference(name) for name in wanted}
     if grading():
         listed = ", ".join(f"{name} ({_chapter_number(ch)})" for name, ch in wanted.items())
-        line = (f"Graded run: the course's reference for {listed} "
-                "(grading never depends on your other notebooks).")
+        line = _("Graded run: the course's reference for {names} (grading never depends on "
+                 "your other notebooks).").format(names=listed)
         print(line)
         return Borrowed(fallbacks, dict.fromkeys(wanted, "reference"),
                         dict.fromkeys(wanted, "graded run"), line)
-    chosen, whose, why, shown = {}, {}, {}, []
+    chosen, whose, why, shown, alone_ones = {}, {}, {}, [], set()
     for name, chapter in wanted.items():
         try:
             chosen[name] = _own_if_passing(chapter, name, root, checker=None)
             whose[name], why[name], short = "yours", "", None
         except _Unavailable as exc:
             chosen[name] = fallbacks[name]
-            whose[name], why[name], short = "reference", str(exc), exc.short
+            whose[name], why[name], short = "reference", str(exc), exc.shown_short()
+            if exc.short == "no notebook":
+                alone_ones.add(name)
         shown.append((name, _chapter_number(chapter), short))
-    alone = all(short == "no notebook" for _, _, short in shown)
+    alone = len(alone_ones) == len(shown)
     line = _alone_line(shown, root) if alone else _summary_line(shown)
     print(line)
     return Borrowed(chosen, whose, why, line)
@@ -200,15 +213,16 @@ def own_or_reference(chapter: str, name: str, *, root: str | os.PathLike | None 
     if fallback is None:
         fallback = _reference(name)
     if grading():
-        print(f"Using the course's reference `{name}` (graded run: grading never depends on "
-              "your other notebooks).")
+        print(_("Using the course's reference `{name}` (graded run: grading never depends on "
+                "your other notebooks).").format(name=name))
         return fallback
     try:
         fn = _own_if_passing(chapter, name, root, checker=checker)
     except _Unavailable as why:
-        print(f"Using the course's reference `{name}` ({why}).")
+        print(_("Using the course's reference `{name}` ({why}).").format(name=name,
+                                                                         why=why.shown()))
         return fallback
-    print(f"Using your own `{name}`.")
+    print(_("Using your own `{name}`.").format(name=name))
     return fn
 
 
@@ -266,50 +280,64 @@ def _passes(fn: Callable, checker: Callable) -> None:
                 contextlib.redirect_stderr(io.StringIO()):
             checker(candidate)
     except NotStarted:
-        raise _Unavailable("not started", "yours is not started yet") from None
+        raise _Unavailable(_NOT_STARTED, _NOT_STARTED_YET) from None
     except CheckFailure as exc:
         if seen["not_implemented"]:
-            raise _Unavailable("not started", "yours is not started yet") from None
-        raise _Unavailable("check failed", f"yours does not pass its check yet: "
-                           f"{_short(exc)}") from None
+            raise _Unavailable(_NOT_STARTED, _NOT_STARTED_YET) from None
+        raise _Unavailable(N_("check failed"), N_("yours does not pass its check yet: {why}"),
+                           why=_short(exc)) from None
     except Exception as exc:  # a bug in checking: still never stop the notebook
-        raise _Unavailable(f"checking raised {type(exc).__name__}",
-                           f"checking yours raised {type(exc).__name__}: {_short(exc)}") from None
+        raise _Unavailable(N_("checking raised {error}"),
+                           N_("checking yours raised {error}: {why}"),
+                           error=type(exc).__name__, why=_short(exc)) from None
     if seen["not_implemented"]:
-        raise _Unavailable("not started", "yours is not started yet")
+        raise _Unavailable(_NOT_STARTED, _NOT_STARTED_YET)
+
+
+_NOT_STARTED = N_("not started")
+_NOT_STARTED_YET = N_("yours is not started yet")
 
 
 def _checker(chapter: str, name: str) -> Callable:
     number = _chapter_number(chapter)
     if not number.isdigit():
-        raise _Unavailable("unknown chapter", f"cannot tell the chapter number from {chapter!r}")
+        raise _Unavailable(N_("unknown chapter"),
+                           N_("cannot tell the chapter number from {chapter}"),
+                           chapter=repr(chapter))
     try:
         module = importlib.import_module(f".nb{number}", __package__)
     except Exception:  # missing, or broken while being written
-        raise _Unavailable("no checks", f"the checks of chapter {number} are not "
-                           "available") from None
+        raise _Unavailable(N_("no checks"), N_("the checks of chapter {number} are not "
+                                               "available"), number=number) from None
     check = getattr(module, f"check_{name}", None)
     if check is None:
-        raise _Unavailable("no check", f"chapter {number} has no check for `{name}`")
+        raise _Unavailable(N_("no check"), N_("chapter {number} has no check for `{name}`"),
+                           number=number, name=name)
     return check
 
 
 def _alone_line(shown: list[tuple[str, str, str | None]], root) -> str:
     """None of the earlier notebooks is there: one sentence that says so, that the reference
     stands in, and how to point borrowing at the learner's own notebooks."""
-    numbers = list(dict.fromkeys(number for _, number, _ in shown))
-    chapters = f"chapter{'s' if len(numbers) > 1 else ''} {', '.join(numbers)}"
-    names = ", ".join(name for name, _, _ in shown)
-    return (f"Your notebooks of {chapters} are not {_where(root)}: the course's reference "
-            f"stands in for {names}. To use yours, point {NOTEBOOKS_ENV} at the folder that "
-            "holds them (in Colab, a Drive folder such as /content/drive/MyDrive/Colab "
-            "Notebooks) or pass root=... to own_functions.")
+    numbers = list(dict.fromkeys(number for _name, number, _short in shown))
+    names = ", ".join(name for name, _number, _short in shown)
+    text = (_("Your notebooks of chapters {numbers} are not {where}: the course's reference "
+              "stands in for {names}. To use yours, point {variable} at the folder that holds "
+              "them (in Colab, a Drive folder such as /content/drive/MyDrive/Colab Notebooks) "
+              "or pass root=... to own_functions.") if len(numbers) > 1 else
+            _("Your notebooks of chapter {numbers} are not {where}: the course's reference "
+              "stands in for {names}. To use yours, point {variable} at the folder that holds "
+              "them (in Colab, a Drive folder such as /content/drive/MyDrive/Colab Notebooks) "
+              "or pass root=... to own_functions."))
+    return text.format(numbers=", ".join(numbers), where=_where(root), names=names,
+                       variable=NOTEBOOKS_ENV)
 
 
 def _where(root) -> str:
     """Where borrowing looked, in words: 'beside this one', or 'in FOLDER (what chose it)'."""
     bases, how = _search_bases(root)
-    return "beside this one" if how == "default" else f"in {bases[0]} ({how})"
+    return _("beside this one") if how == "default" else _("in {folder} ({how})").format(
+        folder=bases[0], how=_(how))
 
 
 def _summary_line(shown: list[tuple[str, str, str | None]]) -> str:
@@ -326,11 +354,11 @@ def _summary_line(shown: list[tuple[str, str, str | None]]) -> str:
             theirs.append(([name], reason))
     parts = []
     if yours:
-        parts.append("Yours: " + ", ".join(yours))
+        parts.append(_("Yours: {names}").format(names=", ".join(yours)))
     if theirs:
-        parts.append("the course's reference: " + ", ".join(
-            f"{', '.join(names)} ({reason})" for names, reason in theirs))
-    line = " · ".join(parts) or "No functions borrowed."
+        parts.append(_("the course's reference: {names}").format(names=", ".join(
+            f"{', '.join(names)} ({reason})" for names, reason in theirs)))
+    line = " · ".join(parts) or _("No functions borrowed.")
     return line[0].upper() + line[1:]
 
 
@@ -351,7 +379,7 @@ def _search_bases(root) -> tuple[list[Path], str]:
         return [Path(root).expanduser()], "root="
     nested = _current_root.get()
     if nested is not None:
-        return [nested], "the borrowing notebook's folder"
+        return [nested], N_("the borrowing notebook's folder")
     configured = os.environ.get(NOTEBOOKS_ENV, "").strip()
     if configured:
         return [Path(configured).expanduser()], NOTEBOOKS_ENV
@@ -362,7 +390,7 @@ def _notebook_path(chapter: str, root) -> Path:
     """The chapter's notebook in the search folder: its chapter folder (`08_rope/08_rope.ipynb`),
     else a file side by side (`08_rope.ipynb`, else the newest copy: Colab's `Copy of 08_rope.ipynb`).
     `chapter` is a folder name or just its number ("08")."""
-    bases, _ = _search_bases(root)
+    bases, _how = _search_bases(root)
     if "_" in chapter:
         named = re.compile(rf"(.*\s)?{re.escape(chapter)}")
     else:  # "04": the one chapter 04_* there
@@ -378,8 +406,9 @@ def _notebook_path(chapter: str, root) -> Path:
             continue
         if in_folders or side_by_side:
             return (in_folders + side_by_side)[0]
-    raise _Unavailable("no notebook", f"no notebook of chapter {chapter} {_where(root)}; "
-                       f"{NOTEBOOKS_ENV} can name the folder of yours")
+    raise _Unavailable(N_("no notebook"), N_("no notebook of chapter {chapter} {where}; "
+                                             "{variable} can name the folder of yours"),
+                       chapter=chapter, where=_where(root), variable=NOTEBOOKS_ENV)
 
 
 def _file_state(path: Path) -> tuple:
@@ -412,7 +441,9 @@ class _Notebook:
         if name in self.problems:
             raise self.problems[name]
         if name not in self.functions:
-            raise _Unavailable("no answer cell", f"{self.name} has no answer cell `{name}`")
+            raise _Unavailable(N_("no answer cell"),
+                               N_("{notebook} has no answer cell `{name}`"),
+                               notebook=self.name, name=name)
         return self.functions[name]
 
 
@@ -425,8 +456,9 @@ def _notebook(path: Path) -> _Notebook:
     cached = _notebooks.get(resolved)
     if cached is None or not cached.up_to_date():
         if any(resolved == loading for loading, _ in _loading.get()):
-            raise _Unavailable("circular borrowing",
-                               f"{path.name} borrows from itself through other chapters")
+            raise _Unavailable(N_("circular borrowing"),
+                               N_("{notebook} borrows from itself through other chapters"),
+                               notebook=path.name)
         files = {_file_state(path)}
         loading = _loading.set(_loading.get() + ((resolved, files),))
         here = _current_root.set(path.parent.parent if path.parent.name == path.stem
@@ -438,7 +470,7 @@ def _notebook(path: Path) -> _Notebook:
             _loading.reset(loading)
         cached.files = files
         _notebooks[resolved] = cached
-    for _, files in _loading.get():  # whoever is loading now depends on this notebook's files
+    for _path, files in _loading.get():  # whoever is loading now depends on this notebook's files
         files.update(cached.files)
     return cached
 
@@ -450,9 +482,9 @@ def _execute(path: Path) -> _Notebook:
         code = [(_source(cell), cell.get("metadata", {}).get("nbgrader") or {})
                 for cell in cells if cell.get("cell_type") == "code"]
     except Exception as exc:
-        raise _Unavailable("unreadable notebook",
-                           f"could not read {path.name}: {type(exc).__name__}") from None
-    answers = [i for i, (_, meta) in enumerate(code) if meta.get("solution")]
+        raise _Unavailable(N_("unreadable notebook"), N_("could not read {notebook}: {error}"),
+                           notebook=path.name, error=type(exc).__name__) from None
+    answers = [i for i, (_src, meta) in enumerate(code) if meta.get("solution")]
     result = _Notebook(path.name)
     namespace = {"__name__": f"_borrowed_{path.stem}", "__builtins__": builtins}
     for source, meta in code[: answers[-1] + 1] if answers else []:
@@ -469,21 +501,22 @@ def _run_answer(source: str, name: str | None, namespace: dict, result: _Noteboo
         _run(compile(source, f"<{notebook}: cell {name}>", "exec"), namespace)
     except SyntaxError as exc:
         result.problems[name] = _Unavailable(
-            "syntax error", f"your cell `{name}` in {notebook} has a syntax error on line "
-                            f"{exc.lineno}")
+            N_("syntax error"), N_("your cell `{name}` in {notebook} has a syntax error on line "
+                                   "{line}"), name=name, notebook=notebook, line=exc.lineno)
         return
     except (Exception, SystemExit) as exc:
         result.problems[name] = _Unavailable(
-            f"cell raised {type(exc).__name__}",
-            f"running your cell `{name}` in {notebook} raised {type(exc).__name__}: "
-            f"{_short(exc)}")
+            N_("cell raised {error}"),
+            N_("running your cell `{name}` in {notebook} raised {error}: {why}"),
+            name=name, notebook=notebook, error=type(exc).__name__, why=_short(exc))
         return
     fn = namespace.get(name)
     if callable(fn):
         result.functions[name] = fn
     else:
         result.problems[name] = _Unavailable(
-            "not defined", f"your cell `{name}` in {notebook} does not define `{name}`")
+            N_("not defined"), N_("your cell `{name}` in {notebook} does not define `{name}`"),
+            name=name, notebook=notebook)
 
 
 def _run_definitions(source: str, namespace: dict, notebook: str) -> None:
