@@ -19,29 +19,63 @@ _PATH_EVENTS = frozenset({"os.remove", "os.rename", "os.rmdir", "os.truncate", "
                           "os.chown", "os.utime", "shutil.rmtree", "os.mkdir"})
 
 
+_PROC_LINKS = frozenset({"root", "cwd", "fd", "fdinfo", "map_files", "mem", "environ", "exe"})
+
+
+def _proc_problem(path: str, own: str) -> str | None:
+    """Why a path under /proc is refused: another process's files (the grader's environment and
+    memory, when it runs as the same user), or a process's links that lead out of the audit's
+    reach (/proc/self/root/... is the whole file system again, unresolved)."""
+    parts = path.split("/")  # "", "proc", who, ...
+    if len(parts) < 4 or parts[1] != "proc":
+        return None
+    who, rest = parts[2], parts[3:]
+    if who.isdigit() and who != own:
+        return f"another process's files ({path})"
+    if who in ("self", own) and rest[0] == "task":
+        rest = rest[2:]  # /proc/self/task/<thread>/...
+    if who in ("self", "thread-self", own) and rest and rest[0] in _PROC_LINKS:
+        return f"a process's link or memory in /proc ({path})"
+    return None
+
+
 def install_audit_hook(protected: tuple[str, ...]) -> None:
+    """Refuse the events in `_REFUSED`, any opening of /proc paths that lead to other processes
+    or around the hook, and writes under `protected` (paths compared resolved: a symbolic link
+    or /proc/self/root/... is followed first)."""
+    own = str(os.getpid())
+
     def hook(event, args, _refused=_REFUSED, _paths=_PATH_EVENTS, _protected=protected,
-             _str=str, _fspath=os.fspath, _abspath=os.path.abspath, _isinstance=isinstance,
+             _str=str, _fspath=os.fspath, _abspath=os.path.abspath,
+             _realpath=os.path.realpath, _proc=_proc_problem, _isinstance=isinstance,
              _int=int, _err=PermissionError):
         if event in _refused:
             raise _err(f"not allowed while grading: {event}")
-        if event == "open" or event in _paths:
-            if event == "open":
-                path, mode, flags = (tuple(args) + (None, None, None))[:3]
-                writing = (_isinstance(mode, _str) and any(c in mode for c in "wax+")) or (
-                    _isinstance(flags, _int) and flags & 0o3 != 0)
-                if not writing:
-                    return
-            else:
-                path = args[0] if args else None
-            if _isinstance(path, _int) or path is None:
-                return
-            try:
-                full = _abspath(_fspath(path))
-            except Exception:  # noqa: BLE001
-                raise _err("not allowed while grading: an unusual path") from None
-            for folder in _protected:
-                if full == folder or full.startswith(folder + "/"):
-                    raise _err(f"not allowed while grading: writing to {full}")
+        if event != "open" and event not in _paths:
+            return
+        if event == "open":
+            path, mode, flags = (tuple(args) + (None, None, None))[:3]
+            writing = (_isinstance(mode, _str) and any(c in mode for c in "wax+")) or (
+                _isinstance(flags, _int) and flags & 0o3 != 0)
+        else:
+            path, writing = (args[0] if args else None), True
+        if _isinstance(path, _int) or path is None:
+            return
+        try:
+            given = _abspath(_fspath(path))
+            given = given if _isinstance(given, _str) else given.decode("utf-8", "replace")
+            full = _realpath(given)
+        except Exception:  # noqa: BLE001
+            raise _err("not allowed while grading: an unusual path") from None
+        for candidate in (given, full):
+            problem = _proc(candidate, own)
+            if problem:
+                raise _err(f"not allowed while grading: {problem}")
+        if not writing:
+            return
+        for folder in _protected:
+            for candidate in (given, full):
+                if candidate == folder or candidate.startswith(folder + "/"):
+                    raise _err(f"not allowed while grading: writing to {candidate}")
 
     sys.addaudithook(hook)

@@ -18,7 +18,7 @@ import torch
 
 from ..context import GRADING_ENV, THREADS_ENV
 from .grading import grade_notebook
-from .isolation import make_undumpable
+from .isolation import make_undumpable, python_startup_files
 from .limits import Limits, cores
 from .report import progress_line, report_problem
 from .results import GradingError, GradingIncident, NotebookResult
@@ -36,7 +36,7 @@ def grade_each(paths: list[Path], args, show: Callable[[NotebookResult], None], 
     The course's code, the sources and every notebook in `paths` are hashed first and compared
     after each notebook: a change stops grading (no notebook starts after it) and is returned
     as the incident, naming the notebooks that were being graded."""
-    tripwire = Tripwire([*course_files(args.source), *paths])
+    tripwire = Tripwire([*course_files(args.source), *python_startup_files(), *paths])
     jobs = max(1, min(args.jobs, len(paths)))
     options = _options(args, paths, threads=max(1, cores() // jobs))
     outcomes: dict[int, tuple] = {}
@@ -177,7 +177,8 @@ def _grade_one(path: Path, options: dict) -> tuple:
     try:
         return ("result", grade_notebook(
             path, source_dir=options["source"], limits=options["limits"], hide=options["hide"],
-            tripwire=Tripwire([*course_files(options["source"]), path])))
+            tripwire=Tripwire([*course_files(options["source"]), *python_startup_files(),
+                               path])))
     except Terminated:
         if _in_grading_process:  # of --jobs: its worker is closed by now
             os._exit(143)

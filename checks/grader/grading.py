@@ -25,6 +25,7 @@ from pathlib import Path
 
 from .build import build_graded_notebook
 from .identify import SOURCE_DIR, identify_chapter, name_warnings, source_notebook_path, student_of
+from .isolation import python_startup_files
 from .limits import Limits
 from .read import read_notebook
 from .results import GradingIncident, NotebookResult
@@ -57,7 +58,8 @@ def grade_notebook(path: str | os.PathLike, *, cell_timeout: float = DEFAULT_CEL
     source = read_notebook(source_notebook_path(chapter, source_dir))
     nb = build_graded_notebook(submission, source)
     if tripwire is None:
-        tripwire = Tripwire([*course_files(source_dir), path, *protect])
+        tripwire = Tripwire([*course_files(source_dir), *python_startup_files(), path,
+                             *protect])
     if hide is None:
         hide = [Path(p).resolve().parent for p in (path, *protect)]
     hide = [*hide, Path(source_dir).resolve()]

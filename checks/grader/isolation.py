@@ -1,12 +1,14 @@
 """The walls around a worker: whether they can be built here (`isolation_mode`: "namespaces"
 needs Linux, root and the kernel's namespaces; else "none"), the worker's own unprivileged user id,
-the worker's whole environment, and the configuration `jail.py` builds the walled-in worker from
-(what is hidden: the course, the sources, the submissions, home and temporary folders; what is
-bound back read-only: the Python installation).
+the worker's whole environment, and the configuration `jail.py` builds the walled-in worker from:
+its view of the file system is an allow-list (`worker_view`: the Python installation, the system's
+libraries, a few files of /etc, /sys; read-only), so the course, the sources, the submissions and
+any other copy of them anywhere on the disk are simply not in it.
 
 Without walls the worker runs as the same user with resource limits, its own session, a private
 folder, a minimal environment, the audit hook (`audit.py`) and its memory watched; the files of the
-course stay readable to it, which the report says."""
+course stay readable to it, which the report says. The grading processes make themselves
+non-dumpable (`make_undumpable`), so such a worker cannot read their environment or memory."""
 
 from __future__ import annotations
 
@@ -48,9 +50,11 @@ def _namespaces_work() -> bool:
     if not sys.platform.startswith("linux") or os.geteuid() != 0:
         return False
     with tempfile.TemporaryDirectory(prefix="checks-probe-") as tmp:
-        config = {"grader": os.getpid(), "probe": True, "hide": [tmp], "reveal": [],
-                  "lib": tmp, "lib_target": LIB_TARGET, "scratch": SCRATCH, "uid": 65534,
-                  "gid": 65534, "tmp_size": 2**20, "cgroup_procs": None}
+        allow, links, tmp_links = worker_view()
+        config = {"grader": os.getpid(), "probe": True, "allow": allow, "links": links,
+                  "tmp_links": tmp_links, "hide": [], "lib": tmp, "lib_target": LIB_TARGET,
+                  "scratch": SCRATCH, "uid": 65534, "gid": 65534, "tmp_size": 2**20,
+                  "cgroup_procs": None}
         try:
             done = subprocess.run([sys.executable, "-I", "-S", str(JAIL),
                                    json.dumps(config)], capture_output=True, timeout=30, env={})
@@ -122,21 +126,60 @@ def worker_environment(threads: int, lib: str, scratch: str, audit: bool = False
     return grading_environment(env)
 
 
+# What of the machine a walled-in worker sees besides the Python installation, read-only: the
+# system's libraries and programs, what the dynamic loader, fonts and time zones read, /sys (torch
+# reads the CPUs there). Everything else is absent from its view (an allow-list, not hidden
+# folders), so a course folder or a classmate's notebook elsewhere on the disk is out of reach.
+SYSTEM_PATHS = ("/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/libexec", "/usr/bin", "/usr/sbin",
+                "/usr/share/fonts", "/usr/share/zoneinfo", "/lib", "/lib64", "/lib32", "/bin",
+                "/sbin", "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d",
+                "/etc/localtime", "/etc/fonts", "/etc/passwd", "/etc/group", "/etc/nsswitch.conf",
+                "/sys")
+
+
+def python_installation() -> list[str]:
+    """The folders of the Python that runs the grader (and so the worker): the virtual
+    environment, its base installation, the executable's folder; as they are named and as
+    they resolve."""
+    named = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+             os.path.dirname(os.path.dirname(os.path.abspath(sys.executable))),
+             os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))}
+    return sorted(named)
+
+
+def worker_view() -> tuple[list[str], list[list[str]], list[list[str]]]:
+    """The walled-in worker's file system, for `jail.py`: (allow: real paths bound read-only,
+    links: [path, target] made in the empty root, tmp_links: the same under /tmp, made after
+    /tmp's own tmpfs)."""
+    allow, links, tmp_links = set(), [], []
+    for path in SYSTEM_PATHS:
+        if os.path.islink(path):
+            links.append([path, os.readlink(path)])
+        elif os.path.exists(path):
+            allow.add(path)
+    for path in python_installation():
+        real = os.path.realpath(path)
+        allow.add(real)
+        if real != path:  # a named path through a link: the same link in the view
+            parent = os.path.dirname(path)
+            if os.path.realpath(parent) != parent:
+                continue  # a link further up: the executable's own links lead to `real`
+            entry = [path, real]
+            (tmp_links if path == "/tmp" or path.startswith("/tmp/") else links).append(entry)
+    allow = {p for p in allow if not any(p != q and p.startswith(q.rstrip("/") + "/")
+                                         for q in allow)}  # inside another: bound with it
+    return sorted(allow), links, tmp_links
+
+
 def jail_config(limits: Limits, argv: list[str], threads: int, lib: Path, fds: tuple[int, int],
                 hide, uid: int, cgroup_procs: str | None) -> dict:
-    """What `jail.py` needs to start one walled-in worker (see its docstring for the keys)."""
-    runtime = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix,
-                                              sys.base_exec_prefix)}
-    runtime |= {sys.prefix, os.path.dirname(os.path.dirname(os.path.realpath(
-        sys.executable)))}
-    hidden = {os.path.realpath(p) for p in hide if Path(p).exists()}
-    hidden |= installed_course()
-    hidden |= {str(PACKAGE.parent), str(PACKAGE), os.path.realpath(os.path.expanduser("~")),
-               os.path.realpath(tempfile.gettempdir())}
-    hidden = {p for p in hidden if p not in ("/", "/usr", "/etc", "/lib", "/bin", "/proc",
-                                             "/sys", "/dev", "/var", "/run")}
-    reveal = sorted(p for p in runtime if any(p == h or p.startswith(h.rstrip("/") + "/")
-                                              for h in hidden | {"/tmp", "/var/tmp"}))
+    """What `jail.py` needs to start one walled-in worker (see its docstring for the keys).
+    `hide`: folders the worker must not see; with the allow-list view only those inside the
+    Python installation need a wall of their own (an installed copy of the course always)."""
+    allow, links, tmp_links = worker_view()
+    inside = {os.path.realpath(p) for p in hide if Path(p).exists()} | installed_course() | {
+        str(PACKAGE.parent), str(PACKAGE)}
+    inner = sorted(p for p in inside if any(p.startswith(a.rstrip("/") + "/") for a in allow))
     rlimits = {"RLIMIT_CORE": 0, "RLIMIT_NPROC": 1024}
     if limits.cpu:
         rlimits["RLIMIT_CPU"] = int(limits.cpu)
@@ -144,11 +187,10 @@ def jail_config(limits: Limits, argv: list[str], threads: int, lib: Path, fds: t
         rlimits["RLIMIT_FSIZE"] = int(limits.output)
     return {"grader": os.getpid(), "python": sys.executable, "argv": argv,
             "env": worker_environment(threads, LIB_TARGET, SCRATCH), "uid": uid,
-            "gid": uid, "cgroup_procs": cgroup_procs,
-            "hide": sorted(hidden), "reveal": reveal, "lib": str(lib),
-            "lib_target": LIB_TARGET, "scratch": SCRATCH,
-            "tmp_size": max(limits.output or 0, 64 * 2**20), "rlimits": rlimits,
-            "keep_fds": list(fds)}
+            "gid": uid, "cgroup_procs": cgroup_procs, "allow": allow, "links": links,
+            "tmp_links": tmp_links, "hide": inner, "lib": str(lib), "lib_target": LIB_TARGET,
+            "scratch": SCRATCH, "tmp_size": max(limits.output or 0, 64 * 2**20),
+            "rlimits": rlimits, "keep_fds": list(fds)}
 
 
 def make_undumpable() -> None:
@@ -162,3 +204,31 @@ def make_undumpable() -> None:
 
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
+def python_startup_files() -> list[Path]:
+    """What every Python of this installation runs when it starts: its site-packages folders
+    (a new .pth file changes their listing), their .pth files and the modules those import
+    (editable installs' finders), and sitecustomize / usercustomize. A worker that added or
+    changed one would run code in every later worker; the tripwire compares them after each
+    notebook."""
+    import importlib.util
+
+    folders = [Path(p) for p in {*site.getsitepackages(), site.getusersitepackages()}
+               if os.path.isdir(p)]
+    found: set[Path] = set(folders)
+    modules = {"sitecustomize", "usercustomize"}
+    for folder in folders:
+        for pth in folder.glob("*.pth"):
+            found.add(pth)
+            with contextlib.suppress(OSError, UnicodeDecodeError):
+                for line in pth.read_text(encoding="utf-8").splitlines():
+                    if line.startswith(("import ", "import\t")):
+                        modules |= set(re.findall(r"\bimport\s+([A-Za-z_]\w*)", line))
+                        modules |= set(re.findall(r"__import__\(['\"]([A-Za-z_]\w*)", line))
+    for name in modules:
+        with contextlib.suppress(ImportError, ValueError, AttributeError):
+            spec = importlib.util.find_spec(name)
+            if spec is not None and spec.origin and os.path.isfile(spec.origin):
+                found.add(Path(spec.origin))
+    return sorted(found)

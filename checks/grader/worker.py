@@ -41,8 +41,8 @@ from .. import engine
 from ..context import PROTECT_ENV
 from . import wire
 from .channel import MAX_MESSAGE, WorkerGone, receive_frame, send_frame
-from .isolation import (JAIL, LIB_TARGET, isolation_mode, jail_config, worker_environment,
-                        worker_uid)
+from .isolation import (JAIL, LIB_TARGET, isolation_mode, jail_config, python_installation,
+                        worker_environment, worker_uid)
 from .library import PACKAGE, WorkerLibrary
 from .limits import Limits, apply_rlimits, cores, no_core_dumps
 from .memory import MemoryCgroup, MemoryWatch, process_tree
@@ -182,8 +182,8 @@ class Worker:
             scratch = workdir / "cwd"
             scratch.mkdir(exist_ok=True)
             env = worker_environment(threads, str(lib), str(scratch), audit=True)
-            env[PROTECT_ENV] = os.pathsep.join(
-                str(Path(p).resolve()) for p in [*hide, PACKAGE.parent])
+            env[PROTECT_ENV] = os.pathsep.join(  # the Python installation too: a .pth file
+                str(Path(p).resolve()) for p in [*hide, PACKAGE.parent, *python_installation()])
             self.process = subprocess.Popen(
                 argv, stdin=null, stdout=log, stderr=log, cwd=scratch, env=env,
                 pass_fds=fds, preexec_fn=functools.partial(apply_rlimits, self.limits),
