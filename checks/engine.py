@@ -16,6 +16,7 @@ import numbers
 import os
 import secrets
 import sys
+import sysconfig
 import traceback
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -599,6 +600,12 @@ def _num(t: torch.Tensor) -> str:
 
 _recording: contextvars.ContextVar = contextvars.ContextVar("checks_recording", default=None)
 _PACKAGE_DIR = os.path.dirname(__file__) + os.sep
+# Library code (torch, the standard library, installed packages) is never the learner's either:
+# `F.silu` is a Python function named like chapter 09's exercise, and must not count as a call of
+# the learner's own `silu`.
+_LIBRARY_DIRS = tuple(dict.fromkeys(
+    [os.path.dirname(torch.__file__), os.path.dirname(os.__file__),
+     *(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))]))
 
 
 def _chain(first: Callable, then: Callable) -> Callable:
@@ -657,7 +664,7 @@ class CallRecord:
             return
         head = _qualified_name(frame).partition(".")[0]
         if head in self.names and head not in self.given and \
-                not code.co_filename.startswith(_PACKAGE_DIR):
+                not code.co_filename.startswith((_PACKAGE_DIR, *_LIBRARY_DIRS)):
             obj = frame.f_globals.get(head)
             if obj is not None:
                 self.seen.setdefault(head, obj)

@@ -468,3 +468,28 @@ def test_readme_says_a_failing_check_stops_run_all_and_how_to_go_on():
     assert "a failing check (a red **✗**) does stop \"Run All Cells\"" in text
     assert "Run Selected Cell and All Below" in text             # JupyterLab's Run menu
     assert "one by one" in text
+
+
+def test_library_functions_named_like_an_exercise_are_not_the_learners():
+    """`F.silu` and `F.rms_norm` are Python functions named like chapters 09's and 10's
+    exercises: calling them is no call of the learner's own `silu`/`rms_norm`."""
+    import torch.nn.functional as F
+
+    from checks.engine import CallRecord
+
+    record = CallRecord(["silu", "rms_norm"], {})
+    x = torch.randn(3, 4)
+
+    def learner_swiglu(x):
+        return F.silu(x) * F.rms_norm(x, (4,))
+
+    with record.watching():
+        learner_swiglu(x)
+    assert record.seen == {}
+
+    cell = {"torch": torch}              # the learner's own silu, defined in a notebook cell
+    exec(compile("def silu(x):\n    return x * torch.sigmoid(x)\n\n"
+                 "def swiglu(x):\n    return silu(x)\n", "<cell>", "exec"), cell)
+    with record.watching():
+        cell["swiglu"](x)
+    assert record.seen == {"silu": cell["silu"]}
