@@ -106,7 +106,15 @@ class Timing:
     result: Any = None
 
     def __str__(self) -> str:
-        return f"{self.median * 1e3:.3f} ms (median of {self.repeats})"
+        return _("{time} ms (median of {count})").format(time=f"{self.median * 1e3:.3f}",
+                                                          count=self.repeats)
+
+
+def _(message: str) -> str:
+    """`message` in the learner's language: checks.i18n's translation once it is loaded (it
+    imports this module for LANG_ENV, so this module cannot import it back), else English."""
+    i18n = sys.modules.get(f"{__package__}.i18n")
+    return i18n._(message) if i18n is not None else message
 
 
 def time_budget(fn: Callable[[], Any], *, budget: float | None = None, warmup: int = 1,
