@@ -29,7 +29,7 @@ from .context import SEED_ENV
 from .i18n import N_, _
 
 # (exercise, forbidden names and hints) of the Check calling the learner now. The grader's side of
-# a worker (checks.grader.sandbox) reads it to apply the same guards to a call it forwards.
+# a worker (checks.grader.worker) reads it to apply the same guards to a call it forwards.
 calling: contextvars.ContextVar = contextvars.ContextVar("checks_engine_calling", default=None)
 
 

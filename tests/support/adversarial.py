@@ -592,7 +592,7 @@ CATALOGUE: list[Case] = [
          "01_notation", before("tensor_shape"), "a 128 MiB result is refused unread",
          "bounded-grader", error="MiB in one answer"),
     Case("c7_many_medium_answers", lambda w: _many_medium_answers(),
-         "01_notation", before("validate_config"),
+         "01_notation", without("validate_config"),
          "48 MiB with every call (a return value "
          "the check ignores): the grader stops accepting tensor data within the test",
          "bounded-grader", error="more tensor data"),
