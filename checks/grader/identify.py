@@ -7,7 +7,8 @@ Before a class is graded, `find_submissions` decides what is graded and whose it
 - The student is the first folder level under the root given: `ROOT/<student>/...`. nbgrader's
   layout is one case of it: a root named `submitted`, or one holding a `submitted/` folder (a
   course folder: only its `submitted/` is searched), has its students one level under
-  `submitted/`. A notebook directly in the root, one in a first-level folder named like a chapter
+  `submitted/`; so is a folder inside that layout (one student's, `submitted/alice/`: the root
+  is the `submitted/` above it). A notebook directly in the root, one in a first-level folder named like a chapter
   (the layout of notebooks/: `ROOT/01_notation/01_notation.ipynb`), or a file named on the
   command line outside nbgrader's layout, belongs to no student named.
 - A notebook nested below its assignment folder (`ROOT/<student>/<assignment>/more/x.ipynb`) is
@@ -109,11 +110,16 @@ def source_notebook_path(chapter: str, source_dir: str | os.PathLike = SOURCE_DI
 
 
 def students_root(folder: Path) -> Path:
-    """Where the students' folders are, for a folder given: itself, or its `submitted/` when it
-    is an nbgrader course folder (it holds one)."""
+    """Where the students' folders are, for a folder given: itself; its `submitted/` when it is
+    an nbgrader course folder (it holds one); or, for a folder inside nbgrader's layout (one
+    student's, `.../submitted/alice/`), the first `submitted/` above it."""
     inner = folder / "submitted"
-    return inner if folder.name != "submitted" and inner.is_dir() and not inner.is_symlink() \
-        else folder
+    if folder.name != "submitted" and inner.is_dir() and not inner.is_symlink():
+        return inner
+    parts = Path(os.path.abspath(folder)).parts
+    if folder.name != "submitted" and "submitted" in parts[:-1]:
+        return Path(*parts[:parts.index("submitted") + 1])
+    return folder
 
 
 def student_of(path: str | os.PathLike, root: str | os.PathLike | None = None) -> str | None:
@@ -140,7 +146,7 @@ def _below(path, root) -> tuple[str, ...] | None:
     path = Path(path)
     if root is not None:
         try:
-            return path.relative_to(root).parts
+            return Path(os.path.abspath(path)).relative_to(os.path.abspath(root)).parts
         except ValueError:
             return None
     parts = path.parts
@@ -212,8 +218,10 @@ def find_submissions(paths, caps: Caps = Caps(), source_dir: str | os.PathLike =
     submissions: list[Submission] = []
     refused: list[GradingError] = []
     for given in paths:
-        root = students_root(Path(given)) if Path(given).is_dir() else None
-        found, skipped = notebooks_in([root or Path(given)], caps.max_depth)
+        given = Path(given)
+        root = students_root(given) if given.is_dir() else None
+        search = root if root == given / "submitted" else given  # a course folder: submitted/
+        found, skipped = notebooks_in([search], caps.max_depth)
         refused += skipped
         found, over = _within_student_cap(found, root, caps.max_notebooks)
         refused += over
@@ -262,7 +270,8 @@ def _within_student_cap(found: list[Path], root: Path | None, cap: int
         ranked = sorted(theirs, key=lambda p: (not CHAPTER_NAME.fullmatch(p.stem),
                                                len(p.parts), p))
         dropped |= set(ranked[cap:])
-        folder = theirs[0].parent if root is None else root / theirs[0].relative_to(root).parts[0]
+        folder = theirs[0].parent if root is None else \
+            Path(os.path.abspath(root)) / _below(theirs[0], root)[0]
         refused.append(Refused(folder, f"{len(theirs)} notebooks for student {student}, more "
                                        f"than the {cap} one student may have (--max-notebooks): "
                                        f"{len(theirs) - cap} not graded (those named after a "

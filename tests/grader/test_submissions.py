@@ -108,9 +108,9 @@ def test_multi_outcome_folders(klass):
 
 
 def test_finding_as_one_student_of_a_course_folder(klass):
-    """The root may be the course folder (holding submitted/), submitted/ itself, one
-    student's folder (the student is then the next level: the assignment, documented), or
-    a file named directly (nbgrader's layout read from its path)."""
+    """The root may be the course folder (holding submitted/), submitted/ itself, a folder
+    inside that layout (one student's, or their assignment's), or a file named directly
+    (nbgrader's layout read from its path)."""
     tmp, folder, _, _ = klass
     course = folder.parent
     a = identify.find_submissions([course], read.Caps(max_notebooks=3))
@@ -118,6 +118,9 @@ def test_finding_as_one_student_of_a_course_folder(klass):
     assert [(s.path, s.student) for s in a.submissions] == [
         (s.path, s.student) for s in b.submissions]
     direct = folder / "c9_zz_victim" / "01_notation" / "01_notation.ipynb"
+    for inside in (folder / "c9_zz_victim", folder / "c9_zz_victim" / "01_notation"):
+        alone = identify.find_submissions([inside])
+        assert [(s.path, s.student) for s in alone.submissions] == [(direct, "c9_zz_victim")]
     assert identify.student_of(direct) == "c9_zz_victim"
     nested = folder / "mallory" / "01_notation" / "submitted" / "bob" / "01_notation" / "x.ipynb"
     assert identify.student_of(nested) == "mallory"
