@@ -225,8 +225,10 @@ def test_a_rerun_grades_only_what_changed_and_merges(graded, tmp_path):
     one = grade(fixed.parent, "--json", report_file)  # one student's folder alone
     assert one.returncode == 0, one.stderr
     merged = json.loads(report_file.read_text())
+    # the folder given names no student (the notebook is at its top): the file is still wrong's
     assert points_of(merged["notebooks"]) == {**EXPECTED, "wrong": EXPECTED["complete"]}
     assert merged["points"] == 18 + 1
+    assert "[student wrong]" in one.stdout
 
     rest = grade(base, "--json", report_file, "--jobs", "2")  # the class: nothing new
     assert "5 of 5 notebooks unchanged" in rest.stderr

@@ -83,6 +83,10 @@ class GradeOutputs:
 
     def add(self, result: NotebookResult) -> dict:
         """One notebook finished: into the records, and every output rewritten (atomically)."""
+        earlier = self.records.get(record_key(result.path))
+        if result.student is None and earlier is not None and earlier.get("student"):
+            # The same file graded alone (its folder or itself given): still that student's
+            result.student = earlier["student"]
         record = self.record(result)
         self.records[record_key(result.path)] = record
         self.write(final=False)
