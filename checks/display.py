@@ -30,7 +30,7 @@ class _PassBlock:
     def _summary(self) -> str:
         shown = self.properties[:3]
         more = len(self.properties) - len(shown)
-        checked = "; ".join(shown) if shown else _("output")
+        checked = _("; ").join(shown) if shown else _("output")  # Chinese: a full-width "；"
         if more:
             checked += _("; and {count} more").format(count=more)
         calls = ngettext("{count} call", "{count} calls", self.calls).format(count=self.calls)
