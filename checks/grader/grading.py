@@ -23,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..i18n import notebook_language, using
 from .build import build_graded_notebook
 from .identify import SOURCE_DIR, identify_chapter, name_warnings, source_notebook_path, student_of
 from .isolation import python_startup_files
@@ -63,11 +64,15 @@ def grade_notebook(path: str | os.PathLike, *, cell_timeout: float = DEFAULT_CEL
     if hide is None:
         hide = [Path(p).resolve().parent for p in (path, *protect)]
     hide = [*hide, Path(source_dir).resolve()]
-    run = _run_in_scratch(path, nb, source, limits, chapter, source_dir, hide)
+    # The diagnoses in the submission's language (the Chinese release says so in its metadata);
+    # LLAMA_COURSE_LANG, when set, still decides. Points never depend on it.
+    with using(notebook_language(submission)):
+        run = _run_in_scratch(path, nb, source, limits, chapter, source_dir, hide)
+        exercises = score_notebook(nb, source, run.completed)
     changed = tripwire.changed()
     if changed:
         raise GradingIncident([str(path)], [short_path(p) for p in changed])
-    return NotebookResult(str(path), chapter, score_notebook(nb, source, run.completed),
+    return NotebookResult(str(path), chapter, exercises,
                           run.error, time.monotonic() - started, student=student_of(path),
                           warnings=name_warnings(path, chapter, source_dir),
                           isolation=run.isolation, worker_uid=run.worker_uid,

@@ -127,8 +127,6 @@ def test_a_wrong_answer_loses_the_same_points_with_its_diagnosis_in_each_languag
     assert "likely mistake" not in wrong_zh["message"]
 
 
-@pytest.mark.xfail(strict=False, reason="checks.grader does not yet read the submission's "
-                   "metadata.course.lang (wrap the scoring in checks.i18n.using(...))")
 def test_a_chinese_submission_is_reported_in_chinese_without_the_variable(graded):
     zh = graded["zh-wrong-unset"][WRONG_CHAPTER]
     wrong = next(e for e in zh["exercises"] if e["name"] == WRONG_EXERCISE)
