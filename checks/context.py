@@ -57,6 +57,10 @@ ENVIRONMENT = (
     EnvVar("CHECKS_AUDIT", "the worker installs its audit hook", "the grader, for its workers"),
     EnvVar("CHECKS_PROTECT", "paths the worker's audit hook refuses to change",
            "the grader, for its workers"),
+    EnvVar("AUTOGRADER_ROOT", "the Gradescope layout's root (source/, submission/, results/); "
+           "default /autograder", "tests emulating Gradescope"),
+    EnvVar("CHECKS_PYTHON", "the Python that the Gradescope autograder runs the grader with; "
+           "default python3", "tests, an instructor's container"),
     EnvVar("OMP_NUM_THREADS", "torch threads (when LLAMA_COURSE_THREADS is not set)",
            "the user, the test suite"),
 )

@@ -20,6 +20,13 @@ The modules, in the order a notebook meets them (`python -m checks grade`):
 - `limits`: the worker's budgets (time, CPU, output, threads) and resource limits.
 - `zygote`: a torch-loaded process that forks walled-in workers quickly.
 - `jail`: the walled-in worker's start, standard library only (run as a script).
+- `batch`, `report`: many notebooks `--jobs` at a time; the tables, progress and incident lines.
+- `outputs/`: what a run leaves for the instructor, written as each notebook finishes: the JSON
+  (atomic, merged with an earlier run), the gradebook CSVs, feedback HTML, the class summary,
+  lateness.
+- `gradescope/`: `python -m checks gradescope`: the autograder zip and what runs inside it.
+- `nbgrader_plugins`: the preprocessors nbgrader_config.py adds to nbgrader's autograde and
+  feedback steps (hidden tests out of feedback; renamed or deleted cells survived).
 
 In the worker's library, and only these of grader/ (`library.WORKER_GRADER_MODULES`):
 

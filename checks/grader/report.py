@@ -4,6 +4,7 @@ files written (the JSON report, CSVs, feedback pages) are `checks.grader.outputs
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import threading
@@ -11,7 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .results import PASSED, GradingError, GradingIncident, NotebookResult
+from .results import PASSED, GradingError, GradingIncident, NotebookResult, printable
 
 PROG = "python -m checks"
 HEARTBEAT = 30.0  # seconds without a notebook finishing before a "still grading" line
@@ -67,7 +68,7 @@ class Progress:
         while not self._stop.wait(min(self.heartbeat, 5.0)):
             quiet = time.monotonic() - self.last
             if quiet >= self.heartbeat and self.running():
-                names = ", ".join(map(str, self.running()))
+                names = ", ".join(shown_path(p) for p in self.running())
                 done = f"{len(self.finished)} of {len(self.paths)} done"
                 print(f"… still grading {names} ({done}): "
                       f"{_duration(quiet)} since the last notebook finished (a slow cell, or "
@@ -86,8 +87,14 @@ def progress_line(done: int, total: int, path: Path, outcome: tuple) -> None:
         r = outcome[1]
         if _progress is not None and _progress.on_result is not None:
             _progress.on_result(r)
-        print(f"[{done}/{total}] {path}: {pts(r.points)}/{pts(r.max_points)} points "
-              f"({r.seconds:.1f} s{eta})", file=sys.stderr, flush=True)
+        print(f"[{done}/{total}] {shown_path(path)}: {pts(r.points)}/{pts(r.max_points)} "
+              f"points ({r.seconds:.1f} s{eta})", file=sys.stderr, flush=True)
+
+
+def shown_path(path) -> str:
+    """A submission's path as it may be printed: a file name is the student's, and control
+    characters in it (ESC, CR) could draw on the instructor's terminal."""
+    return printable(os.fsdecode(path))
 
 
 def _duration(seconds: float) -> str:

@@ -282,8 +282,6 @@ def test_nothing_raw_reaches_stdout(graded):
 
 
 @pytest.mark.grader_workers
-@pytest.mark.xfail(strict=True, reason="report.progress_line prints the raw path (H6: "
-                   "/work/notes/h7-to-h6.md); remove this marker with the fix")
 def test_nothing_raw_reaches_stderr(graded):
     _, _, _, done, data, _ = graded
     assert b"\x1b" not in done.stderr and b"\r" not in done.stderr
