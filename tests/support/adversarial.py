@@ -52,10 +52,13 @@ PROTECTED = {
                           "passes where the grader's fails is reported as tampering suspected.",
     "answers-unreachable": "The course's answers are out of the worker's reach: the graded "
                            "chapter's checkers and reference functions are not in its copy of "
-                           "`checks`, and the repository, the sources, the other submissions and "
-                           "the grader's home are empty in its view of the disk (switching off "
-                           "a profiler, threads, cloned code objects, reading files or walking "
-                           "the garbage collector find nothing).",
+                           "`checks`, and its view of the disk is an allow-list (as root: an empty"
+                           " root holding only the Python installation with the model's converted "
+                           "weights, system libraries, a few files of /etc and /sys, all "
+                           "read-only, and its own scratch), so the repository, the sources, other"
+                           " submissions, a second clone of the course and the grader's home are "
+                           "not there (switching off a profiler, threads, cloned code objects, "
+                           "reading files or walking the garbage collector find nothing).",
     "hostile-data": "Everything the worker sends is data decoded without running its code: "
                     "objects that lie about equality, tensor subclasses, oversized or forged "
                     "messages, colliding dict keys, deep nesting and expanded or out-of-bounds "
@@ -64,14 +67,20 @@ PROTECTED = {
     "inputs-copied": "Expected values come from the inputs as they were before the call: a "
                      "function that changes its inputs in place fails, saying so.",
     "walls": "The worker runs as an unprivileged user in its own PID, mount, network and IPC "
-             "namespaces and memory cgroup: it cannot signal the grader or other processes, "
-             "cannot write outside its scratch folder, and every process it starts is gone "
-             "before the next notebook (checked); the course, the sources and every submission "
-             "are hashed and compared after each notebook, and a change stops grading with an "
-             "incident report.",
-    "bounded-grader": "Output, messages, decoded data and the worker's memory, CPU time and file "
-                      "sizes are capped: the grader stays under 1 GiB, and a hang, crash, memory "
-                      "blow-up or `sys.exit` costs the cells from there on.",
+             "namespaces and memory cgroup, with a system-call filter that refuses the kernel's "
+             "keyrings and new namespaces (nothing a notebook leaves there reaches a later one): "
+             "it cannot signal the grader or other processes, cannot write outside its scratch "
+             "folder, and every process it starts is gone before the next notebook (checked); the "
+             "grader's processes are not dumpable, and SIGINT or SIGTERM to the grader ends every "
+             "process it started; the course, the sources, every submission and the Python "
+             "installation's start-up files (.pth, sitecustomize) are hashed and compared after "
+             "each notebook, and a change stops grading with an incident report.",
+    "bounded-grader": "Output, messages, decoded data and the worker's memory, CPU time, file "
+                      "sizes and wall time per notebook are capped: the grader stays under 1 GiB, "
+                      "and a hang, crash, memory blow-up, `os._exit` or `sys.exit` costs only that"
+                      " cell's exercise and those whose code calls it (the worker is restarted, "
+                      "the cells before it replayed without it, and the report names the cell "
+                      "skipped and why).",
     "minimal-environment": "The worker gets a minimal environment: nothing the instructor has "
                            "set (secrets included) reaches it.",
 }
