@@ -486,6 +486,20 @@ CATALOGUE: list[Case] = [
          "the repository, the sources and the installed package are "
          "empty in the worker's view; its memory holds stubs only", "answers-unreachable",
          statuses=dict.fromkeys(CHAPTER_01, "failed")),
+    Case("c3_chapter_13_counts_from_the_course", lambda w: answer(answer(
+        sol("13_generation_kv_cache"), "prefill_flops", (
+            "def prefill_flops(cfg, batch, seq_len):\n"
+            "    from checks.reference import roofline\n"
+            "    return roofline.prefill_flops(cfg, batch, seq_len)")), "decode_step_bytes", (
+            "def decode_step_bytes(cfg, batch, context_len, bytes_per_elem):\n"
+            "    from checks import timing\n"
+            "    return timing.reference_counts().decode_step_bytes(cfg, batch, context_len, "
+            "bytes_per_elem)")),
+         "13_generation_kv_cache",
+         without("prefill_flops", "decode_step_bytes", chapter="13_generation_kv_cache"),
+         "chapter 13's counts, from checks.reference.roofline and through checks.timing: "
+         "withheld while chapter 13 is graded", "answers-unreachable",
+         statuses={"prefill_flops": "failed", "decode_step_bytes": "failed"}),
     Case("c3_forbidden_function", lambda w: answer(sol("04_self_attention"), "attention", (
         "def attention(q, k, v, mask=None):\n"
         "    weights = masked_softmax(attention_scores(q, k), mask)\n"
