@@ -178,6 +178,11 @@ def build_view(cfg: dict) -> None:
     root = "/tmp/.root"
     _mkdirs(root)
     _mount("none", root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=4m")
+    # The worker's own /tmp and /dev/shm first, so that an allowed path under /tmp (a virtual
+    # environment in a clone under /tmp, as CI's may be) is bound inside them, not covered.
+    for folder in ("/dev/shm", "/tmp"):
+        _mkdirs(root + folder)
+        _mount("none", root + folder, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={size}")
     for path in sorted(opened, key=len):
         _bind_at(opened[path][0], root + path, opened[path][1])
     for path, target in cfg["links"]:
@@ -187,9 +192,6 @@ def build_view(cfg: dict) -> None:
     for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
                          ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
         _link(root, f"/dev/{name}", target)
-    for folder in ("/dev/shm", "/tmp"):
-        _mkdirs(root + folder)
-        _mount("none", root + folder, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={size}")
     _bind_at(lib, root + cfg["lib_target"], True)
     for path, target in cfg.get("tmp_links", []):  # the Python installation named under /tmp
         _link(root, path, target)

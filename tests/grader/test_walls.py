@@ -206,3 +206,29 @@ def test_the_worker_sees_no_classmate_and_no_other_copy_of_the_course(tmp_path):
         assert {e["name"]: e["status"] for e in result["exercises"]}["head_dim"] == "error"
     finally:
         shutil.rmtree(elsewhere, ignore_errors=True)
+
+
+@walled
+def test_an_allowed_folder_under_tmp_is_in_the_view(tmp_path):
+    """A Python installation under /tmp (a virtual environment in a clone under /tmp, as CI's may
+    be) is in the worker's view: the worker's own /tmp is mounted first and the allowed folders
+    are bound inside it, not covered by it (that once hid the whole environment: every
+    exercise after the first import failed, 46/116 for the solutions)."""
+    from checks.grader.isolation import JAIL, jail_config
+
+    installation = tmp_path / "clone" / ".venv"
+    installation.mkdir(parents=True)
+    (installation / "marker.txt").write_text("visible\n")
+    os.chmod(installation, 0o755)
+    os.chmod(installation / "marker.txt", 0o644)
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    os.chmod(lib, 0o755)
+    cat = "/bin/cat" if os.path.exists("/bin/cat") else "/usr/bin/cat"
+    config = jail_config(Limits(), ["cat", str(installation / "marker.txt")], 1, lib, (), [],
+                         65534, None)
+    config["allow"] = [*config["allow"], str(installation)]
+    config["python"] = cat
+    done = subprocess.run([sys.executable, "-I", "-S", str(JAIL), json.dumps(config)],
+                          capture_output=True, text=True, env={}, timeout=60)
+    assert done.returncode == 0 and done.stdout == "visible\n", done.stderr[-2000:]
