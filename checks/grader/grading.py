@@ -66,7 +66,8 @@ def grade_notebook(path: str | os.PathLike, *, cell_timeout: float = DEFAULT_CEL
     hide = [*hide, Path(source_dir).resolve()]
     # The diagnoses in the submission's language (the Chinese release says so in its metadata);
     # LLAMA_COURSE_LANG, when set, still decides. Points never depend on it.
-    with using(notebook_language(submission)):
+    lang = notebook_language(submission)
+    with using(lang):
         run = _run_in_scratch(path, nb, source, limits, chapter, source_dir, hide)
         exercises = score_notebook(nb, source, run.completed)
     changed = tripwire.changed()
@@ -77,7 +78,8 @@ def grade_notebook(path: str | os.PathLike, *, cell_timeout: float = DEFAULT_CEL
                           warnings=name_warnings(path, chapter, source_dir),
                           isolation=run.isolation, worker_uid=run.worker_uid,
                           grader_memory_mib=peak_memory_mib(),
-                          skipped=[{"cell": cell, "why": why} for cell, why in run.skipped.items()])
+                          skipped=[{"cell": cell, "why": why} for cell, why in run.skipped.items()],
+                          lang=lang)
 
 
 def _run_in_scratch(path, nb, source, limits: Limits, chapter: str, source_dir, hide

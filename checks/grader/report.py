@@ -1,6 +1,10 @@
 """What the instructor sees: the progress line per graded notebook, the status and grade tables,
 the incident report, one line per notebook that cannot be graded, and the class summary. The
-files written (the JSON report, CSVs, feedback pages) are `checks.grader.outputs`'s."""
+files written (the JSON report, CSVs, feedback pages) are `checks.grader.outputs`'s.
+
+The lines are in the current language (LLAMA_COURSE_LANG; checks.i18n). A column is padded by
+the width a terminal gives its text (a Chinese character takes two columns), so that the tables
+stay aligned in Chinese; the English lines are unchanged."""
 
 from __future__ import annotations
 
@@ -9,13 +13,18 @@ import shutil
 import sys
 import threading
 import time
+import unicodedata
 from collections.abc import Callable
 from pathlib import Path
 
+from ..i18n import N_, _
 from .results import PASSED, GradingError, GradingIncident, NotebookResult, printable
 
 PROG = "python -m checks"
 HEARTBEAT = 30.0  # seconds without a notebook finishing before a "still grading" line
+# The words shown for a status (results keep the English word: it is data).
+_STATUS_WORD = {"passed": N_("passed"), "failed": N_("failed"), "not started": N_("not started"),
+                "error": N_("error")}
 
 
 def report_problem(problem: GradingError) -> None:
@@ -58,7 +67,8 @@ class Progress:
         done, left = len(self.finished), len(self.paths) - len(self.finished)
         if not left:
             return ""
-        return f", about {_duration((self.last - self.started) / done * left)} left"
+        return _(", about {duration} left").format(
+            duration=_duration((self.last - self.started) / done * left))
 
     def running(self) -> list[Path]:
         """The notebooks being graded now: the first `jobs` not finished (they start in order)."""
@@ -69,11 +79,11 @@ class Progress:
             quiet = time.monotonic() - self.last
             if quiet >= self.heartbeat and self.running():
                 names = ", ".join(shown_path(p) for p in self.running())
-                done = f"{len(self.finished)} of {len(self.paths)} done"
-                print(f"… still grading {names} ({done}): "
-                      f"{_duration(quiet)} since the last notebook finished (a slow cell, or "
-                      "one that will be stopped at its time limit)", file=sys.stderr,
-                      flush=True)
+                print(_("… still grading {names} ({done} of {total} done): {duration} since the "
+                        "last notebook finished (a slow cell, or one that will be stopped at its "
+                        "time limit)").format(names=names, done=len(self.finished),
+                                              total=len(self.paths), duration=_duration(quiet)),
+                      file=sys.stderr, flush=True)
                 self.last = time.monotonic()
 
 
@@ -87,8 +97,10 @@ def progress_line(done: int, total: int, path: Path, outcome: tuple) -> None:
         r = outcome[1]
         if _progress is not None and _progress.on_result is not None:
             _progress.on_result(r)
-        print(f"[{done}/{total}] {shown_path(path)}: {pts(r.points)}/{pts(r.max_points)} "
-              f"points ({r.seconds:.1f} s{eta})", file=sys.stderr, flush=True)
+        print(f"[{done}/{total}] {shown_path(path)}: " + _(
+            "{points}/{max_points} points ({seconds} s{eta})").format(
+                points=pts(r.points), max_points=pts(r.max_points), seconds=f"{r.seconds:.1f}",
+                eta=eta), file=sys.stderr, flush=True)
 
 
 def shown_path(path) -> str:
@@ -99,20 +111,35 @@ def shown_path(path) -> str:
 
 def _duration(seconds: float) -> str:
     seconds = int(round(seconds))
-    return f"{seconds} s" if seconds < 60 else f"{seconds // 60} min {seconds % 60:02d} s"
+    if seconds < 60:
+        return _("{seconds} s").format(seconds=seconds)
+    return _("{minutes} min {seconds} s").format(minutes=seconds // 60,
+                                                 seconds=f"{seconds % 60:02d}")
 
 
 def report_incident(incident: GradingIncident, graded: int, total: int) -> None:
-    print(f"{PROG}: INCIDENT: {incident}", file=sys.stderr)
-    print(f"{PROG}: grading stopped after {graded} of {total} notebooks; the notebooks named "
-          "above were being graded when it was found. Check them and the files before grading "
-          "again.", file=sys.stderr, flush=True)
+    print(f"{PROG}: " + _("INCIDENT: {incident}").format(incident=incident), file=sys.stderr)
+    print(f"{PROG}: " + _("grading stopped after {graded} of {total} notebooks; the notebooks "
+                          "named above were being graded when it was found. Check them and the "
+                          "files before grading again.").format(graded=graded, total=total),
+          file=sys.stderr, flush=True)
 
 
 def status_label(path: Path) -> str:
     """The chapter folder, plus the file name when it is not the chapter's own notebook."""
     chapter = path.parent.name
     return chapter if path.stem == chapter else f"{chapter}/{path.name}"
+
+
+def status_header(width: int) -> str:
+    """The status table's first line: chapter, passed, what is not passing yet."""
+    chapter, passed = _("chapter"), _("passed")  # outside the f-string: Babel finds them
+    return _fit(chapter, width) + _fit(passed, 8, right=True) + "   " + _("not passing yet")
+
+
+def status_total(width: int, passed: int, total: int) -> str:
+    """The status table's last line: the exercises passed of all."""
+    return _fit(_("total"), width) + f"{f'{passed}/{total}':>8}"
 
 
 def status_row(result: NotebookResult, width: int) -> str:
@@ -128,26 +155,42 @@ def grade_table(result: NotebookResult, late: str = "") -> str:
     are cut at the terminal's width on a terminal only: redirected, every message is whole."""
     width = shutil.get_terminal_size((100, 24)).columns if sys.stdout.isatty() else 0
     name_width = max([len(e.name) for e in result.exercises] + [8]) + 2
-    student = f"  [student {result.student}]" if result.student else ""
+    student = "  [" + _("student {student}").format(student=result.student) + "]" \
+        if result.student else ""
     student += f"  [{late.upper()}]" if late else ""
-    lines = [f"{result.chapter}  {result.path}  {pts(result.points)}/{pts(result.max_points)}"
-             f" points  ({result.seconds:.1f} s){student}"]
+    lines = [f"{result.chapter}  {result.path}  " + _(
+        "{points}/{max_points} points  ({seconds} s)").format(
+            points=pts(result.points), max_points=pts(result.max_points),
+            seconds=f"{result.seconds:.1f}") + student]
     for e in result.exercises:
         row = f"  {e.name:<{name_width}}{pts(e.points):>5}/{pts(e.max_points):<4} " \
-              f"{e.status:<12}{e.message}"
+              f"{_fit(status_word(e.status), 12)}{e.message}"
         lines.append(_clip(row.rstrip(), width))
     for warning in result.warnings:
-        lines.append(_clip(f"  ! warning: {warning}", width))
+        lines.append(_clip("  ! " + _("warning: {warning}").format(warning=warning), width))
     if result.error:
         lines.append(_clip(f"  ! {result.error}", width))
     if result.isolation == "none":
-        lines.append(_clip("  ! the worker ran without walls (not root, or no namespaces): its "
-                           "code could read the course's files", width))
+        lines.append(_clip("  ! " + _("the worker ran without walls (not root, or no "
+                                      "namespaces): its code could read the course's files"),
+                           width))
     return "\n".join(lines) + "\n"
+
+
+def status_word(status: str) -> str:
+    """A status as the reader reads it ("passed", "通过"); an unknown one as it is."""
+    return _(_STATUS_WORD[status]) if status in _STATUS_WORD else status
 
 
 def pts(value: float) -> str:
     return f"{value:g}"
+
+
+def _fit(text: str, width: int, right: bool = False) -> str:
+    """`text` padded with spaces to `width` terminal columns (a wide character counts two)."""
+    shown = sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
+    pad = " " * max(width - shown, 0)
+    return pad + text if right else text + pad
 
 
 def _clip(line: str, width: int) -> str:

@@ -101,6 +101,9 @@ class NotebookResult:
     # Why this notebook is kept out of the totals (and the CSV): it was graded as another chapter
     # than its file or folder name says. None: it counts.
     not_counted: str | None = None
+    # The submission's language (its metadata.course.lang, checks.i18n.notebook_language): the
+    # language of its diagnoses and of its feedback page.
+    lang: str = "en"
 
     def __post_init__(self):  # names from the disk and messages from the worker: escaped
         self.path, self.chapter = printable(self.path), printable(self.chapter)

@@ -16,10 +16,12 @@ import signal
 import subprocess
 import sys
 import time
+import unicodedata
 from pathlib import Path
 
 import pytest
 
+from checks.context import LANG_ENV
 from checks.grader import report
 from checks.grader.outputs import gradebook, late
 from checks.grader.outputs.feedback import feedback_html, safe_name
@@ -33,6 +35,7 @@ REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "build" / "test-artifacts" / "feedback"
 CHROMIUM = Path(os.environ.get("CHROMIUM", "/usr/bin/chromium"))
 CHAPTER = "01_notation"
+ZH_RELEASE_01 = REPO / "notebooks-zh" / CHAPTER / f"{CHAPTER}.ipynb"
 HOSTILE = "<img src=x onerror=alert(1)>&eve"  # a student folder's name is the student's to choose
 DUE = "2026-03-01T23:59:00+00:00"
 EXPECTED = {  # student: points per exercise
@@ -178,7 +181,60 @@ def test_feedback_pages_are_escaped_and_hold_no_hidden_test(graded):
     assert "&lt;img src=x onerror=alert(1)&gt;&amp;eve" in hostile
     wrong = (out / "feedback" / "wrong" / f"{CHAPTER}.html").read_text()
     assert "5 / 6 points" in wrong and "late by 10 h 6 min" in wrong
+    assert '<html lang="en">' in wrong and "<td class=\"no\">failed</td>" in wrong
     assert "has no attribute &#x27;dim&#x27;" in wrong
+
+
+def chinese_submission(dest: Path) -> Path:
+    """Chapter 01 of the Chinese release with the solutions' answers pasted in, head_dim wrong
+    (cfg.dim), handed in 10 h 6 min late."""
+    nb = sub.solution(ZH_RELEASE_01)
+    answers = {gid: sub.cell(sub.solution(), gid).source for gid in EXPECTED["complete"]}
+    for gid, source in answers.items():
+        sub.cell(nb, gid).source = source
+    answer = sub.cell(nb, "head_dim")
+    answer.source = answer.source.replace("return int(cfg.head_dim)", "return int(cfg.dim)")
+    assert nb.metadata["course"]["lang"] == "zh" and "cfg.dim" in answer.source
+    path = sub.write(nb, dest / "submitted" / "lin" / CHAPTER / f"{CHAPTER}.ipynb")
+    (path.parent / "timestamp.txt").write_text(STAMPS["wrong"])
+    return dest / "submitted"
+
+
+def test_a_chinese_submission_gets_its_feedback_in_chinese(tmp_path):
+    base = chinese_submission(tmp_path / "course")
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k != LANG_ENV}
+    done = subprocess.run([sys.executable, "-m", "checks", "grade", str(base), "--json",
+                           str(out / "g.json"), "--feedback", str(out / "feedback"), "--due", DUE],
+                          capture_output=True, text=True, timeout=600,
+                          env=dict(env, OMP_NUM_THREADS="1"))
+    assert done.returncode == 0, done.stderr
+    record = json.loads((out / "g.json").read_text())["notebooks"][0]
+    assert record["lang"] == "zh" and record["points"] == 5
+    page = (out / "feedback" / "lin" / f"{CHAPTER}.html").read_text(encoding="utf-8")
+    for chinese in ('<html lang="zh">', f"<h1>{CHAPTER}：给 lin 的反馈</h1>",
+                    "5 / 6 分，4 个练习中通过了 3 个", "迟交 10 小时 6 分钟", "<th>诊断</th>",
+                    '<td class="no">未通过</td>', '<td class="ok">通过</td>', "提交于 "):
+        assert chinese in page
+    for english in ("feedback for", " points", "exercises passed", "late by", "Submitted",
+                    ">failed<", ">passed<", "<th>diagnosis</th>"):
+        assert english not in page
+    # the diagnosis: the grader's, in Chinese, around the error Python raised
+    assert "引发了 AttributeError" in page and "has no attribute &#x27;dim&#x27;" in page
+
+
+def test_status_lines_stay_aligned_in_chinese(monkeypatch):
+    def columns(text):
+        return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
+
+    monkeypatch.delenv(LANG_ENV, raising=False)
+    assert report.status_header(14) == f"{'chapter':<14}{'passed':>8}   not passing yet"
+    assert report.status_total(14, 3, 4) == f"{'total':<14}{'3/4':>8}"
+    monkeypatch.setenv(LANG_ENV, "zh")
+    header, total = report.status_header(14), report.status_total(14, 3, 4)
+    assert header.startswith("章节") and total.startswith("合计") and "尚未通过" in header
+    assert columns(header.rsplit("   ", 1)[0]) == columns(total) == 14 + 8
+    assert report.status_word("failed") == "未通过" and report.status_word("odd") == "odd"
 
 
 def test_feedback_page_in_a_browser(graded):

@@ -2,7 +2,9 @@
 grader's diagnosis (what the checks said, the error's name and message), the notebook's own
 problems (a cell skipped because it hung or crashed), and lateness. Nothing of the hidden tests:
 the diagnoses are the grader's one-line messages, never a cell's source or a traceback. Every
-piece of text is escaped: student names, messages and file names are the students' to choose."""
+piece of text is escaped: student names, messages and file names are the students' to choose.
+The page is in the submission's language (the record's `lang`; LLAMA_COURSE_LANG, when set,
+decides), like the diagnoses the grader wrote into the record."""
 
 from __future__ import annotations
 
@@ -10,12 +12,15 @@ import html
 import re
 from pathlib import Path
 
+from ...i18n import N_, _, language, using
 from .gradebook import student_label
-from .late import late_text
 from .store import atomic_write
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 _STATUS_CLASS = {"passed": "ok", "failed": "no", "not started": "todo", "error": "no"}
+# The words a student reads for a status (the record keeps the English word: it is data).
+_STATUS_WORD = {"passed": N_("passed"), "failed": N_("failed"), "not started": N_("not started"),
+                "error": N_("error")}
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 60rem; color: #222; }
@@ -48,28 +53,39 @@ def write_feedback(folder: Path, record: dict) -> Path:
 
 
 def feedback_html(record: dict) -> str:
+    """The page of one record, in the record's language (English when it has none)."""
+    with using(record.get("lang")):
+        return _page(record)
+
+
+def _page(record: dict) -> str:
     e = html.escape
     student = record.get("student") or "—"
-    title = f"{record['chapter']}: feedback for {student}"
-    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+    title = _("{chapter}: feedback for {student}").format(chapter=record["chapter"],
+                                                          student=student)
+    total = _("{points} / {max_points} points, {passed} of {count} exercises passed").format(
+        points=_pts(record["points"]), max_points=_pts(record["max_points"]),
+        passed=record.get("passed", 0), count=len(record["exercises"]))
+    parts = ["<!DOCTYPE html>", f'<html lang="{language()}"><head><meta charset="utf-8">',
              f"<title>{e(title)}</title><style>{_STYLE}</style></head><body>",
-             f"<h1>{e(title)}</h1>",
-             f'<p class="total">{_pts(record["points"])} / {_pts(record["max_points"])} '
-             f"points, {record.get('passed', 0)} of {len(record['exercises'])} exercises "
-             "passed</p>"]
+             f"<h1>{e(title)}</h1>", f'<p class="total">{e(total)}</p>']
     parts += _submission_lines(record)
-    parts.append("<table><thead><tr><th>exercise</th><th>points</th><th>result</th>"
-                 "<th>diagnosis</th></tr></thead><tbody>")
+    headings = "".join(f"<th>{e(h)}</th>" for h in (_("exercise"), _("points"), _("result"),
+                                                     _("diagnosis")))
+    parts.append(f"<table><thead><tr>{headings}</tr></thead><tbody>")
     for exercise in record["exercises"]:
-        css = _STATUS_CLASS.get(exercise["status"], "no")
+        status = exercise["status"]
+        css = _STATUS_CLASS.get(status, "no")
+        word = _(_STATUS_WORD[status]) if status in _STATUS_WORD else status
         parts.append(f"<tr><td>{e(exercise['name'])}</td><td class=\"points\">"
                      f"{_pts(exercise['points'])} / {_pts(exercise['max_points'])}</td>"
-                     f'<td class="{css}">{e(exercise["status"])}</td>'
+                     f'<td class="{css}">{e(word)}</td>'
                      f'<td class="message">{e(exercise.get("message") or "")}</td></tr>')
     parts.append("</tbody></table>")
     for skipped in record.get("skipped") or []:
-        parts.append(f'<p class="note">Skipped: {e(str(skipped.get("cell", "")))}: '
-                     f'{e(str(skipped.get("why", "")))}</p>')
+        line = _("Skipped: {cell}: {why}").format(cell=str(skipped.get("cell", "")),
+                                                  why=str(skipped.get("why", "")))
+        parts.append(f'<p class="note">{e(line)}</p>')
     if record.get("error"):
         parts.append(f'<p class="note">{e(record["error"])}</p>')
     parts.append("</body></html>")
@@ -79,12 +95,26 @@ def feedback_html(record: dict) -> str:
 def _submission_lines(record: dict) -> list[str]:
     lines = []
     if record.get("submitted_at"):
-        lines.append(f'<p class="note">Submitted {html.escape(record["submitted_at"])}'
-                     + (f' (due {html.escape(record["due"])})' if record.get("due") else "")
-                     + "</p>")
+        if record.get("due"):
+            when = _("Submitted {when} (due {due})").format(when=record["submitted_at"],
+                                                           due=record["due"])
+        else:
+            when = _("Submitted {when}").format(when=record["submitted_at"])
+        lines.append(f'<p class="note">{html.escape(when)}</p>')
     if record.get("late"):
-        lines.append(f'<p class="late">{html.escape(late_text(record))}</p>')
+        lines.append(f'<p class="late">{html.escape(_late_line(record))}</p>')
     return lines
+
+
+def _late_line(record: dict) -> str:
+    """'late by 2 h 5 min' in the page's language (late.late_text's English, word for word)."""
+    seconds = int(record.get("late_by_seconds") or 0)
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes = rest // 60
+    parts = [_("{n} d").format(n=days)] * bool(days) + [_("{n} h").format(n=hours)] * bool(hours)
+    parts += [_("{n} min").format(n=minutes)] * bool(minutes or not parts)
+    return _("late by {duration}").format(duration=" ".join(parts))
 
 
 def _pts(value: float) -> str:
