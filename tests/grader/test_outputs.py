@@ -235,6 +235,16 @@ def test_status_lines_stay_aligned_in_chinese(monkeypatch):
     assert header.startswith("章节") and total.startswith("合计") and "尚未通过" in header
     assert columns(header.rsplit("   ", 1)[0]) == columns(total) == 14 + 8
     assert report.status_word("failed") == "未通过" and report.status_word("odd") == "odd"
+    from checks.grader.results import ExerciseResult, NotebookResult
+    result = NotebookResult("p.ipynb", CHAPTER, [ExerciseResult("head_dim", 1, 1, "passed"),
+                                                 ExerciseResult("tensor_shape", 0, 2,
+                                                                "not started", "msg")])
+    table = report.grade_table(result).splitlines()
+    assert "1/3 分" in table[0] and "通过" in table[1] and "尚未开始" in table[2]
+    monkeypatch.delenv(LANG_ENV)
+    english = report.grade_table(result).splitlines()
+    assert "not started " in english[2]  # the message starts in the same column in both
+    assert columns(table[2].split("msg")[0]) == len(english[2].split("msg")[0])
 
 
 def test_feedback_page_in_a_browser(graded):
