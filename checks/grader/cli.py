@@ -35,7 +35,7 @@ from .outputs.late import due_argument, late_text
 from .outputs.summary import summary_text
 from .outputs.writer import GradeOutputs
 from .report import (PROG, Progress, grade_table, pts, report_incident, report_problem,
-                     status_label, status_row)
+                     status_header, status_label, status_row, status_total)
 from .results import GradingError
 
 
@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
 def _status(args) -> int:
     paths = chapter_notebooks(args.dir)
     width = max(len(status_label(p)) for p in paths) + 2
-    print(f"{'chapter':<{width}}{'passed':>8}   not passing yet", flush=True)
+    print(status_header(width), flush=True)
     results, problems, incident = grade_each(  # each row is printed as soon as it is known
         paths, args, lambda r: print(status_row(r, width), flush=True), progress=False)
     if incident is not None:
@@ -217,7 +217,7 @@ def _status(args) -> int:
         return 3
     passed = sum(r.passed for r in results)
     total = sum(len(r.exercises) for r in results)
-    print(f"{'total':<{width}}{f'{passed}/{total}':>8}")
+    print(status_total(width, passed, total))
     return 2 if problems else 0
 
 
