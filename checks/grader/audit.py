@@ -48,7 +48,7 @@ def install_audit_hook(protected: tuple[str, ...]) -> None:
     def hook(event, args, _refused=_REFUSED, _paths=_PATH_EVENTS, _protected=protected,
              _str=str, _fspath=os.fspath, _abspath=os.path.abspath,
              _realpath=os.path.realpath, _proc=_proc_problem, _isinstance=isinstance,
-             _int=int, _err=PermissionError):
+             _int=int, _err=PermissionError, _isdir=os.path.isdir):
         if event in _refused:
             raise _err(f"not allowed while grading: {event}")
         if event != "open" and event not in _paths:
@@ -71,11 +71,15 @@ def install_audit_hook(protected: tuple[str, ...]) -> None:
             problem = _proc(candidate, own)
             if problem:
                 raise _err(f"not allowed while grading: {problem}")
-        if not writing:
+        # A folder opened under a protected one is refused too: its descriptor is what
+        # os.open(name, dir_fd=...) writes through, and that event names only the bare name.
+        if not writing and not _isdir(full):
             return
         for folder in _protected:
             for candidate in (given, full):
                 if candidate == folder or candidate.startswith(folder + "/"):
-                    raise _err(f"not allowed while grading: writing to {candidate}")
+                    raise _err(f"not allowed while grading: writing to {candidate}"
+                               if writing else
+                               f"not allowed while grading: opening the folder {candidate}")
 
     sys.addaudithook(hook)

@@ -137,6 +137,21 @@ def test_without_walls_the_python_installation_cannot_be_written(path):
     assert not os.path.exists(os.path.join(_site_packages(), "checks-audit-test.pth"))
 
 
+def test_without_walls_no_write_through_a_folder_descriptor():
+    """A write by bare name relative to a protected folder's descriptor (os.open(name,
+    dir_fd=...)): the open event names only the bare name, so the folder itself may not be
+    opened (helper U's attack on the course's own files as a normal user)."""
+    site = _site_packages()
+    cell = ("import os\n"
+            f"d = os.open({site!r}, os.O_RDONLY)\n"
+            "os.close(os.open('checks-audit-test.pth', os.O_WRONLY | os.O_CREAT, 0o644, "
+            "dir_fd=d))\n")
+    result, = run_cells([cell], isolation="none")
+    assert not result["ok"] and result["ename"] == "PermissionError", result
+    assert "opening the folder" in result["evalue"], result
+    assert not os.path.exists(os.path.join(site, "checks-audit-test.pth"))
+
+
 @pytest.mark.parametrize("path, words", [
     ("/proc/{grader}/environ", "another process"),
     ("/proc/{grader}/cmdline", "another process"),
