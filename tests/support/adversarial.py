@@ -92,8 +92,14 @@ NOT_PROTECTED = {
     "copied-reference": "Copying the reference's code (it ships with the course) is not "
                         "detected.",
     "no-root": "Without root (or without Linux namespaces and cgroups) the worker runs as your "
-               "user, with resource limits, its own session and a private folder only: it can "
-               "read the course's files and write wherever you can. The report says so.",
+               "user with resource limits, its own session, a private folder and an audit hook "
+               "inside its own process (advice for honest code, not a wall): it can read every "
+               "file you can (the course, the sources, classmates' notebooks), write to /tmp and, "
+               "through a child process started around the hook, wherever you can (the tripwire "
+               "then stops grading, after the fact), signal your other processes (a pidfd kill of "
+               "a grading process loses the notebooks after it), share your kernel keyring, reach "
+               "the loopback network and leave processes running after the run. The report says "
+               "so; grade as root for the walls.",
 }
 
 
