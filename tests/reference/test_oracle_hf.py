@@ -28,6 +28,7 @@ from transformers.models.llama.modeling_llama import (  # noqa: E402
 
 from checks.reference import hf  # noqa: E402
 
+from ..support.differences import largest_differences  # noqa: E402
 from ..support.solutions import solution_namespace  # noqa: E402
 
 
@@ -202,10 +203,5 @@ def test_parameter_count_matches_hugging_face(impl):
 def terminal_summary() -> list[str]:
     """The largest differences the comparisons saw, printed at the end of the run
     (tests/conftest.py); nothing when they did not run."""
-    if not LARGEST:
-        return []
-    lines = []
-    lines.append("\nlargest |ours - Hugging Face| per comparison (fp32):")
-    for (what, impl, name), diff in sorted(LARGEST.items()):
-        lines.append(f"  {what:<19} {impl:<9} {name:<46} {diff:.2e}")
-    return lines
+    return largest_differences("largest |ours - Hugging Face| per comparison (fp32):",
+                               LARGEST, (19, 9, 46))

@@ -31,6 +31,7 @@ from transformers import LlamaForCausalLM  # noqa: E402
 
 from checks.reference import hf  # noqa: E402
 
+from ..support.differences import largest_differences  # noqa: E402
 from ..support.solutions import solution_namespace  # noqa: E402
 
 
@@ -213,10 +214,5 @@ def test_parameter_count_matches_hugging_face(impl):
 def terminal_summary() -> list[str]:
     """The largest differences the comparisons saw, printed at the end of the run
     (tests/conftest.py); nothing when they did not run."""
-    if not LARGEST:
-        return []
-    lines = []
-    lines.append("\nlargest |ours - Hugging Face| per comparison (fp32):")
-    for (what, impl, name), diff in sorted(LARGEST.items()):
-        lines.append(f"  {what:<36} {impl:<9} {name:<50} {diff:.2e}")
-    return lines
+    return largest_differences("largest |ours - Hugging Face| per comparison (fp32):",
+                               LARGEST, (36, 9, 50))

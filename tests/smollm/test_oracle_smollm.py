@@ -31,6 +31,7 @@ import torch
 from checks import reference as ref
 from checks import smollm
 
+from ..support.differences import largest_differences
 from ..support.solutions import solution_namespace
 from .test_smollm import CORPUS
 
@@ -273,13 +274,9 @@ def test_the_france_prompt_is_answered_with_paris(ours, hf_model):
 def terminal_summary() -> list[str]:
     """The largest differences the comparisons saw, printed at the end of the run
     (tests/conftest.py); nothing when they did not run."""
-    if not LARGEST:
-        return []
-    lines = []
-    lines.append("\nSmolLM2-135M-Instruct, largest |ours - Hugging Face| logit (fp32):")
-    for (impl, name), diff in sorted(LARGEST.items()):
-        lines.append(f"  {impl:<10} {name:<15} {diff:.2e}")
-    if _HF_GREEDY:
+    lines = largest_differences(
+        "SmolLM2-135M-Instruct, largest |ours - Hugging Face| logit (fp32):", LARGEST, (10, 15))
+    if lines and _HF_GREEDY:
         margins = ", ".join(f"{name} {m:.1e}"
                             for name, m in zip(PROMPTS, _HF_GREEDY[0][1].tolist()))
         lines.append(f"  smallest greedy margin per prompt: {margins}")
