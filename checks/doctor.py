@@ -4,7 +4,7 @@ Prints one line per topic: the course's version and where it is imported from, P
 platform, torch and its build (CPU, CUDA, MPS), the device chapter 13 will time and how
 (`checks.timing`), the real model (installed? converted? where: `checks.smollm`), the CJK font of
 the figures (`checks.figures`), Jupyter (jupyterlab, notebook, ipykernel: versions or absent), the
-threads, and the course's environment variables that are set (`checks.context.ENVIRONMENT`).
+threads, and the course's environment variables that are set (`checks.environment.ENVIRONMENT`).
 Then, when something the notebooks need is missing, one line per problem with its fix, and exit
 status 1; otherwise a last line saying all is there, and exit status 0.
 
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import context
+from . import environment
 
 DISTRIBUTION = "llama-course-checks"
 JUPYTER = ("jupyterlab", "notebook", "ipykernel")
@@ -154,7 +154,7 @@ def probe_jupyter(report: Report) -> None:
 def probe_threads(report: Report) -> None:
     import torch
 
-    threads_env = context.THREADS_ENV
+    threads_env = environment.THREADS_ENV
     settings = ", ".join(f"{name}={os.environ[name]}" if os.environ.get(name) else f"{name} unset"
                          for name in ("OMP_NUM_THREADS", threads_env))
     report.show("threads", f"torch {torch.get_num_threads()} of {os.cpu_count()} cores "
@@ -162,8 +162,8 @@ def probe_threads(report: Report) -> None:
 
 
 def probe_environment(report: Report) -> None:
-    shown = ("OMP_NUM_THREADS", context.THREADS_ENV)
-    set_ = [f"{var.name}={os.environ[var.name]}" for var in context.ENVIRONMENT
+    shown = ("OMP_NUM_THREADS", environment.THREADS_ENV)
+    set_ = [f"{var.name}={os.environ[var.name]}" for var in environment.ENVIRONMENT
             if os.environ.get(var.name) and var.name not in shown]
     report.show("variables", ", ".join(set_) if set_ else "none of the course's is set")
 

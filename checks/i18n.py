@@ -6,7 +6,7 @@ One message catalogue in gettext's standard form, read with the standard library
     checks/locale/zh/LC_MESSAGES/checks.mo    compiled from it, shipped with the package
 
 The English text in the code is the message id; English needs no catalogue. The language is
-`LLAMA_COURSE_LANG` (`en` or `zh`; `checks.context.ENVIRONMENT`) when it is set, else the one a
+`LLAMA_COURSE_LANG` (`en` or `zh`; `checks.environment.ENVIRONMENT`) when it is set, else the one a
 caller chose with `using(...)` (the grader: the submission's `metadata.course.lang`), else English.
 The Chinese release's notebooks set the variable in their first code cell
 (`os.environ.setdefault(...)`, so a learner's own setting wins). The language is read at every
@@ -62,7 +62,7 @@ import gettext as _gettext
 import os
 from pathlib import Path
 
-from .context import LANG_ENV
+from .environment import LANG_ENV
 
 DOMAIN = "checks"
 LOCALE_DIR = Path(__file__).resolve().parent / "locale"

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from checks import install
-from checks.context import ENVIRONMENT, PIP_ENV
+from checks.environment import ENVIRONMENT, PIP_ENV
 
 pytestmark = pytest.mark.slow
 
