@@ -41,6 +41,10 @@ def is_remote(f) -> bool:
 # --------------------------------------------------------------------------------------------
 # Failures
 
+# The last line of a failure with random inputs (the grader's report leaves it out).
+SEED_LINE = N_("(random inputs from seed {seed}; pass seed={seed} to the check to see the same "
+               "inputs again)")
+
 
 class CheckFailure(AssertionError):
     """A self-check failed. `hint` names the likely mistake when one is known."""
@@ -67,8 +71,7 @@ class CheckFailure(AssertionError):
         if self.hint:
             lines.append(_("likely mistake: {hint}").format(hint=_(self.hint)))
         if self.seed is not None:
-            lines.append(_("(random inputs from seed {seed}; pass seed={seed} to the check to see "
-                           "the same inputs again)").format(seed=self.seed))
+            lines.append(_(SEED_LINE).format(seed=self.seed))
         return "\n".join(lines)
 
     def _render_traceback_(self) -> list[str]:

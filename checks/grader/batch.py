@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from ..context import GRADING_ENV, THREADS_ENV
+from ..i18n import _
 from .grading import grade_notebook
 from .isolation import make_undumpable, python_startup_files
 from .limits import Limits, cores
@@ -128,7 +129,8 @@ def _grade_in_parallel(paths, options, jobs, finished, results, problems):
                 try:
                     outcome = future.result()
                 except Exception as exc:  # noqa: BLE001 - a grading process that died
-                    outcome = ("problem", f"could not be graded ({type(exc).__name__}: {exc})")
+                    outcome = ("problem", _("could not be graded ({error}: {why})").format(
+                        error=type(exc).__name__, why=exc))
                 running = [paths[futures[f]] for f in pending if f.running()]
                 incident = incident or finished(index, outcome, running)
     except BaseException:  # Ctrl-C, SIGTERM: no grading process may outlive this one
@@ -188,4 +190,5 @@ def _grade_one(path: Path, options: dict) -> tuple:
     except GradingIncident as incident:
         return ("incident", incident.notebooks, incident.changed, incident.what)
     except Exception as exc:  # noqa: BLE001 - a bug of ours must not stop a class's grading
-        return ("problem", f"could not be graded ({type(exc).__name__}: {exc})")
+        return ("problem", _("could not be graded ({error}: {why})").format(
+            error=type(exc).__name__, why=exc))

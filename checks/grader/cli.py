@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 from ..context import GRADING_ENV
+from ..i18n import _
 from .batch import Terminated, grade_each, sigterm_as_interrupt
 from .grading import DEFAULT_CELL_TIMEOUT
 from .identify import SOURCE_DIR, find_submissions
@@ -50,7 +51,8 @@ def _seconds(text: str) -> float:
     except ValueError:
         value = 0.0
     if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"not a positive number of seconds: {text!r}")
+        raise argparse.ArgumentTypeError(
+            _("not a positive number of seconds: {text}").format(text=repr(text)))
     return value
 
 
@@ -69,7 +71,8 @@ def _size(text: str) -> int:
     except (ValueError, KeyError):
         value = -1
     if value < 0:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 3G, 1500M, 0)")
+        raise argparse.ArgumentTypeError(
+            _("not a size: {text} (examples: 3G, 1500M, 0)").format(text=repr(text)))
     return value
 
 
@@ -79,7 +82,8 @@ def _positive_int(text: str) -> int:
     except ValueError:
         value = 0
     if value < 1:
-        raise argparse.ArgumentTypeError(f"not a positive whole number: {text!r}")
+        raise argparse.ArgumentTypeError(
+            _("not a positive whole number: {text}").format(text=repr(text)))
     return value
 
 
@@ -89,7 +93,8 @@ def _nonnegative_int(text: str) -> int:
     except ValueError:
         value = -1
     if value < 0:
-        raise argparse.ArgumentTypeError(f"not a whole number of seconds: {text!r}")
+        raise argparse.ArgumentTypeError(
+            _("not a whole number of seconds: {text}").format(text=repr(text)))
     return value
 
 
@@ -98,7 +103,8 @@ def _capped(kind, ceiling: int):
     def parse(text: str) -> int:
         value = kind(text)
         if value > ceiling or value < 1:
-            raise argparse.ArgumentTypeError(f"{text!r}: from 1 to {ceiling}")
+            raise argparse.ArgumentTypeError(_("{text}: from 1 to {ceiling}").format(
+                text=repr(text), ceiling=ceiling))
         return value
     return parse
 
@@ -189,16 +195,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with sigterm_as_interrupt():
             if not args.source.is_dir():
-                raise GradingError(args.source, "no such folder of source notebooks")
+                raise GradingError(args.source, _("no such folder of source notebooks"))
             return args.run(args)
     except GradingError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
     except Terminated:
-        print(f"{PROG}: terminated (SIGTERM)", file=sys.stderr)
+        print(f"{PROG}: " + _("terminated (SIGTERM)"), file=sys.stderr)
         return 143
     except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
+        print(f"{PROG}: " + _("interrupted"), file=sys.stderr)
         return 130
 
 
@@ -234,9 +240,10 @@ def _grade(args) -> int:
         report_problem(refusal)
     todo = outputs.to_grade(paths)
     if outputs.kept:
-        print(f"{PROG}: {len(outputs.kept)} of {len(paths)} notebooks unchanged since they were "
-              f"graded: their results in {args.json} are kept (--regrade grades them again)",
-              file=sys.stderr, flush=True)
+        print(f"{PROG}: " + _("{kept} of {count} notebooks unchanged since they were graded: "
+                              "their results in {json} are kept (--regrade grades them "
+                              "again)").format(kept=len(outputs.kept), count=len(paths),
+                                               json=args.json), file=sys.stderr, flush=True)
         outputs.write_kept_feedback()
     to_stdout = args.json == Path("-")
 
@@ -258,9 +265,9 @@ def _grade(args) -> int:
     records = counted(outputs.all_records())
     if not to_stdout and incident is None:
         if len(records) > 1:
-            print(f"total: {pts(sum(r['points'] for r in records))}/"
-                  f"{pts(sum(r['max_points'] for r in records))} points in {len(records)} "
-                  "notebooks")
+            print(_("total: {points}/{max_points} points in {count} notebooks").format(
+                points=pts(sum(r["points"] for r in records)),
+                max_points=pts(sum(r["max_points"] for r in records)), count=len(records)))
             print(summary_text(outputs.summary(), records), end="")
     if incident is not None:
         report_incident(incident, len(results) + len(problems), len(todo))

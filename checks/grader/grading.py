@@ -23,13 +23,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..i18n import notebook_language, using
+from ..i18n import _, notebook_language, using
 from .build import build_graded_notebook
 from .identify import SOURCE_DIR, identify_chapter, name_warnings, source_notebook_path, student_of
 from .isolation import python_startup_files
 from .limits import Limits
 from .read import read_notebook
-from .results import GradingIncident, NotebookResult
+from .results import GradingError, GradingIncident, NotebookResult, WorkerCannotStart
 from .run import Execution, execute_notebook
 from .score import score_notebook
 from .tripwire import Tripwire, course_files, short_path
@@ -41,12 +41,13 @@ def grade_notebook(path: str | os.PathLike, *, cell_timeout: float = DEFAULT_CEL
                    source_dir: str | os.PathLike = SOURCE_DIR, limits: Limits | None = None,
                    protect: list[Path] | tuple = (), hide: list | tuple | None = None,
                    tripwire: Tripwire | None = None) -> NotebookResult:
-    """Grade one submitted notebook. Raises GradingError when it cannot be graded at all, and
+    """Grade one submitted notebook. Raises GradingError when it cannot be graded at all (bad
+    input, or a worker that does not start before any of its code ran), and
     GradingIncident when a file no notebook may change changed while it was graded.
 
     Each test cell of the chapter's source notebook becomes one exercise result (in source
-    order). A timeout or a dead worker ends the notebook: the cells run before it keep their
-    points, the rest score zero, and `NotebookResult.error` says what happened. `limits`
+    order). A cell that hangs or crashes the worker costs only itself and the exercises whose
+    code needs it (`run.execute_notebook`); `NotebookResult.error` says what happened. `limits`
     overrides `cell_timeout`. `hide`: folders the worker must not see (default: the notebook's
     folder and those of `protect`; the course and the sources are always hidden). `tripwire`
     (default: the course's code, the sources, this notebook and `protect`) is checked after the
@@ -67,9 +68,14 @@ def grade_notebook(path: str | os.PathLike, *, cell_timeout: float = DEFAULT_CEL
     # The diagnoses in the submission's language (the Chinese release says so in its metadata);
     # LLAMA_COURSE_LANG, when set, still decides. Points never depend on it.
     lang = notebook_language(submission)
-    with using(lang):
-        run = _run_in_scratch(path, nb, source, limits, chapter, source_dir, hide)
-        exercises = score_notebook(nb, source, run.completed)
+    try:
+        with using(lang):
+            run = _run_in_scratch(path, nb, source, limits, chapter, source_dir, hide)
+            exercises = score_notebook(nb, source, run.completed)
+    except WorkerCannotStart as failure:  # said to the instructor, in the terminal's language
+        raise GradingError(path, _("not graded: the grader's worker did not start ({why}); the "
+                                   "grader's environment is at fault, not the submission: fix "
+                                   "it and grade again").format(why=failure)) from None
     changed = tripwire.changed()
     if changed:
         raise GradingIncident([str(path)], [short_path(p) for p in changed])

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from ..i18n import _
 from .read import Caps, grade_id, notebooks_in, read_notebook, too_big
 from .results import CHAPTER_NAME, GradingError, NotebookResult, Refused, printable
 
@@ -55,10 +56,10 @@ def identify_chapter(nb, path: str | os.PathLike, source_dir: str | os.PathLike 
         if source_notebook_path(chapter, source_dir).is_file():
             return chapter
     if candidates:
-        raise GradingError(path, f"unknown chapter {candidates[0]!r} (no "
-                                 f"{source_notebook_path(candidates[0], source_dir)})")
-    raise GradingError(path, "cannot tell which chapter this is (no course.chapter metadata, "
-                             "and neither the file nor its folder is named like 01_notation)")
+        raise GradingError(path, _("unknown chapter {chapter} (no {source})").format(
+            chapter=repr(candidates[0]), source=source_notebook_path(candidates[0], source_dir)))
+    raise GradingError(path, _("cannot tell which chapter this is (no course.chapter metadata, "
+                               "and neither the file nor its folder is named like 01_notation)"))
 
 
 def _answer_ids(nb) -> set[str]:
@@ -137,8 +138,8 @@ def layout_warnings(path: str | os.PathLike, root: str | os.PathLike | None = No
     parts = _below(path, root)
     if parts is None or len(parts) <= 3:
         return []
-    return [printable(f"nested below its assignment folder ({parts[0]}/{parts[1]}/"
-                      f"{'/'.join(parts[2:])}): graded as {parts[0]}'s")]
+    return [printable(_("nested below its assignment folder ({path}): graded as {student}'s")
+                      .format(path="/".join(parts), student=parts[0]))]
 
 
 def _below(path, root) -> tuple[str, ...] | None:
@@ -160,11 +161,14 @@ def name_warnings(path: str | os.PathLike, chapter: str,
     """A warning for each name (file or folder) that names a different chapter."""
     path = Path(path)
     found = []
-    for what, name in (("file", path.stem), ("folder", path.parent.name)):
+    says = (_("its file name says {name}, but the notebook is chapter {chapter} (graded as "
+              "{chapter}, not counted in the totals)"),
+            _("its folder name says {name}, but the notebook is chapter {chapter} (graded as "
+              "{chapter}, not counted in the totals)"))
+    for text, name in zip(says, (path.stem, path.parent.name)):
         if CHAPTER_NAME.fullmatch(name) and name != chapter and \
                 source_notebook_path(name, source_dir).is_file():
-            found.append(f"its {what} name says {name}, but the notebook is chapter {chapter} "
-                         f"(graded as {chapter}, not counted in the totals)")
+            found.append(text.format(name=name, chapter=chapter))
     return found
 
 
@@ -201,8 +205,8 @@ class Found:
         result.student = submission.student
         result.warnings += [w for w in submission.warnings if w not in result.warnings]
         if name_warnings(submission.path, result.chapter, self.source_dir):
-            result.not_counted = (f"graded as {result.chapter}, but its name says another "
-                                  "chapter: not counted in the totals")
+            result.not_counted = _("graded as {chapter}, but its name says another chapter: not "
+                                   "counted in the totals").format(chapter=result.chapter)
         return result
 
     def _by_path(self) -> dict[str, Submission]:
@@ -272,10 +276,10 @@ def _within_student_cap(found: list[Path], root: Path | None, cap: int
         dropped |= set(ranked[cap:])
         folder = theirs[0].parent if root is None else \
             Path(os.path.abspath(root)) / _below(theirs[0], root)[0]
-        refused.append(Refused(folder, f"{len(theirs)} notebooks for student {student}, more "
-                                       f"than the {cap} one student may have (--max-notebooks): "
-                                       f"{len(theirs) - cap} not graded (those named after a "
-                                       "chapter first)"))
+        refused.append(Refused(folder, _(
+            "{count} notebooks for student {student}, more than the {cap} one student may have "
+            "(--max-notebooks): {dropped} not graded (those named after a chapter first)").format(
+                count=len(theirs), student=student, cap=cap, dropped=len(theirs) - cap)))
     return [p for p in found if p not in dropped], refused
 
 
@@ -296,10 +300,12 @@ def _one_per_student_chapter(submissions: list[Submission]
         for s in group:
             if len(standard) == 1 and s is standard[0]:
                 continue
-            why = (f"a second notebook for {student}'s {chapter} (graded: "
-                   f"{printable(os.fsdecode(standard[0].path))}): not graded"
+            why = (_("a second notebook for {student}'s {chapter} (graded: {graded}): not "
+                     "graded").format(student=student, chapter=chapter,
+                                      graded=printable(os.fsdecode(standard[0].path)))
                    if len(standard) == 1 else
-                   f"one of {len(group)} notebooks for {student}'s {chapter} ({names}), none "
-                   f"of them {chapter}.ipynb at its place: none graded (leave one)")
+                   _("one of {count} notebooks for {student}'s {chapter} ({names}), none of them "
+                     "{chapter}.ipynb at its place: none graded (leave one)").format(
+                       count=len(group), student=student, chapter=chapter, names=names))
             refused[s.path] = Refused(s.path, why)
     return [s for s in submissions if s.path not in refused], list(refused.values())

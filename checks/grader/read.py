@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..i18n import N_, _
 from .results import GradingError, Refused
 
 MAX_BYTES = 8 * 2**20  # the largest notebook file graded (`--max-size`)
@@ -37,6 +38,13 @@ MAX_DEPTH = 32  # folder levels searched below a folder given
 # stays bounded (about three times the file's size) within them.
 CEILING_BYTES = 64 * 2**20
 CEILING_CELLS = 5000
+
+# Problems said in more than one place (marked for the catalogue, translated where raised)
+NO_SUCH_FILE = N_("no such file")
+A_FOLDER = N_("is a folder, not a notebook")
+NOT_A_NOTEBOOK = N_("not a notebook (expected a .ipynb file)")
+CANNOT_READ = N_("cannot be read ({why})")
+MALFORMED = N_("malformed notebook ({why})")
 
 
 @dataclass(frozen=True)
@@ -87,22 +95,22 @@ def refusal(path: Path, st: os.stat_result, *, one_name: bool = True) -> str | N
     read, so that a source notebook with two names is still read)."""
     mode = st.st_mode
     if stat.S_ISLNK(mode):
-        return "a symbolic link, not a file: not graded (submit the notebook itself)"
+        return _("a symbolic link, not a file: not graded (submit the notebook itself)")
     if not stat.S_ISREG(mode):
-        kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode)
-                or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "a folder"
-                if stat.S_ISDIR(mode) else "not a regular file")
-        return f"{kind}, not a notebook file: not graded"
+        kind = (_("a FIFO") if stat.S_ISFIFO(mode) else _("a device") if stat.S_ISCHR(mode)
+                or stat.S_ISBLK(mode) else _("a socket") if stat.S_ISSOCK(mode) else _("a folder")
+                if stat.S_ISDIR(mode) else _("not a regular file"))
+        return _("{kind}, not a notebook file: not graded").format(kind=kind)
     if one_name and st.st_nlink > 1:
-        return (f"a hard link (one file with {st.st_nlink} names, another student's perhaps): "
-                "not graded (submit a copy of its own)")
+        return _("a hard link (one file with {count} names, another student's perhaps): not "
+                 "graded (submit a copy of its own)").format(count=st.st_nlink)
     return None
 
 
 def too_big(st: os.stat_result, max_bytes: int) -> str | None:
     if st.st_size > max_bytes:
-        return (f"{st.st_size / 2**20:.1f} MiB, larger than the {max_bytes / 2**20:g} MiB a "
-                "notebook may be (--max-size): not graded")
+        return _("{size} MiB, larger than the {limit} MiB a notebook may be (--max-size): not "
+                 "graded").format(size=f"{st.st_size / 2**20:.1f}", limit=f"{max_bytes / 2**20:g}")
     return None
 
 
@@ -120,7 +128,8 @@ def walk_notebooks(root: Path, max_depth: int = MAX_DEPTH
             with os.scandir(folder) as entries:
                 names = sorted(entry.name for entry in entries)
         except OSError as exc:
-            refused.append(Refused(folder, f"cannot be read ({exc.strerror}): not searched"))
+            refused.append(Refused(folder, _("cannot be read ({why}): not searched").format(
+                why=exc.strerror)))
             continue
         subfolders = []
         for name in names:
@@ -130,7 +139,7 @@ def walk_notebooks(root: Path, max_depth: int = MAX_DEPTH
             try:
                 st = os.lstat(path)
             except OSError as exc:
-                refused.append(Refused(path, f"cannot be read ({exc.strerror})"))
+                refused.append(Refused(path, _(CANNOT_READ).format(why=exc.strerror)))
                 continue
             if stat.S_ISDIR(st.st_mode):
                 subfolders.append(path)
@@ -142,8 +151,8 @@ def walk_notebooks(root: Path, max_depth: int = MAX_DEPTH
                     refused.append(Refused(path, problem))
         for sub in reversed(subfolders):
             if depth + 1 > max_depth:
-                refused.append(Refused(sub, f"folders nested more than {max_depth} levels "
-                                            "deep: not searched"))
+                refused.append(Refused(sub, _("folders nested more than {depth} levels deep: "
+                                              "not searched").format(depth=max_depth)))
             else:
                 stack.append((sub, depth + 1))
     return sorted(found), refused
@@ -159,11 +168,11 @@ def _links_to_folder(path: Path) -> bool:
 def chapter_notebooks(folder: Path) -> list[Path]:
     """`folder/NN_slug/*.ipynb`, the layout of notebooks/ and solutions/ (regular files only)."""
     if not folder.is_dir():
-        raise GradingError(folder, "no such folder")
+        raise GradingError(folder, _("no such folder"))
     found = sorted(p for p in folder.glob("[0-9][0-9]_*/*.ipynb")
                    if not p.is_symlink() and p.is_file())
     if not found:
-        raise GradingError(folder, "no chapter notebooks (NN_slug/*.ipynb) in this folder")
+        raise GradingError(folder, _("no chapter notebooks (NN_slug/*.ipynb) in this folder"))
     return found
 
 
@@ -178,13 +187,13 @@ def notebooks_in(paths: Iterable[Path], max_depth: int = MAX_DEPTH
         if path.is_dir():
             inside, skipped = walk_notebooks(path, max_depth)
             if not inside and not skipped:
-                raise GradingError(path, "no notebooks (.ipynb) in this folder")
+                raise GradingError(path, _("no notebooks (.ipynb) in this folder"))
             found += inside
             refused += skipped
         elif not os.path.lexists(path):
-            raise GradingError(path, "no such file or folder")
+            raise GradingError(path, _("no such file or folder"))
         elif path.suffix != ".ipynb":
-            raise GradingError(path, "not a notebook (expected a .ipynb file)")
+            raise GradingError(path, _(NOT_A_NOTEBOOK))
         else:  # named directly (perhaps by a shell glob over the students' folders): checked too
             problem = refusal(path, os.lstat(path))
             if problem is None:
@@ -205,24 +214,25 @@ def read_notebook(path: str | os.PathLike, *, max_bytes: int = CEILING_BYTES,
     path = Path(path)
     data = _notebook_bytes(path, min(max_bytes, CEILING_BYTES))
     if not data.strip():
-        raise GradingError(path, "empty file, not a notebook")
+        raise GradingError(path, _("empty file, not a notebook"))
     try:
         raw = _Parser(data, min(max_cells, CEILING_CELLS)).notebook()
     except _TooManyCells as exc:
-        raise Refused(path, f"{exc.args[0]} cells or more, more than the "
-                                 f"{min(max_cells, CEILING_CELLS)} a notebook may have "
-                                 "(--max-cells): not graded") from None
+        raise Refused(path, _("{count} cells or more, more than the {limit} a notebook may have "
+                              "(--max-cells): not graded").format(
+            count=exc.args[0], limit=min(max_cells, CEILING_CELLS))) from None
     except _Malformed as exc:
-        raise GradingError(path, f"malformed notebook ({exc})") from None
+        raise GradingError(path, _(MALFORMED).format(why=exc)) from None
     except (ValueError, IndexError, RecursionError) as exc:
-        raise GradingError(path, f"not valid JSON ({exc})") from None
+        # The parser's own words (byte offsets) stay English, as json's would.
+        raise GradingError(path, _("not valid JSON ({why})").format(why=exc)) from None
     if not isinstance(raw, dict) or not isinstance(raw.get("cells"), list) \
             or raw.get("nbformat") != 4:
-        raise GradingError(path, "JSON, but not a Jupyter notebook in format 4")
+        raise GradingError(path, _("JSON, but not a Jupyter notebook in format 4"))
     try:
         return _as_notebook(raw)
     except Exception as exc:  # any malformed structure reads as one line, never a traceback
-        raise GradingError(path, f"malformed notebook ({exc})") from None
+        raise GradingError(path, _(MALFORMED).format(why=exc)) from None
 
 
 def _notebook_bytes(path: Path, max_bytes: int) -> bytes:
@@ -230,30 +240,30 @@ def _notebook_bytes(path: Path, max_bytes: int) -> bytes:
     be a regular file of at most `max_bytes`, read no further than that."""
     if path.suffix != ".ipynb":
         if not os.path.lexists(path):
-            raise GradingError(path, "no such file")
+            raise GradingError(path, _(NO_SUCH_FILE))
         if path.is_dir():
-            raise GradingError(path, "is a folder, not a notebook")
-        raise GradingError(path, "not a notebook (expected a .ipynb file)")
+            raise GradingError(path, _(A_FOLDER))
+        raise GradingError(path, _(NOT_A_NOTEBOOK))
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
                      | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
-        raise GradingError(path, "no such file") from None
+        raise GradingError(path, _(NO_SUCH_FILE)) from None
     except OSError as exc:
         if os.path.islink(path):
             raise Refused(path, refusal(path, os.lstat(path))) from None
-        raise GradingError(path, f"cannot be read ({exc.strerror})") from None
+        raise GradingError(path, _(CANNOT_READ).format(why=exc.strerror)) from None
     with os.fdopen(fd, "rb") as stream:
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
-            raise GradingError(path, "is a folder, not a notebook")
+            raise GradingError(path, _(A_FOLDER))
         problem = refusal(path, st, one_name=False) or too_big(st, max_bytes)
         if problem:
             raise Refused(path, problem)
         data = stream.read(st.st_size + 1)
     if len(data) > max_bytes:  # it grew since fstat
-        raise Refused(path, f"larger than the {max_bytes / 2**20:g} MiB a notebook may be "
-                                 "(--max-size): not graded")
+        raise Refused(path, _("larger than the {limit} MiB a notebook may be (--max-size): not "
+                              "graded").format(limit=f"{max_bytes / 2**20:g}"))
     return data
 
 

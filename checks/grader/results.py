@@ -10,6 +10,8 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..i18n import N_, _
+
 PASSED, FAILED, NOT_STARTED, ERROR = "passed", "failed", "not started", "error"
 
 CHAPTER_NAME = re.compile(r"\d\d_[A-Za-z0-9_]+")
@@ -51,21 +53,40 @@ class Refused(GradingError):
     file, a second notebook for one student's chapter, or one past a cap (size, cells, count)."""
 
 
+class WorkerCannotStart(Exception):
+    """The notebook's first worker did not start, before any of its code ran: the grader's
+    environment is at fault (the worker's Python cannot import torch or checks, the walls
+    cannot be built), never the submission. Grading turns it into a GradingError: no score,
+    the notebook listed among the problems (exit status 2), graded when run again."""
+
+
+# What a GradingIncident says happened (English, marked: translated when shown)
+CHANGED = N_("changed")
+OUTLIVED = N_("processes of the worker outlived it")
+
+
 class GradingIncident(Exception):
     """Files that no notebook may change changed, or a worker's processes outlived it, while
     `notebooks` were being graded. Grading stops: what came after cannot be trusted."""
 
-    def __init__(self, notebooks: list[str], changed: list[str], what: str = "changed"):
+    def __init__(self, notebooks: list[str], changed: list[str], what: str = CHANGED):
         self.notebooks = [printable(n) for n in notebooks]
         self.changed = [printable(c) for c in changed]
-        self.what = printable(what)
+        self.what = printable(what)  # English (a marked constant): translated when shown
+        super().__init__(self.notebooks, self.changed, self.what)
+
+    def __str__(self) -> str:
+        """One line in the language of the moment it is printed (the instructor's terminal),
+        not of the submission being graded when it happened."""
         changed = self.changed
-        shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5
-                                          else "")
-        where = self.notebooks[0] if notebooks else "a notebook"
-        if len(notebooks) > 1:  # parallel grading: the others in progress (or just queued)
-            where += f" (at the same time: {', '.join(self.notebooks[1:])})"
-        super().__init__(f"while grading {where}: {self.what}: {shown}")
+        shown = ", ".join(changed[:5]) + (_(" and {count} more").format(count=len(changed) - 5)
+                                          if len(changed) > 5 else "")
+        where = self.notebooks[0] if self.notebooks else _("a notebook")
+        if len(self.notebooks) > 1:  # parallel grading: the others in progress (or just queued)
+            where += _(" (at the same time: {others})").format(others=", ".join(self.notebooks[1:]))
+        return _("while grading {where}: {what}: {changed}").format(where=where, what=_(self.what),
+                                                                     changed=shown)
+
 
 
 @dataclass

@@ -25,13 +25,14 @@ from typing import Any
 
 from ..borrow import BORROWING_CALLS
 from ..context import GRADING_ENV
+from ..i18n import _, language
 from .build import is_graded_test
 from .channel import WorkerGone
 from .identify import SOURCE_DIR
 from .library import WorkerLibrary, defined_names
 from .read import Node, grade_id, is_test_cell
 from .remote import RemoteFunction
-from .results import GradingIncident
+from .results import OUTLIVED, GradingIncident, WorkerCannotStart
 from .worker import Worker
 
 
@@ -125,8 +126,8 @@ class _WrongKind:
         self.__name__ = name
 
     def __call__(self, *args, **kwargs):
-        raise TypeError(f"`{self.__name__}` is a class in your notebook; this exercise asks for "
-                        f"a function (def {self.__name__}(...))")
+        raise TypeError(_("`{name}` is a class in your notebook; this exercise asks for a "
+                          "function (def {name}(...))").format(name=self.__name__))
 
 
 def _grader_side_test(cell, worker, imports: dict[str, Any], kinds: dict[str, str],
@@ -189,7 +190,7 @@ def execute_notebook(nb, source, *, limits, workdir: str | os.PathLike, chapter:
     would: it is skipped (`checks_skipped` metadata: why), the worker restarted, the cells
     before it run again (their results stand) and the notebook goes on. The notebook's budget
     (`limits.notebook_time`) and `MAX_RESTARTS` bound it all. Raises GradingIncident if any of
-    a worker's processes survive it.
+    a worker's processes survive it, and WorkerCannotStart if the first worker does not start.
     """
     return _NotebookRun(nb, source, limits, Path(workdir), WorkerLibrary(chapter, source_dir),
                         hide).run()
@@ -224,8 +225,7 @@ class _NotebookRun:
         finally:
             self._close_worker()
         if self.left_behind:
-            raise GradingIncident([], [f"process {pid}" for pid in self.left_behind],
-                                  "processes of the worker outlived it")
+            raise GradingIncident([], [f"process {pid}" for pid in self.left_behind], OUTLIVED)
         return Execution(self.completed, self._error(), self.mode, self.uid,
                          skipped={_describe_cell(self.nb, i): why
                                   for i, why in sorted(self.skipped.items())})
@@ -234,13 +234,14 @@ class _NotebookRun:
         try:
             self._start_worker()
         except WorkerGone as gone:
-            self.stop = f"Before the first cell: {gone}; the cells after it were not run"
-            return
+            # None of the submission's code has run yet: the grader's own environment failed
+            # (the worker's Python, its imports, the walls), and no score is fair.
+            raise WorkerCannotStart(str(gone)) from None
         for index, cell in enumerate(self.nb.cells):
             if self.budget is not None and time.monotonic() >= self.budget:
-                self.stop = (f"Before {_describe_cell(self.nb, index)}: the notebook ran past "
-                             f"its {self.limits.notebook_time:g} s budget (--notebook-timeout); "
-                             "the cells from there on were not run")
+                self.stop = _("Before {cell}: the notebook ran past its {seconds} s budget "
+                              "(--notebook-timeout); the cells from there on were not run.").format(
+                    cell=_describe_cell(self.nb, index), seconds=f"{self.limits.notebook_time:g}")
                 return
             try:
                 self._run_cell(index, cell)
@@ -276,19 +277,22 @@ class _NotebookRun:
         where = _describe_cell(self.nb, broken)
         while True:
             if self.budget is not None and time.monotonic() >= self.budget:
-                self.stop = (f"After {where}: the notebook's {self.limits.notebook_time:g} s "
-                             "budget is spent; the cells after it were not run")
+                self.stop = _("After {cell}: the notebook's {seconds} s budget is spent; the "
+                              "cells after it were not run.").format(
+                    cell=where, seconds=f"{self.limits.notebook_time:g}")
                 return False
             if self.restarts >= MAX_RESTARTS:
-                self.stop = (f"After {where}: the worker was restarted {MAX_RESTARTS} times, "
-                             "the most for one notebook; the cells after it were not run")
+                self.stop = _("After {cell}: the worker was restarted {count} times, the most "
+                              "for one notebook; the cells after it were not run.").format(
+                    cell=where, count=MAX_RESTARTS)
                 return False
             self.restarts += 1
             self._close_worker()
             try:
                 self._start_worker()
             except WorkerGone as gone:
-                self.stop = f"After {where}: {gone}; the cells after it were not run"
+                self.stop = _("After {cell}: {why}; the cells after it were not run.").format(
+                    cell=where, why=gone)
                 return False
             failed = self._replay()
             if failed is None:
@@ -320,23 +324,25 @@ class _NotebookRun:
             self.worker = None
 
     def _error(self) -> str | None:
-        """What went wrong, in order: each skipped cell, then an early stop."""
-        parts = [f"In {_describe_cell(self.nb, index)}: {why}; that cell was skipped (the worker "
-                 "restarted and the cells before it run again)"
+        """What went wrong, in order: each skipped cell, then an early stop (sentences)."""
+        parts = [_("In {cell}: {why}; that cell was skipped (the worker restarted and the cells "
+                   "before it run again).").format(cell=_describe_cell(self.nb, index), why=why)
                  for index, why in sorted(self.skipped.items())]
         if self.stop:
             parts.append(self.stop)
-        return " ".join(part + "." for part in parts) if parts else None
+        # Chinese sentences follow one another without a space; English ones after one.
+        return ("" if language() == "zh" else " ").join(parts) if parts else None
 
 
 def _describe_cell(nb, index: int | None) -> str:
     """'answer cell head_dim', 'test cell check_head_dim' or 'the cell starting "x = 1"'."""
     if index is None:
-        return "an unknown cell"
+        return _("an unknown cell")
     cell = nb.cells[index]
     gid = grade_id(cell)
     if gid:
-        return f"{'test' if is_graded_test(cell) else 'answer'} cell {gid}"
+        kind = _("test cell {id}") if is_graded_test(cell) else _("answer cell {id}")
+        return kind.format(id=gid)
     first = next((line.strip() for line in cell.source.splitlines() if line.strip()), "")
     first = first if len(first) <= 40 else first[:37] + "..."
-    return f"the cell starting {first!r}"
+    return _("the cell starting {code}").format(code=repr(first))

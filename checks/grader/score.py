@@ -4,6 +4,8 @@ source's order of test cells."""
 
 from __future__ import annotations
 
+from ..engine import SEED_LINE
+from ..i18n import _
 from .build import is_graded_test
 from .read import grade_id, is_test_cell
 from .results import ERROR, FAILED, NOT_STARTED, PASSED, ExerciseResult
@@ -32,7 +34,8 @@ def score_notebook(nb, source, completed: set[int]) -> list[ExerciseResult]:
         result = score_test_cell(nb.cells[index], ran=index in completed, max_points=points)
         why = skipped_answers.get(result.name)
         if why and result.status != PASSED:  # say why the exercise's code was missing
-            result.status, result.message = ERROR, f"its answer cell was skipped: {why}"
+            result.status, result.message = ERROR, _("its answer cell was skipped: {why}").format(
+                why=why)
         exercises.append(result)
     return exercises
 
@@ -46,38 +49,46 @@ def score_test_cell(cell, *, ran: bool, max_points: float) -> ExerciseResult:
     name = exercise_name(grade_id(cell))
     skipped = cell.get("metadata", {}).get("checks_skipped")
     if skipped:  # this test hung or crashed the worker: the cell was stopped and skipped
-        return ExerciseResult(name, 0.0, max_points, ERROR, f"{skipped} (the test was skipped)")
+        return ExerciseResult(name, 0.0, max_points, ERROR,
+                              _("{why} (the test was skipped)").format(why=skipped))
     if not ran:
-        return ExerciseResult(name, 0.0, max_points, ERROR, "not run: the notebook stopped "
-                                                            "before this test")
+        return ExerciseResult(name, 0.0, max_points, ERROR,
+                              _("not run: the notebook stopped before this test"))
     outputs = cell.get("outputs", [])
     errors = [o for o in outputs if o.get("output_type") == "error"]
     tampering = bool(cell.get("metadata", {}).get("checks_tampering"))
     if errors:
         status, message = _classify_error(errors[0], name)
         if tampering:
-            message = ("tampering suspected: the notebook's own run of this test passed, the "
-                       f"grader's failed — {message}")
+            message = _("tampering suspected: the notebook's own run of this test passed, the "
+                        "grader's failed — {diagnosis}").format(diagnosis=message)
         return ExerciseResult(name, 0.0, max_points, status, message, tampering)
     stderr = "".join(o.get("text", "") for o in outputs
                      if o.get("output_type") == "stream" and o.get("name") == "stderr")
     if stderr.strip():
         return ExerciseResult(name, 0.0, max_points, FAILED,
-                              f"wrote to stderr: {_one_line(stderr)}")
+                              _("wrote to stderr: {line}").format(line=_one_line(stderr)))
     return ExerciseResult(name, max_points, max_points, PASSED)
 
 
 def _classify_error(error, exercise: str) -> tuple[str, str]:
     ename, evalue = error.get("ename", "Error"), error.get("evalue", "")
     if ename in _NOT_STARTED_NAMES:
-        return NOT_STARTED, "still raises NotImplementedError"
+        return NOT_STARTED, _("still raises NotImplementedError")
     if ename in _FAILURE_NAMES:
         lines = [line.strip() for line in evalue.splitlines() if line.strip()]
-        lines = [line for line in lines if not line.startswith("(random inputs from seed")]
+        lines = [line for line in lines if not line.startswith(_seed_line_starts())]
         if lines:
             lines[0] = lines[0].removeprefix(f"{exercise}: ")
-        return FAILED, " — ".join(lines) if lines else f"{ename} in a hidden test"
+        return FAILED, " — ".join(lines) if lines else _("{error} in a hidden test").format(
+            error=ename)
     return ERROR, f"{ename}: {_one_line(evalue)}" if evalue.strip() else ename
+
+
+def _seed_line_starts() -> tuple[str, ...]:
+    """How the checks' "random inputs from seed" line begins, in English and in the language of
+    the moment (the submission's, in which its checks wrote it)."""
+    return SEED_LINE.split("{")[0], _(SEED_LINE).split("{")[0]
 
 
 def _one_line(text: str) -> str:

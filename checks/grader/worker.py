@@ -39,6 +39,7 @@ import torch
 
 from .. import engine
 from ..context import PROTECT_ENV
+from ..i18n import _
 from . import wire
 from .channel import MAX_MESSAGE, WorkerGone, receive_frame, send_frame
 from .isolation import (JAIL, LIB_TARGET, isolation_mode, jail_config, python_installation,
@@ -97,10 +98,6 @@ class _ArgPickler(pickle.Pickler):
             return (grad_leaf, (obj.detach(),)) if self.keep_grad else \
                 (as_is, (obj.detach(),))
         return NotImplemented
-
-
-def as_is(x):
-    return x
 
 
 class Worker:
@@ -199,7 +196,8 @@ class Worker:
         try:
             self._serve("ready", self.deadline(max(60.0, self.limits.cell_timeout)))
         except WorkerGone as gone:
-            raise WorkerGone(f"the worker did not start: {gone}{self._log_tail()}") from None
+            raise WorkerGone(_("the worker did not start: {why}{log}").format(
+                why=gone, log=self._log_tail())) from None
 
     # ---- plumbing ----
     def deadline(self, seconds: float | None = None) -> float:
@@ -210,9 +208,10 @@ class Worker:
 
     def _timeout_text(self) -> str:
         if self.budget is not None and time.monotonic() >= self.budget:
-            return (f"ran past the notebook's {self.limits.notebook_time:g} s budget "
-                    "(--notebook-timeout)")
-        return f"ran longer than the {self.limits.cell_timeout:g} s limit"
+            return _("ran past the notebook's {seconds} s budget (--notebook-timeout)").format(
+                seconds=f"{self.limits.notebook_time:g}")
+        return _("ran longer than the {seconds} s limit").format(
+            seconds=f"{self.limits.cell_timeout:g}")
 
     def _post(self, message: tuple) -> None:
         if self.dead:
@@ -222,7 +221,7 @@ class Worker:
         try:
             send_frame(self._to_worker, buffer.getvalue())
         except OSError:
-            self._gone(f"the worker stopped reading{self._exit_text()}")
+            self._gone(_("the worker stopped reading{exit}").format(exit=self._exit_text()))
 
     def _receive_reply(self, deadline: float) -> dict:
         try:
@@ -230,20 +229,20 @@ class Worker:
         except TimeoutError:
             self._gone(self._timeout_text())
         except EOFError:
-            self._gone(f"the worker process died{self._exit_text()}")
+            self._gone(_("the worker process died{exit}").format(exit=self._exit_text()))
         except OverflowError as size:
-            self._gone(f"sent back {int(str(size)) / 2**20:.0f} MiB in one answer (limit "
-                       f"{MAX_MESSAGE / 2**20:.0f} MiB)")
+            self._gone(_("sent back {size} MiB in one answer (limit {limit} MiB)").format(
+                size=f"{int(str(size)) / 2**20:.0f}", limit=f"{MAX_MESSAGE / 2**20:.0f}"))
         try:
             reply = wire.decode(data, self.session.storages)
         except ProtocolError as exc:
-            self._gone(f"broke the grading protocol: {exc}")
+            self._gone(_("broke the grading protocol: {why}").format(why=exc))
         except Exception as exc:  # noqa: BLE001 - any decoding surprise ends the worker
-            self._gone(f"broke the grading protocol ({type(exc).__name__})")
+            self._gone(_("broke the grading protocol ({why})").format(why=type(exc).__name__))
         finally:
             del data
         if not isinstance(reply, dict) or not isinstance(reply.get("kind"), str):
-            self._gone("broke the grading protocol (not a reply)")
+            self._gone(_("broke the grading protocol ({why})").format(why=_("not a reply")))
         return reply
 
     def _serve(self, expected: str, deadline: float) -> dict:
@@ -260,7 +259,8 @@ class Worker:
             elif kind == "cbackward":
                 self._answer(lambda: self._callback_backward(reply))
             else:
-                self._gone(f"broke the grading protocol (a {kind[:40]!r} reply)")
+                self._gone(_("broke the grading protocol ({why})").format(
+                    why=_("a {kind} reply").format(kind=repr(kind[:40]))))
 
     def _lent(self, reply: dict):
         ident = reply.get("ident")
@@ -348,8 +348,9 @@ class Worker:
     def _gone(self, why: str):
         self.close()
         if self.watch is not None and self.watch.exceeded:
-            why = (f"used {self.watch.exceeded / 2**20:.0f} MiB, over the "
-                   f"{self.limits.memory / 2**20:.0f} MiB memory limit")
+            why = _("used {used} MiB, over the {limit} MiB memory limit").format(
+                used=f"{self.watch.exceeded / 2**20:.0f}",
+                limit=f"{self.limits.memory / 2**20:.0f}")
         self.dead = why
         raise WorkerGone(why)
 
@@ -361,17 +362,19 @@ class Worker:
         memory = (self.cgroup is not None and self.cgroup.oom_killed()) or (
             self.watch is not None and self.watch.exceeded)
         if memory:
-            return f" (over the {self.limits.memory / 2**20:.0f} MiB memory limit)"
+            return _(" (over the {limit} MiB memory limit)").format(
+                limit=f"{self.limits.memory / 2**20:.0f}")
         if code < 0:
             try:
                 name = signal.Signals(-code).name
             except ValueError:
-                name = f"signal {-code}"
-            extra = {"SIGKILL": ", killed", "SIGXCPU": ", over the CPU time limit"}.get(name, "")
-            return f" (killed by {name}{extra})"
+                name = _("signal {number}").format(number=-code)
+            extra = {"SIGKILL": _(", killed"),
+                     "SIGXCPU": _(", over the CPU time limit")}.get(name, "")
+            return _(" (killed by {signal}{extra})").format(signal=name, extra=extra)
         if code == 97:
-            return f" (it could not be started{self._log_tail()})"
-        return f" (exit status {code})"
+            return _(" (it could not be started{log})").format(log=self._log_tail())
+        return _(" (exit status {code})").format(code=code)
 
     def _log_tail(self) -> str:
         try:
@@ -460,8 +463,9 @@ class Worker:
         name = target[1] if target[0] == "name" else "your function"
         if isinstance(reply.get("forbidden"), str):
             fname = capped_text(reply["forbidden"], 100)
-            raise engine.ForbiddenCall(exercise or name, f"calls `{fname}`, which this exercise asks "
-                                "you to write yourself (seen inside the worker).",
+            raise engine.ForbiddenCall(exercise or name, _(
+                "calls `{name}`, which this exercise asks you to write yourself (seen inside the "
+                "worker).").format(name=fname),
                                 hint=(forbid or {}).get(fname))
         if "error" in reply:
             raise rebuild_exception(reply["error"])
@@ -474,7 +478,8 @@ class Worker:
             if reply.get("leaves") != len(leaves) or \
                     len(flags) != len(flat_tensors(value)) or \
                     not all(type(f) is bool for f in flags):
-                self._gone("broke the grading protocol (gradients that do not match)")
+                self._gone(_("broke the grading protocol ({why})").format(
+                    why=_("gradients that do not match")))
             gid = reply["graph"]
             return attach_autograd(value, flags, leaves,
                                     lambda grads: self._backward(gid, grads, deadline))
@@ -489,7 +494,7 @@ class Worker:
                                "the backward pass failed in the worker")
         got = reply.get("grads")
         if not isinstance(got, list):
-            self._gone("broke the grading protocol (no gradients)")
+            self._gone(_("broke the grading protocol ({why})").format(why=_("no gradients")))
         return got
 
     def getattr(self, handle: int, name: str, deadline: float):

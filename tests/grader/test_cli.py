@@ -13,6 +13,7 @@ import time
 import pytest
 from nbformat.v4 import new_notebook
 
+from checks.context import LANG_ENV
 from checks.grader.cli import main
 
 from ..support import submissions as sub
@@ -56,8 +57,34 @@ BAD_INPUT = {  # case: (arguments, with {d} for the test's folder; expected word
 }
 
 
+# The grader's own words in Chinese (LLAMA_COURSE_LANG=zh, as the Chinese release's learners have
+# it); argparse's frame ("invalid choice") is argparse's and stays English.
+BAD_INPUT_ZH = {
+    "missing file": "没有这个文件", "not a notebook": "不是 notebook（需要 .ipynb 文件）",
+    "broken JSON": "不是有效的 JSON（", "empty file": "空文件，不是 notebook",
+    "unknown chapter": "未知章节 '99_unknown'（没有 ", "zero timeout": "不是正数秒数：'0'",
+    "zero jobs": "不是正整数：'0'", "json over input": "JSON 输出会覆盖一个正在评分的 notebook",
+    "folder without notebooks": "这个文件夹里没有 notebook（.ipynb）",
+    "status of a missing folder": "没有这个文件夹",
+    "status without chapters": "这个文件夹里没有章节 notebook（NN_slug/*.ipynb）",
+}
+
+
 @pytest.mark.parametrize("args, problem", BAD_INPUT.values(), ids=BAD_INPUT.keys())
 def test_bad_input_gets_one_line_and_status_2(tmp_path, capsys, args, problem):
+    assert_bad_input(tmp_path, capsys, args, problem)
+
+
+@pytest.mark.parametrize("case", BAD_INPUT_ZH)
+def test_bad_input_is_said_in_chinese_under_llama_course_lang_zh(tmp_path, capsys, monkeypatch,
+                                                                 case):
+    monkeypatch.setenv(LANG_ENV, "zh")
+    assert_bad_input(tmp_path, capsys, BAD_INPUT[case][0], BAD_INPUT_ZH[case])
+
+
+def assert_bad_input(tmp_path, capsys, args: str, problem: str) -> None:
+    """`args` (with {d} for tmp_path) exits 2 with one line on stderr holding `problem`, and
+    leaves every input file as it was."""
     (tmp_path / "notes.txt").write_text("not a notebook")
     (tmp_path / "broken.ipynb").write_text('{"cells": [')
     (tmp_path / "empty.ipynb").write_text("")
@@ -261,3 +288,4 @@ def test_sigterm_ends_every_process_the_grader_started(tmp_path, jobs):
             break
         time.sleep(0.2)
     assert not left, f"{len(left)} of {len(started)} processes outlived the grader"
+

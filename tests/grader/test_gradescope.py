@@ -234,3 +234,28 @@ def test_a_hang_and_a_crash_cost_only_their_exercises_on_gradescope(tmp_path):
     assert scores == {"head_dim": 1, "kv_group_size": 0, "validate_config": 2,
                       "tensor_shape": 0}
     assert "skipped" in " ".join(t["output"] for t in results["tests"])
+
+
+def test_what_the_student_reads_is_in_the_submissions_language(monkeypatch):
+    """results.json's own words (a chapter with no notebook, its exercises' outputs) follow the
+    submission's language, as the diagnoses in it do; points and statuses do not."""
+    from checks.context import LANG_ENV
+    from checks.grader.gradescope.autograde import gradescope_results
+
+    monkeypatch.delenv(LANG_ENV, raising=False)
+    config = {"chapters": [CHAPTER, "04_self_attention"]}
+
+    def results(lang: str) -> dict:
+        record = {"chapter": CHAPTER, "lang": lang, "points": 1.0, "error": None,
+                  "exercises": [{"name": "head_dim", "points": 1.0, "status": "passed",
+                                 "message": ""}]}
+        return gradescope_results({"notebooks": [record], "errors": []}, "", 0, sub.REPO, config)
+
+    zh, en = results("zh"), results("en")
+    assert [(t["score"], t["status"]) for t in zh["tests"]] == \
+        [(t["score"], t["status"]) for t in en["tests"]]
+    assert en["output"] == "04_self_attention: no notebook of this chapter in the submission"
+    assert zh["output"] == "04_self_attention: 提交中没有这一章的 notebook"
+    by_name = {t["name"]: t["output"] for t in zh["tests"]}
+    assert by_name[f"{CHAPTER}: kv_group_size"] == "未评分"
+    assert by_name["04_self_attention: attention"] == "提交中没有这一章的 notebook"

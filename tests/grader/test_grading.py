@@ -16,7 +16,10 @@ import pytest
 import torch
 from nbformat.v4 import new_code_cell, new_notebook, new_output
 
-from checks.grader import build, grading, identify, library, read, results, score
+from checks import i18n
+from checks.context import LANG_ENV
+from checks.grader import build, grading, identify, library, read, results, run, score
+from checks.grader.cli import main
 from checks.grader import wire as _wire
 from checks.grader.channel import WorkerGone
 from checks.grader.limits import Limits
@@ -175,6 +178,77 @@ def test_scoring_rule(outputs, ran, status, points, message):
     assert (result.name, result.status, result.points, result.max_points) == \
         ("head_dim", status, points, 2)
     assert message in result.message and "\n" not in result.message
+
+
+SCORED_IN_CHINESE = [  # (outputs, ran, the message in Chinese); statuses and points as above
+    ([], False, "没有运行：notebook 在这个测试之前就停止了"),
+    ([new_output("stream", name="stderr", text="UserWarning: careful\n")], True,
+     "向 stderr 写了内容：UserWarning: careful"),
+    ([error("NotStarted", "head_dim: 尚未开始")], True, "仍然引发 NotImplementedError"),
+    ([error("CheckFailure", "head_dim: 返回 64，应为 128。\n可能的错误：用了 n_kv_heads\n"
+            "（随机输入来自种子 7；给检查传入 seed=7 即可再次看到同样的输入）")], True,
+     "返回 64，应为 128。 — 可能的错误：用了 n_kv_heads"),
+    ([error("AssertionError", "")], True, "隐藏测试中出现 AssertionError"),
+]
+
+
+@pytest.mark.parametrize("outputs, ran, message", SCORED_IN_CHINESE)
+def test_scoring_says_it_in_the_submissions_language(outputs, ran, message, monkeypatch):
+    """Inside grading's `using(lang)` of a Chinese submission: the grader's words in Chinese,
+    the seed line of a Chinese diagnosis left out as the English one is."""
+    monkeypatch.delenv(LANG_ENV, raising=False)
+    with i18n.using("zh"):
+        result = score.score_test_cell(graded_cell(*outputs), ran=ran, max_points=2)
+    assert result.message == message
+
+
+def test_an_incident_is_told_in_the_language_it_is_printed_in(monkeypatch):
+    """Raised while a Chinese submission was graded, printed on the instructor's terminal: its
+    words are the terminal's (LLAMA_COURSE_LANG), and the JSON keeps the English key."""
+    monkeypatch.delenv(LANG_ENV, raising=False)
+    with i18n.using("zh"):
+        incident = results.GradingIncident(["a.ipynb", "b.ipynb"], [f"f{i}" for i in range(7)],
+                                           results.OUTLIVED)
+    assert str(incident) == ("while grading a.ipynb (at the same time: b.ipynb): processes of the "
+                             "worker outlived it: f0, f1, f2, f3, f4 and 2 more")
+    assert incident.what == "processes of the worker outlived it"
+    monkeypatch.setenv(LANG_ENV, "zh")
+    assert str(incident) == ("评分 a.ipynb（同时在评分：b.ipynb） 时：worker 的进程在它结束后仍在"
+                             "运行：f0, f1, f2, f3, f4 等另外 2 个")
+    import pickle
+    assert str(pickle.loads(pickle.dumps(incident))) == str(incident)
+
+
+# --------------------------------------------------------------------------------------------
+# A worker that cannot start: the grader's environment, never the submission's doing
+
+NO_TORCH = ("the worker did not start: the worker process died (exit status 1) "
+            "(ModuleNotFoundError: No module named 'torch')")
+
+
+class _NoWorker:
+    """A worker whose Python cannot import torch: it never gets to say it is ready."""
+
+    def __init__(self, *args, **kwargs):
+        raise WorkerGone(NO_TORCH)
+
+
+def test_a_worker_that_cannot_start_gives_no_score(monkeypatch, tmp_path, capsys):
+    """Before the first cell ran, nothing the submission did can be at fault: no record with
+    zero points (as there was before), but one line naming the cause and exit status 2; the
+    notebook is graded when the class is graded again."""
+    monkeypatch.setattr(run, "Worker", _NoWorker)
+    with pytest.raises(GradingError) as info:
+        grading.grade_notebook(sub.SOLUTION_01)
+    assert str(info.value) == (f"{sub.SOLUTION_01}: not graded: the grader's worker did not start "
+                               f"({NO_TORCH}); the grader's environment is at fault, not the "
+                               "submission: fix it and grade again")
+    report = tmp_path / "grades.json"
+    assert main(["grade", str(sub.SOLUTION_01), "--json", str(report)]) == 2
+    data = json.loads(report.read_text())
+    assert data["notebooks"] == [] and data["points"] == 0
+    assert [e["error"] for e in data["errors"]] == [info.value.problem]
+    assert "the grader's worker did not start" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------------------------
@@ -482,6 +556,8 @@ BROKEN = {  # chapter: (the exercise broken, the exercises whose code calls it)
     "08_rope": ("rotation_matrix", set()),
     "13_generation_kv_cache": ("generate", set()),
 }
+ZH_CHAPTER, ZH_FAULTS = "01_notation", ("hang", "segfault")
+ZH_WORDS = {"hang": "运行时间超过了", "segfault": "被 SIGSEGV 终止"}
 FAULT_TIMEOUT = 20  # seconds per cell: room for the memory hog to be killed on a loaded machine
 FAULT_BUDGET = 150  # seconds per notebook (--notebook-timeout)
 
@@ -503,6 +579,17 @@ def break_function(nb, name: str, code: str):
     return nb
 
 
+def chinese_solution(chapter: str):
+    """The chapter of the Chinese release (notebooks-zh/) with the solutions' answer cells."""
+    nb = sub.solution(sub.REPO / "notebooks-zh" / chapter / f"{chapter}.ipynb")
+    source = sub.solution(identify.SOURCE_DIR / chapter / f"{chapter}.ipynb")
+    for answer in source.cells:
+        gid = read.grade_id(answer)
+        if gid and answer.metadata["nbgrader"].get("solution"):
+            sub.cell(nb, gid).source = answer.source
+    return nb
+
+
 def solution_points(chapter: str) -> dict[str, float]:
     nb = sub.solution(identify.SOURCE_DIR / chapter / f"{chapter}.ipynb")
     return {score.exercise_name(read.grade_id(c)): float(c.metadata["nbgrader"]["points"])
@@ -519,12 +606,16 @@ def faults_graded(tmp_path_factory):
         for kind, (code, _) in FAULTS.items():
             nb = sub.solution(identify.SOURCE_DIR / chapter / f"{chapter}.ipynb")
             sub.write(break_function(nb, name, code), folder / kind / chapter / f"{chapter}.ipynb")
+    for kind in ZH_FAULTS:  # the Chinese release, the solutions' answers pasted in
+        name = BROKEN[ZH_CHAPTER][0]
+        nb = break_function(chinese_solution(ZH_CHAPTER), name, FAULTS[kind][0])
+        sub.write(nb, folder / f"zh-{kind}" / ZH_CHAPTER / f"{ZH_CHAPTER}.ipynb")
     report = folder / "grades.json"
     done = subprocess.run(
         [sys.executable, "-m", "checks", "grade", str(folder), "--timeout", str(FAULT_TIMEOUT),
          "--notebook-timeout", str(FAULT_BUDGET), "--memory", "1500M", "--jobs", "2",
          "--json", str(report)], capture_output=True, text=True, timeout=1500,
-        env=dict(os.environ, OMP_NUM_THREADS="1"))
+        env={**{k: v for k, v in os.environ.items() if k != LANG_ENV}, "OMP_NUM_THREADS": "1"})
     assert report.is_file(), done.stderr[-3000:]
     data = json.loads(report.read_text())
     return done, {(Path(nb["path"]).parts[-3], nb["chapter"]): nb for nb in data["notebooks"]}
@@ -551,3 +642,24 @@ def test_a_fault_costs_only_its_exercise_and_those_that_call_it(faults_graded, c
     assert all(words in s["why"] for s in nb["skipped"]), nb["skipped"]
     assert words in nb["error"] and "that cell was skipped" in nb["error"]
     assert nb["seconds"] < FAULT_BUDGET + 30
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ZH_FAULTS)
+def test_a_fault_in_a_chinese_submission_costs_the_same_and_reads_in_chinese(faults_graded, kind):
+    """The same points as the English release, and the grader's own words (why the cell was
+    skipped, what the worker did) in the submission's language."""
+    done, graded = faults_graded
+    zh, en = graded[(f"zh-{kind}", ZH_CHAPTER)], graded[(kind, ZH_CHAPTER)]
+    assert zh["lang"] == "zh" and en["lang"] == "en"
+    assert [(e["name"], e["points"], e["status"]) for e in zh["exercises"]] == \
+        [(e["name"], e["points"], e["status"]) for e in en["exercises"]]
+    broken = BROKEN[ZH_CHAPTER][0]
+    message = next(e["message"] for e in zh["exercises"] if e["name"] == broken)
+    assert ZH_WORDS[kind] in message and message.endswith("（这个测试被跳过）"), message
+    assert [s["cell"] for s in zh["skipped"]] == [f"测试单元格 check_{broken}"]
+    assert zh["error"].startswith(f"在测试单元格 check_{broken} 中：") and \
+        "这个单元格被跳过（worker 已重启，之前的单元格重新运行）。" in zh["error"], zh["error"]
+    for english in ("killed by", "ran longer", "the test was skipped", "that cell was skipped",
+                    "test cell"):
+        assert english not in message + zh["error"] + zh["skipped"][0]["cell"]

@@ -26,6 +26,7 @@ from checks.grader import report
 from checks.grader.outputs import gradebook, late
 from checks.grader.outputs.feedback import feedback_html, safe_name
 from checks.grader.outputs.store import atomic_write
+from checks.grader.outputs.summary import class_summary, summary_text
 
 from ..support import submissions as sub
 
@@ -417,6 +418,26 @@ def test_times_and_lateness(tmp_path):
     fields = late.lateness(notebook, late.parse_time(DUE))
     assert fields["late"] is True and fields["late_by_seconds"] == 2 * 86400 + 30
     assert late.late_text(fields) == "late by 2 d"
+
+
+def test_the_late_tag_and_the_class_summary_in_chinese(monkeypatch):
+    """What the instructor's terminal shows after the grades, under LLAMA_COURSE_LANG=zh: the
+    grade table's late tag and the class summary (numbers, names and diagnoses as they are)."""
+    record = {"chapter": CHAPTER, "late": True, "late_by_seconds": 86400 + 5 * 3600 + 6 * 60,
+              "exercises": [{"name": "head_dim", "status": "failed", "message": "返回 64"}]}
+    others = [{"chapter": CHAPTER, "late": False,
+               "exercises": [{"name": "head_dim", "status": "passed", "message": ""}]}]
+    monkeypatch.delenv(LANG_ENV, raising=False)
+    english = summary_text(class_summary([record, *others]), [record, *others])
+    assert late.late_text(record) == "late by 1 d 5 h 6 min"
+    assert english.splitlines()[0] == "class summary: 2 notebooks, 1 submitted late"
+    assert english.splitlines()[2] == "        1 × failed: 返回 64"
+    monkeypatch.setenv(LANG_ENV, "zh")
+    assert late.late_text(record) == "迟交 1 天 5 小时 6 分钟"
+    chinese = summary_text(class_summary([record, *others]), [record, *others]).splitlines()
+    assert chinese[0] == "全班汇总：2 个 notebook，1 个迟交"
+    assert chinese[1] == english.splitlines()[1].replace("passed", "通过")
+    assert chinese[2] == "        1 × 未通过: 返回 64"
 
 
 def test_feedback_escapes_every_field():

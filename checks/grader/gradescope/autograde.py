@@ -19,6 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from ...i18n import N_, _, using
 from ..read import is_test_cell, read_notebook
 from ..score import exercise_name
 
@@ -61,28 +62,38 @@ def grade_submission(submission: Path, course: Path, config: dict) -> tuple[dict
     return report, table, done.returncode
 
 
+NO_NOTEBOOK = N_("no notebook of this chapter in the submission")
+
+
 def gradescope_results(report: dict, table: str, status: int, course: Path,
                        config: dict) -> dict:
-    tests, notes = [], []
     best = _best_record_per_chapter(report.get("notebooks", []))
+    # What the student reads, in the submission's language (LLAMA_COURSE_LANG still decides).
+    lang = next((r["lang"] for r in best.values() if r.get("lang")), None)
+    with using(lang):
+        return _results(report, status, course, config, best)
+
+
+def _results(report: dict, status: int, course: Path, config: dict, best: dict) -> dict:
+    tests, notes = [], []
     for chapter in config["chapters"]:
         record = best.get(chapter)
         if record is None:
-            notes.append(f"{chapter}: no notebook of this chapter in the submission")
+            notes.append(f"{chapter}: " + _(NO_NOTEBOOK))
         tests += _chapter_tests(chapter, record, course, len(tests))
         if record is not None and record.get("error"):
             notes.append(f"{chapter}: {record['error']}")
     notes += [f"{e['path'].rsplit('/', 1)[-1]}: {e['error']}" for e in report.get("errors", [])]
     if status not in (0, 2, 3):
-        notes.append(f"the grader itself failed (exit status {status}); the instructor sees its "
-                     "output")
+        notes.append(_("the grader itself failed (exit status {status}); the instructor sees its "
+                       "output").format(status=status))
     if "incident" in report or status == 3:
-        notes.append("grading stopped: the submission changed files it may not change; the "
-                     "instructor will look at it")
+        notes.append(_("grading stopped: the submission changed files it may not change; the "
+                       "instructor will look at it"))
         for test in tests:
             test.update(score=0.0, status="failed")
     score = sum(t["score"] for t in tests)
-    return {"score": score, "output": "\n".join(notes) or "graded", "visibility": "visible",
+    return {"score": score, "output": "\n".join(notes) or _("graded"), "visibility": "visible",
             "stdout_visibility": "hidden", "tests": tests}
 
 
@@ -104,8 +115,7 @@ def _chapter_tests(chapter: str, record: dict | None, course: Path, before: int)
     for number, (name, max_points) in enumerate(chapter_exercises(chapter, course), 1):
         exercise = graded.get(name)
         if exercise is None:
-            why = ("no notebook of this chapter in the submission" if record is None
-                   else "not graded")
+            why = _(NO_NOTEBOOK) if record is None else _("not graded")
             score, status, output = 0.0, "failed", why
         else:
             score = float(exercise["points"])

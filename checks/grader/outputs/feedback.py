@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ...i18n import N_, _, language, using
 from .gradebook import student_label
+from .late import late_text
 from .store import atomic_write
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -102,19 +103,8 @@ def _submission_lines(record: dict) -> list[str]:
             when = _("Submitted {when}").format(when=record["submitted_at"])
         lines.append(f'<p class="note">{html.escape(when)}</p>')
     if record.get("late"):
-        lines.append(f'<p class="late">{html.escape(_late_line(record))}</p>')
+        lines.append(f'<p class="late">{html.escape(late_text(record))}</p>')
     return lines
-
-
-def _late_line(record: dict) -> str:
-    """'late by 2 h 5 min' in the page's language (late.late_text's English, word for word)."""
-    seconds = int(record.get("late_by_seconds") or 0)
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes = rest // 60
-    parts = [_("{n} d").format(n=days)] * bool(days) + [_("{n} h").format(n=hours)] * bool(hours)
-    parts += [_("{n} min").format(n=minutes)] * bool(minutes or not parts)
-    return _("late by {duration}").format(duration=" ".join(parts))
 
 
 def _pts(value: float) -> str:

@@ -8,6 +8,8 @@ import argparse
 from datetime import datetime, timezone
 from pathlib import Path
 
+from ...i18n import _
+
 TIMESTAMP_FILE = "timestamp.txt"
 
 
@@ -28,8 +30,9 @@ def due_argument(text: str) -> datetime:
     try:
         return parse_time(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not an ISO time: {text!r} (example: "
-                                         "2026-03-01T23:59+01:00; without a zone, UTC)") from None
+        raise argparse.ArgumentTypeError(_("not an ISO time: {text} (example: "
+                                           "2026-03-01T23:59+01:00; without a zone, UTC)").format(
+            text=repr(text))) from None
 
 
 def submitted_at(notebook: Path) -> tuple[datetime | None, str | None]:
@@ -41,7 +44,7 @@ def submitted_at(notebook: Path) -> tuple[datetime | None, str | None]:
     try:
         return parse_time(stamp.read_text(encoding="utf-8", errors="replace")), None
     except ValueError:
-        return None, f"{TIMESTAMP_FILE} does not hold a time; lateness unknown"
+        return None, _("{file} does not hold a time; lateness unknown").format(file=TIMESTAMP_FILE)
 
 
 def lateness(notebook: Path, due: datetime | None) -> dict:
@@ -60,13 +63,14 @@ def lateness(notebook: Path, due: datetime | None) -> dict:
 
 
 def late_text(record: dict) -> str:
-    """'late by 2 h 5 min' for a late record, '' otherwise."""
+    """'late by 2 h 5 min' for a late record, '' otherwise; in the language of the moment (the
+    terminal's for the grade table, the submission's for its feedback page)."""
     if not record.get("late"):
         return ""
     seconds = int(record.get("late_by_seconds") or 0)
     days, rest = divmod(seconds, 86400)
     hours, rest = divmod(rest, 3600)
     minutes = rest // 60
-    parts = [f"{days} d"] * bool(days) + [f"{hours} h"] * bool(hours)
-    parts += [f"{minutes} min"] * bool(minutes or not parts)
-    return "late by " + " ".join(parts)
+    parts = [_("{n} d").format(n=days)] * bool(days) + [_("{n} h").format(n=hours)] * bool(hours)
+    parts += [_("{n} min").format(n=minutes)] * bool(minutes or not parts)
+    return _("late by {duration}").format(duration=" ".join(parts))

@@ -12,6 +12,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from ...i18n import _
 from ..results import GradingError
 
 
@@ -34,31 +35,32 @@ def atomic_write(target: Path, text: str) -> None:
 def check_writable_file(target: Path, what: str) -> None:
     """Refuse (one line) an output file that cannot be written, before any grading starts."""
     if target.is_dir():
-        raise GradingError(target, f"the {what} output is a folder, not a file")
+        raise GradingError(target, _("the {what} output is a folder, not a file").format(what=what))
     _check_writable_folder(target.parent, target, what)
     if target.exists() and not os.access(target, os.W_OK):
-        raise GradingError(target, f"cannot write the {what} output here (permission denied)")
+        raise GradingError(target, _("cannot write the {what} output here ({why})").format(
+            what=what, why=_("permission denied")))
 
 
 def check_writable_folder(folder: Path, what: str) -> None:
     if folder.exists() and not folder.is_dir():
-        raise GradingError(folder, f"the {what} output is a file, not a folder")
+        raise GradingError(folder, _("the {what} output is a file, not a folder").format(what=what))
     _check_writable_folder(folder, folder, what)
 
 
 def _check_writable_folder(folder: Path, shown: Path, what: str) -> None:
     blocking = next((p for p in [folder, *folder.parents] if p.exists()), None)
     if blocking is not None and not blocking.is_dir():
-        raise GradingError(shown, f"cannot write the {what} output here ({blocking} is a file, "
-                                  "not a folder)")
+        raise GradingError(shown, _("cannot write the {what} output here ({why})").format(
+            what=what, why=_("{path} is a file, not a folder").format(path=blocking)))
     try:
         folder.mkdir(parents=True, exist_ok=True)
         handle, probe = tempfile.mkstemp(dir=folder, prefix=".checks-probe-")
         os.close(handle)
         os.unlink(probe)
     except OSError as exc:
-        raise GradingError(shown, f"cannot write the {what} output here "
-                                  f"({exc.strerror or type(exc).__name__})") from None
+        raise GradingError(shown, _("cannot write the {what} output here ({why})").format(
+            what=what, why=exc.strerror or type(exc).__name__)) from None
 
 
 def file_hash(path: Path) -> str:
@@ -80,8 +82,8 @@ def load_records(target: Path | None) -> dict[str, dict]:
         records = data["notebooks"]
         return {record_key(r["path"]): r for r in records}
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
-        raise GradingError(target, "is not a report of `checks grade` (its results would be "
-                                   "overwritten; move it away or name another --json file)"
+        raise GradingError(target, _("is not a report of `checks grade` (its results would be "
+                                     "overwritten; move it away or name another --json file)")
                            ) from None
 
 

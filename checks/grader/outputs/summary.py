@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+from ...i18n import _
+from ..report import status_word
 from .gradebook import counted
 
 COMMON = 3  # diagnoses shown per exercise
@@ -38,12 +40,12 @@ def summary_text(summary: list[dict], records: list[dict]) -> str:
     if not summary:
         return ""
     late = sum(bool(r.get("late")) for r in counted(records))
-    lines = [f"class summary: {len(counted(records))} notebooks"
-             + (f", {late} submitted late" if late else "")]
+    lines = [_("class summary: {count} notebooks").format(count=len(counted(records)))
+             + (_(", {late} submitted late").format(late=late) if late else "")]
     width = max(len(f"{r['chapter']}/{r['exercise']}") for r in summary) + 2
     for row in summary:
         name = f"{row['chapter']}/{row['exercise']}"
-        lines.append(f"  {name:<{width}}{row['passed']:>4}/{row['graded']:<4} passed")
+        lines.append(f"  {name:<{width}}{row['passed']:>4}/{row['graded']:<4} " + _("passed"))
         for d in row["diagnoses"]:
-            lines.append(f"      {d['count']:>3} × {d['status']}: {d['message']}")
+            lines.append(f"      {d['count']:>3} × {status_word(d['status'])}: {d['message']}")
     return "\n".join(lines) + "\n"

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from ..grading import peak_memory_mib
+from ...i18n import _
 from ..results import GradingError, GradingIncident, NotebookResult
 from .feedback import write_feedback
 from .gradebook import counted, exercises_csv, gradebook_csv
@@ -48,8 +49,8 @@ class GradeOutputs:
         inputs = {p.resolve() for p in paths}
         for path, what in self._files():
             if path.resolve() in inputs:
-                raise GradingError(path, f"the {what} output would overwrite a notebook being "
-                                         "graded")
+                raise GradingError(path, _("the {what} output would overwrite a notebook being "
+                                           "graded").format(what=what))
 
     def _check_writable(self) -> None:
         for path, what in self._files():
