@@ -245,6 +245,11 @@ def _grade(args) -> int:
                               "again)").format(kept=len(outputs.kept), count=len(paths),
                                                json=args.json), file=sys.stderr, flush=True)
         outputs.write_kept_feedback()
+    if outputs.regraded:
+        print(f"{PROG}: " + _("{count} unchanged notebooks graded again: the course's checks or "
+                              "their chapter's source notebook changed since their results in "
+                              "{json}").format(count=len(outputs.regraded), json=args.json),
+              file=sys.stderr, flush=True)
     to_stdout = args.json == Path("-")
 
     def save(result):  # as each notebook finishes, in the order they finish: nothing is lost

@@ -19,6 +19,7 @@ import time
 import unicodedata
 from pathlib import Path
 
+import nbformat
 import pytest
 
 from checks.context import LANG_ENV
@@ -299,6 +300,67 @@ def test_a_rerun_grades_only_what_changed_and_merges(graded, tmp_path):
 
     rest = grade(base, "--json", report_file, "--jobs", "2")  # the class: nothing new
     assert "5 of 5 notebooks unchanged" in rest.stderr
+
+
+def test_a_changed_grader_regrades_unchanged_submissions(tmp_path):
+    """A fix to the chapter's source notebook (or to the course's code) changes the records'
+    `grader` fingerprint: a re-run grades those submissions again without --regrade."""
+    import shutil
+
+    base = make_class(tmp_path / "course")
+    source = tmp_path / "source"
+    shutil.copytree(sub.SOLUTION_01.parent, source / CHAPTER)
+    report_file = tmp_path / "grades.json"
+    first = grade(base, "--json", report_file, "--source", source, "--jobs", "2")
+    assert first.returncode == 0, first.stderr
+    before = json.loads(report_file.read_text())["notebooks"]
+
+    same = grade(base, "--json", report_file, "--source", source)  # nothing changed
+    assert same.returncode == 0 and "5 of 5 notebooks unchanged" in same.stderr, same.stderr
+    assert "graded again" not in same.stderr
+
+    nb = sub.solution(source / CHAPTER / f"{CHAPTER}.ipynb")
+    nb.cells.append(nbformat.v4.new_markdown_cell("An instructor's note."))
+    sub.write(nb, source / CHAPTER / f"{CHAPTER}.ipynb")
+    again = grade(base, "--json", report_file, "--source", source, "--jobs", "2")
+    assert again.returncode == 0, again.stderr
+    assert "5 unchanged notebooks graded again: the course's checks or their chapter's source " \
+        "notebook changed" in again.stderr and "notebooks unchanged since" not in again.stderr
+    after = json.loads(report_file.read_text())["notebooks"]
+    assert points_of(after) == points_of(before) == EXPECTED
+    assert {r["grader"] for r in after} != {r["grader"] for r in before}
+    assert len({r["grader"] for r in after}) == 1
+
+
+def test_the_grader_fingerprint_follows_the_code_and_the_chapters_source(tmp_path, monkeypatch):
+    from checks.grader.outputs import store
+
+    package, source = tmp_path / "checks", tmp_path / "solutions"
+    (package / "locale").mkdir(parents=True)
+    (package / "nb01.py").write_text("WRONG = 1\n")
+    (package / "locale" / "checks.mo").write_bytes(b"\0")
+    sub.write(sub.solution(), source / CHAPTER / f"{CHAPTER}.ipynb")
+    monkeypatch.setattr(store, "PACKAGE", package)
+
+    def fingerprint(chapter=CHAPTER):
+        store._package_hash.cache_clear()
+        store.grader_fingerprint.cache_clear()
+        return store.grader_fingerprint(source, chapter)
+
+    try:
+        first = fingerprint()
+        assert fingerprint() == first and len(first) == 16
+        assert fingerprint("04_self_attention") != first  # another chapter (no notebook here)
+        (package / "nb01.py").write_text("WRONG = 2\n")  # a checker fixed
+        second = fingerprint()
+        (package / "locale" / "checks.mo").write_bytes(b"\1")  # a diagnosis reworded
+        third = fingerprint()
+        (source / CHAPTER / f"{CHAPTER}.ipynb").write_text("{}")  # a test cell changed
+        assert len({first, second, third, fingerprint()}) == 4
+    finally:
+        monkeypatch.undo()
+        store._package_hash.cache_clear()
+        store.grader_fingerprint.cache_clear()
 
 
 def test_the_plain_layout_gets_every_output(tmp_path):

@@ -2,7 +2,9 @@
 after every notebook, so that Ctrl-C, SIGTERM or a full disk never loses a finished result and a
 reader never sees half a file; merged with what the file held before, so that re-grading one
 student keeps the class; and consulted before grading, so that a re-run grades only submissions
-whose file changed (by SHA-256) since it was graded."""
+whose file changed (by SHA-256) since it was graded, or whose grader did: each record keeps the
+`grader` fingerprint of what decided it (the course's code and the chapter's source notebook), so
+a fix to a checker or a test cell regrades the chapter without `--regrade`."""
 
 from __future__ import annotations
 
@@ -10,9 +12,12 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Callable
+from functools import lru_cache
 from pathlib import Path
 
 from ...i18n import _
+from ..identify import source_notebook_path
 from ..results import GradingError
 
 
@@ -67,6 +72,28 @@ def file_hash(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
+PACKAGE = Path(__file__).resolve().parents[2]  # checks/
+
+
+@lru_cache(maxsize=1)
+def _package_hash() -> str:
+    """The course's code as the grader runs it: every module and message catalogue of checks/."""
+    digest = hashlib.sha256()
+    for path in sorted([*PACKAGE.rglob("*.py"), *PACKAGE.rglob("*.mo")]):
+        digest.update(path.relative_to(PACKAGE).as_posix().encode() + b"\0")
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+@lru_cache(maxsize=64)
+def grader_fingerprint(source_dir: Path, chapter: str) -> str:
+    """What decides a chapter's points besides the submission: the course's code and the
+    chapter's source notebook (its test cells, hidden tests and points). Short: it is a label."""
+    source = source_notebook_path(chapter, source_dir)
+    notebook = source.read_bytes() if source.is_file() else b""
+    return hashlib.sha256(_package_hash().encode() + notebook).hexdigest()[:16]
+
+
 def record_key(path: str | os.PathLike) -> str:
     """Which submission a record is: its file's real path (so `a/../b.ipynb` is `b.ipynb`)."""
     return os.path.realpath(path)
@@ -87,9 +114,14 @@ def load_records(target: Path | None) -> dict[str, dict]:
                            ) from None
 
 
-def unchanged(path: Path, previous: dict[str, dict]) -> dict | None:
-    """The earlier record of this submission when its file has not changed since."""
+def unchanged(path: Path, previous: dict[str, dict], fingerprint: Callable[[str], str]
+              ) -> tuple[dict | None, bool]:
+    """(the earlier record of this submission when neither its file nor its grader has changed
+    since, or None; whether the file is unchanged and only the grader is new). `fingerprint`:
+    the grader's fingerprint of a chapter now."""
     record = previous.get(record_key(path))
-    if record is not None and record.get("sha256") == file_hash(path):
-        return record
-    return None
+    if record is None or record.get("sha256") != file_hash(path):
+        return None, False
+    if record.get("grader") != fingerprint(str(record.get("chapter"))):
+        return None, True
+    return record, False

@@ -12,12 +12,13 @@ from pathlib import Path
 
 from ..grading import peak_memory_mib
 from ...i18n import _
+from ..identify import SOURCE_DIR
 from ..results import GradingError, GradingIncident, NotebookResult
 from .feedback import write_feedback
 from .gradebook import counted, exercises_csv, gradebook_csv
 from .late import lateness
 from .store import (atomic_write, check_writable_file, check_writable_folder, file_hash,
-                    load_records, record_key, unchanged)
+                    grader_fingerprint, load_records, record_key, unchanged)
 from .summary import class_summary
 
 
@@ -29,6 +30,8 @@ class GradeOutputs:
         self.feedback = getattr(args, "feedback", None)
         self.due = getattr(args, "due", None)
         self.regrade = getattr(args, "regrade", False)
+        self.source = Path(getattr(args, "source", SOURCE_DIR)).resolve()
+        self.regraded: list[Path] = []  # unchanged submissions graded again: the grader changed
         self._refuse_overwriting_inputs(paths)
         self._check_writable()
         self.records: dict[str, dict] = load_records(self.json) if self._merging else {}
@@ -65,18 +68,24 @@ class GradeOutputs:
             return list(paths)
         todo = []
         for path in paths:
-            record = unchanged(path, self.records)
+            record, grader_changed = unchanged(path, self.records, self.fingerprint)
             if record is None:
                 todo.append(path)
+                if grader_changed:
+                    self.regraded.append(path)
             else:
                 self.kept.append(record)
         return todo
+
+    def fingerprint(self, chapter: str) -> str:
+        return grader_fingerprint(self.source, chapter)
 
     def record(self, result: NotebookResult) -> dict:
         """The JSON record of a result: its fields, the submission's hash, its lateness."""
         data = result.to_dict()
         path = Path(result.path)
         data["sha256"] = file_hash(path) if path.is_file() else None
+        data["grader"] = self.fingerprint(result.chapter)
         data.update(lateness(path, self.due))
         if data.get("late_warning"):
             data["warnings"] = [*data["warnings"], data.pop("late_warning")]
