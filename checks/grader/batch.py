@@ -12,6 +12,7 @@ import signal
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import torch
@@ -116,23 +117,60 @@ def _end_processes(processes, wait_s: float = 30.0) -> None:
 
 
 def _grade_in_parallel(paths, options, jobs, finished, results, problems):
+    """`jobs` grading processes at a time. A grading process that dies (killed from outside, by
+    the OOM killer, or by a submission's worker where there are no walls) breaks the whole
+    pool: the notebooks it was grading are graded again one at a time, in a pool of their own,
+    so that only one whose grading process dies again alone is given up; the others go on in
+    parallel in a fresh pool."""
+    incident, todo = None, list(range(len(paths)))
+    breaks: dict[int, int] = {}  # notebook: pool breaks it was queued in
+    while todo and incident is None:
+        incident, suspects, todo = _pool_round(paths, todo, options, jobs, finished)
+        for index in todo:  # queued, not started, at a break: innocent, unless it keeps happening
+            breaks[index] = breaks.get(index, 0) + 1
+        suspects += [i for i in todo if breaks[i] > 2]
+        todo = [i for i in todo if breaks[i] <= 2]
+        if suspects:
+            report_problem(GradingError(", ".join(str(paths[i]) for i in suspects), _(
+                "a grading process died (killed from outside, or by a submission): these "
+                "notebooks are graded again, one at a time")))
+        for index in suspects:
+            if incident is not None:
+                break
+            incident, started, queued = _pool_round(paths, [index], options, 1, finished)
+            if (started or queued) and incident is None:  # its pool broke again, alone
+                incident = finished(index, ("problem", _(
+                    "could not be graded: its grading process was killed while it was graded "
+                    "alone (a submission that signals the grader's processes? grade as root, "
+                    "with walls)")), [])
+    return results, problems, incident
+
+
+def _pool_round(paths, indices: list[int], options, jobs: int, finished
+                ) -> tuple[GradingIncident | None, list[int], list[int]]:
+    """Grade `indices` in one pool: (the incident, if any; the notebooks being graded when the
+    pool broke; those still queued then). Every other notebook's outcome goes to `finished`."""
     pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
                                initializer=_child_setup, initargs=(options["threads"],))
-    incident = None
+    incident, started, queued = None, [], []
     try:
-        futures = {pool.submit(_grade_one, path, options): i for i, path in enumerate(paths)}
+        futures = {pool.submit(_grade_one, paths[i], options): i for i in indices}
         pending = set(futures)
         while pending and incident is None:
+            running = {f for f in pending if f.running()}
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
             for future in sorted(done, key=futures.get):
                 index = futures[future]
                 try:
                     outcome = future.result()
-                except Exception as exc:  # noqa: BLE001 - a grading process that died
+                except BrokenProcessPool:
+                    (started if future in running else queued).append(index)
+                    continue
+                except Exception as exc:  # noqa: BLE001 - a grading process that failed
                     outcome = ("problem", _("could not be graded ({error}: {why})").format(
                         error=type(exc).__name__, why=exc))
-                running = [paths[futures[f]] for f in pending if f.running()]
-                incident = incident or finished(index, outcome, running)
+                now = [paths[futures[f]] for f in pending if f.running()]
+                incident = incident or finished(index, outcome, now)
     except BaseException:  # Ctrl-C, SIGTERM: no grading process may outlive this one
         _end_processes(list(getattr(pool, "_processes", {}).values()))
         raise
@@ -141,7 +179,7 @@ def _grade_in_parallel(paths, options, jobs, finished, results, problems):
             for process in list(getattr(pool, "_processes", {}).values()):
                 process.kill()
         pool.shutdown(wait=True, cancel_futures=True)
-    return results, problems, incident
+    return incident, started, queued
 
 
 def _child_setup(threads: int) -> None:

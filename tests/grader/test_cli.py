@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -289,3 +290,48 @@ def test_sigterm_ends_every_process_the_grader_started(tmp_path, jobs):
         time.sleep(0.2)
     assert not left, f"{len(left)} of {len(started)} processes outlived the grader"
 
+
+def _grading_processes(grader: int) -> list[int]:
+    """The `--jobs` grading processes of the grader process `grader` (its spawned children)."""
+    found = []
+    for pid, (parent, state, _start) in _processes().items():
+        if parent == grader and state != b"Z":
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if b"spawn_main" in f.read():
+                        found.append(pid)
+            except OSError:
+                continue
+    return found
+
+
+def test_a_killed_grading_process_costs_nothing(tmp_path):
+    """SIGKILL to one of --jobs' grading processes (the OOM killer, an operator, a submission's
+    worker where there are no walls) breaks the pool: the notebooks it was grading are graded
+    again one at a time, the rest in a fresh pool, and every notebook gets its own points."""
+    class_dir = tmp_path / "class"
+    slow = sub.prepend(sub.solution(), "head_dim", "import time\ntime.sleep(6)")
+    for student, nb in (("a", slow), ("b", slow), ("c", sub.solution()), ("d", sub.solution())):
+        sub.write(nb, class_dir / student / "01_notation.ipynb")
+    report = tmp_path / "grades.json"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "checks", "grade", str(class_dir), "--jobs", "2", "--json",
+         str(report)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+        env=dict(os.environ, OMP_NUM_THREADS="1"))
+    try:
+        deadline = time.monotonic() + 120
+        while not _worker_running(process.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        victims = _grading_processes(process.pid)
+        assert victims, "no grading process found"
+        os.kill(victims[0], signal.SIGKILL)
+        out, err = process.communicate(timeout=300)
+    finally:
+        process.kill()
+    assert process.returncode == 0, err
+    assert "a grading process died" in err and "graded again, one at a time" in err
+    assert "could not be graded" not in err and "Traceback" not in err
+    data = json.loads(report.read_text())
+    assert sorted((r["student"], r["points"]) for r in data["notebooks"]) == \
+        [(s, 6.0) for s in "abcd"]
+    assert data["errors"] == []

@@ -97,7 +97,9 @@ NOT_PROTECTED = {
                "file you can (the course, the sources, classmates' notebooks), write to /tmp and, "
                "through a child process started around the hook, wherever you can (the tripwire "
                "then stops grading, after the fact), signal your other processes (a pidfd kill of "
-               "a grading process loses the notebooks after it), share your kernel keyring, reach "
+               "a grading process: the notebooks it was grading are graded again alone, and one "
+               "whose grading process is killed again is not graded), share your kernel keyring, "
+               "reach "
                "the loopback network and leave processes running after the run. The report says "
                "so; grade as root for the walls.",
 }
