@@ -66,7 +66,8 @@ GRADER_WORKERS = {
         "test_a_fault_costs_only_its_exercise_and_those_that_call_it"},
     "grader/test_cli.py": {
         "test_grade_a_class_folder_past_a_hanging_and_a_broken_submission",
-        "test_a_changed_file_stops_grading_with_an_incident_report"},
+        "test_a_changed_file_stops_grading_with_an_incident_report",
+        "test_a_killed_grading_process_costs_nothing"},
     "tools/test_benchmark.py": {"test_quick_benchmark_runs_every_section"},
 }
 TESTS = Path(__file__).parent
