@@ -97,6 +97,18 @@ def using(lang: str | None):
         _chosen.reset(token)
 
 
+@contextlib.contextmanager
+def using_default():
+    """Messages in LLAMA_COURSE_LANG's language, else English, inside the block, whatever a
+    `using` around it chose: what the instructor reads while a submission's language is in
+    force (the grader's own failure, not the submission's)."""
+    token = _chosen.set(None)
+    try:
+        yield
+    finally:
+        _chosen.reset(token)
+
+
 def notebook_language(nb) -> str:
     """The language a notebook is written in: its `metadata.course.lang` (the Chinese release
     sets "zh"), else English."""

@@ -11,6 +11,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -116,29 +117,34 @@ def _end_processes(processes, wait_s: float = 30.0) -> None:
             process.join(5)
 
 
-def _grade_in_parallel(paths, options, jobs, finished, results, problems):
-    """`jobs` grading processes at a time. A grading process that dies (killed from outside, by
-    the OOM killer, or by a submission's worker where there are no walls) breaks the whole
-    pool: the notebooks it was grading are graded again one at a time, in a pool of their own,
-    so that only one whose grading process dies again alone is given up; the others go on in
-    parallel in a fresh pool."""
+def _grade_in_parallel(paths, options, jobs, finished, results, problems, work=None):
+    """`jobs` grading processes at a time, each grading one notebook with `work` (default
+    `_grade_one`). A grading process that dies (killed from outside, by the OOM killer, or by a
+    submission's worker where there are no walls) breaks the whole pool: the notebooks being
+    graded then are graded again one at a time, each in a pool of its own, so that only one
+    whose grading process dies again alone is given up; the rest go on in a fresh pool. When a
+    grading process cannot even start, the grader's environment is at fault: every notebook
+    left says so, and grading ends."""
+    work = work or _grade_one
     incident, todo = None, list(range(len(paths)))
-    breaks: dict[int, int] = {}  # notebook: pool breaks it was queued in
     while todo and incident is None:
-        incident, suspects, todo = _pool_round(paths, todo, options, jobs, finished)
-        for index in todo:  # queued, not started, at a break: innocent, unless it keeps happening
-            breaks[index] = breaks.get(index, 0) + 1
-        suspects += [i for i in todo if breaks[i] > 2]
-        todo = [i for i in todo if breaks[i] <= 2]
-        if suspects:
-            report_problem(GradingError(", ".join(str(paths[i]) for i in suspects), _(
+        round_ = _pool_round(paths, todo, options, jobs, finished, work)
+        incident, todo = round_.incident, round_.unsent
+        if round_.in_flight and incident is None:
+            report_problem(GradingError(", ".join(str(paths[i]) for i in round_.in_flight), _(
                 "a grading process died (killed from outside, or by a submission): these "
                 "notebooks are graded again, one at a time")))
-        for index in suspects:
+        for number, index in enumerate(round_.in_flight):
             if incident is not None:
                 break
-            incident, started, queued = _pool_round(paths, [index], options, 1, finished)
-            if (started or queued) and incident is None:  # its pool broke again, alone
+            alone = _pool_round(paths, [index], options, 1, finished, work, probe=True)
+            incident = alone.incident
+            if alone.cannot_start:
+                left = [*round_.in_flight[number:], *todo]
+                return results, problems, _give_up(left, finished, _(
+                    "could not be graded: the grader's grading processes do not start (its "
+                    "environment is at fault, not the submissions)"))
+            if (alone.in_flight or alone.unsent) and incident is None:
                 incident = finished(index, ("problem", _(
                     "could not be graded: its grading process was killed while it was graded "
                     "alone (a submission that signals the grader's processes? grade as root, "
@@ -146,40 +152,89 @@ def _grade_in_parallel(paths, options, jobs, finished, results, problems):
     return results, problems, incident
 
 
-def _pool_round(paths, indices: list[int], options, jobs: int, finished
-                ) -> tuple[GradingIncident | None, list[int], list[int]]:
-    """Grade `indices` in one pool: (the incident, if any; the notebooks being graded when the
-    pool broke; those still queued then). Every other notebook's outcome goes to `finished`."""
+def _give_up(indices: list[int], finished, why: str) -> GradingIncident | None:
+    """Each of `indices` ends with the problem `why` (so that the table goes on in order)."""
+    incident = None
+    for index in indices:
+        incident = incident or finished(index, ("problem", why), [])
+    return incident
+
+
+@dataclass
+class _Round:
+    """How one pool's grading ended."""
+
+    incident: GradingIncident | None = None
+    in_flight: list[int] = field(default_factory=list)  # being graded when the pool broke
+    unsent: list[int] = field(default_factory=list)  # not yet handed to the pool by then
+    cannot_start: bool = False  # (a probed pool) its grading process never started
+
+
+def _pool_round(paths, indices: list[int], options, jobs: int, finished, work, *,
+                probe: bool = False) -> _Round:
+    """Grade `indices` in one pool of `jobs` processes, every outcome to `finished`. At most
+    `jobs` notebooks are handed to the pool at a time, so that each one handed over is being
+    graded: when the pool breaks, those are the ones a dead process may have been grading.
+    `probe`: first check that a grading process starts at all."""
     pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
                                initializer=_child_setup, initargs=(options["threads"],))
-    incident, started, queued = None, [], []
+    done_round, queue, futures = _Round(), list(indices), {}
     try:
-        futures = {pool.submit(_grade_one, paths[i], options): i for i in indices}
-        pending = set(futures)
-        while pending and incident is None:
-            running = {f for f in pending if f.running()}
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+        if probe and not _starts(pool):
+            done_round.cannot_start, done_round.unsent = True, queue
+            return done_round
+        broken = not _hand_over(pool, queue, futures, jobs, work, paths, options)
+        while futures and done_round.incident is None:
+            done, _pending = wait(futures, return_when=FIRST_COMPLETED)
             for future in sorted(done, key=futures.get):
-                index = futures[future]
+                index = futures.pop(future)
                 try:
                     outcome = future.result()
                 except BrokenProcessPool:
-                    (started if future in running else queued).append(index)
+                    done_round.in_flight.append(index)
+                    broken = True
                     continue
                 except Exception as exc:  # noqa: BLE001 - a grading process that failed
                     outcome = ("problem", _("could not be graded ({error}: {why})").format(
                         error=type(exc).__name__, why=exc))
-                now = [paths[futures[f]] for f in pending if f.running()]
-                incident = incident or finished(index, outcome, now)
+                now = [paths[i] for i in futures.values()]
+                done_round.incident = done_round.incident or finished(index, outcome, now)
+            if not broken and done_round.incident is None:
+                broken = not _hand_over(pool, queue, futures, jobs, work, paths, options)
+        done_round.unsent = queue
     except BaseException:  # Ctrl-C, SIGTERM: no grading process may outlive this one
         _end_processes(list(getattr(pool, "_processes", {}).values()))
         raise
     finally:
-        if incident is not None:
+        if done_round.incident is not None:
             for process in list(getattr(pool, "_processes", {}).values()):
                 process.kill()
         pool.shutdown(wait=True, cancel_futures=True)
-    return incident, started, queued
+    return done_round
+
+
+def _hand_over(pool, queue: list[int], futures: dict, jobs: int, work, paths, options) -> bool:
+    """Submit the next notebooks of `queue` until `jobs` are being graded; False when the pool
+    is broken (the notebook not handed over stays first in `queue`)."""
+    while queue and len(futures) < jobs:
+        try:
+            futures[pool.submit(work, paths[queue[0]], options)] = queue[0]
+        except BrokenProcessPool:
+            return False
+        queue.pop(0)
+    return True
+
+
+def _starts(pool) -> bool:
+    """Whether a grading process of `pool` starts (runs its set-up and answers)."""
+    try:
+        return pool.submit(_alive).result()
+    except BrokenProcessPool:
+        return False
+
+
+def _alive() -> bool:
+    return True
 
 
 def _child_setup(threads: int) -> None:
@@ -196,10 +251,16 @@ def _child_setup(threads: int) -> None:
 _in_grading_process = False  # this process is one of --jobs' grading processes
 
 
+_grading_now = False  # this grading process is inside `_grade_one`
+
+
 def _end_this_grading_process(signum, frame) -> None:
     """SIGTERM in a grading process of `--jobs`: stop the notebook (its worker is closed on the
-    way out of `_grade_one`), then exit."""
+    way out of `_grade_one`), then exit; an idle one (waiting for a notebook: a broken pool ends
+    them all) exits at once, quietly."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if not _grading_now:
+        os._exit(143)
     raise Terminated()
 
 
@@ -214,6 +275,8 @@ def _options(args, paths: list[Path], threads: int) -> dict:
 
 def _grade_one(path: Path, options: dict) -> tuple:
     """("result", NotebookResult) | ("problem", text) | ("incident", notebooks, files, what)."""
+    global _grading_now
+    _grading_now = True
     try:
         return ("result", grade_notebook(
             path, source_dir=options["source"], limits=options["limits"], hide=options["hide"],
@@ -230,3 +293,5 @@ def _grade_one(path: Path, options: dict) -> tuple:
     except Exception as exc:  # noqa: BLE001 - a bug of ours must not stop a class's grading
         return ("problem", _("could not be graded ({error}: {why})").format(
             error=type(exc).__name__, why=exc))
+    finally:
+        _grading_now = False

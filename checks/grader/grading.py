@@ -73,9 +73,9 @@ def grade_notebook(path: str | os.PathLike, *, cell_timeout: float = DEFAULT_CEL
             run = _run_in_scratch(path, nb, source, limits, chapter, source_dir, hide)
             exercises = score_notebook(nb, source, run.completed)
     except WorkerCannotStart as failure:  # said to the instructor, in the terminal's language
-        raise GradingError(path, _("not graded: the grader's worker did not start ({why}); the "
-                                   "grader's environment is at fault, not the submission: fix "
-                                   "it and grade again").format(why=failure)) from None
+        raise GradingError(path, _("not graded: {why}; the grader's environment is at fault, "
+                                   "not the submission: fix it and grade again").format(
+            why=failure)) from None
     changed = tripwire.changed()
     if changed:
         raise GradingIncident([str(path)], [short_path(p) for p in changed])

@@ -25,7 +25,7 @@ from typing import Any
 
 from ..borrow import BORROWING_CALLS
 from ..context import GRADING_ENV
-from ..i18n import _, language
+from ..i18n import _, language, using_default
 from .build import is_graded_test
 from .channel import WorkerGone
 from .identify import SOURCE_DIR
@@ -232,7 +232,8 @@ class _NotebookRun:
 
     def _run_cells(self) -> None:
         try:
-            self._start_worker()
+            with using_default():  # a failure here is the instructor's to read
+                self._start_worker()
         except WorkerGone as gone:
             # None of the submission's code has run yet: the grader's own environment failed
             # (the worker's Python, its imports, the walls), and no score is fair.

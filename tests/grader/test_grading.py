@@ -240,15 +240,41 @@ def test_a_worker_that_cannot_start_gives_no_score(monkeypatch, tmp_path, capsys
     monkeypatch.setattr(run, "Worker", _NoWorker)
     with pytest.raises(GradingError) as info:
         grading.grade_notebook(sub.SOLUTION_01)
-    assert str(info.value) == (f"{sub.SOLUTION_01}: not graded: the grader's worker did not start "
-                               f"({NO_TORCH}); the grader's environment is at fault, not the "
-                               "submission: fix it and grade again")
+    assert str(info.value) == (f"{sub.SOLUTION_01}: not graded: {NO_TORCH}; the grader's "
+                               "environment is at fault, not the submission: fix it and grade "
+                               "again")
     report = tmp_path / "grades.json"
     assert main(["grade", str(sub.SOLUTION_01), "--json", str(report)]) == 2
     data = json.loads(report.read_text())
     assert data["notebooks"] == [] and data["points"] == 0
     assert [e["error"] for e in data["errors"]] == [info.value.problem]
-    assert "the grader's worker did not start" in capsys.readouterr().err
+    assert "not graded: the worker did not start" in capsys.readouterr().err
+
+
+class _NoWorkerSaysWhy:
+    """A worker that does not start, with the worker's own (translated) words for why."""
+
+    def __init__(self, *args, **kwargs):
+        died = i18n._("the worker process died{exit}").format(
+            exit=i18n._(" (exit status {code})").format(code=1))
+        raise WorkerGone(i18n._("the worker did not start: {why}{log}").format(why=died, log=""))
+
+
+def test_a_worker_that_cannot_start_is_told_in_the_instructors_language(monkeypatch, tmp_path):
+    """A Chinese submission, an English terminal: the whole line is English (it is the
+    instructor's problem, not the student's); with LLAMA_COURSE_LANG=zh, all Chinese."""
+    monkeypatch.setattr(run, "Worker", _NoWorkerSaysWhy)
+    monkeypatch.delenv(LANG_ENV, raising=False)
+    path = sub.write(chinese_solution("01_notation"), tmp_path / "01_notation.ipynb")
+    with pytest.raises(GradingError) as info:
+        grading.grade_notebook(path)
+    assert info.value.problem == ("not graded: the worker did not start: the worker process died "
+                                  "(exit status 1); the grader's environment is at fault, not "
+                                  "the submission: fix it and grade again")
+    monkeypatch.setenv(LANG_ENV, "zh")
+    with pytest.raises(GradingError) as info:
+        grading.grade_notebook(path)
+    assert info.value.problem.startswith("未评分：worker 没有启动：worker 进程已退出（退出状态 1）；")
 
 
 # --------------------------------------------------------------------------------------------
