@@ -321,7 +321,7 @@ class Worker:
                  and g.shape == o.shape]
         if not pairs:
             return [None] * len(leaves)
-        got = torch.autograd.grad([o for o, _ in pairs], leaves, [g.to(o.dtype) for o, g in pairs],
+        got = torch.autograd.grad([o for o, _g in pairs], leaves, [g.to(o.dtype) for o, g in pairs],
                                   retain_graph=True, allow_unused=True)
         return [None if g is None else g.detach() for g in got]
 
@@ -416,7 +416,7 @@ class Worker:
             left = self.cgroup.pids()
         if self.uid is not None:
             deadline = time.monotonic() + 10
-            while (mine := [p for p, _ in process_tree(0, self.uid)]) and time.monotonic() < deadline:
+            while (mine := [p for p, _t in process_tree(0, self.uid)]) and time.monotonic() < deadline:
                 for pid in mine:
                     with contextlib.suppress(OSError):
                         os.kill(pid, signal.SIGKILL)
@@ -460,7 +460,7 @@ class Worker:
                 rng.shape == torch.get_rng_state().shape:
             torch.set_rng_state(rng.clone())
         self.stderr_text = (self.stderr_text + capped_text(reply.get("stderr"), MAX_TEXT))[-MAX_TEXT:]
-        name = target[1] if target[0] == "name" else "your function"
+        name = target[1] if target[0] == "name" else _("your function")
         if isinstance(reply.get("forbidden"), str):
             fname = capped_text(reply["forbidden"], 100)
             raise engine.ForbiddenCall(exercise or name, _(

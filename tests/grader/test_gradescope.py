@@ -257,5 +257,6 @@ def test_what_the_student_reads_is_in_the_submissions_language(monkeypatch):
     assert en["output"] == "04_self_attention: no notebook of this chapter in the submission"
     assert zh["output"] == "04_self_attention: 提交中没有这一章的 notebook"
     by_name = {t["name"]: t["output"] for t in zh["tests"]}
+    assert by_name[f"{CHAPTER}: head_dim"] == "通过" and en["tests"][0]["output"] == "passed"
     assert by_name[f"{CHAPTER}: kv_group_size"] == "未评分"
     assert by_name["04_self_attention: attention"] == "提交中没有这一章的 notebook"

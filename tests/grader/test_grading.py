@@ -213,8 +213,8 @@ def test_an_incident_is_told_in_the_language_it_is_printed_in(monkeypatch):
                              "worker outlived it: f0, f1, f2, f3, f4 and 2 more")
     assert incident.what == "processes of the worker outlived it"
     monkeypatch.setenv(LANG_ENV, "zh")
-    assert str(incident) == ("评分 a.ipynb（同时在评分：b.ipynb） 时：worker 的进程在它结束后仍在"
-                             "运行：f0, f1, f2, f3, f4 等另外 2 个")
+    assert str(incident) == ("评分「a.ipynb（同时在评分：b.ipynb）」时：worker 的进程在它结束后仍"
+                             "在运行：f0, f1, f2, f3, f4，以及另外 2 个")
     import pickle
     assert str(pickle.loads(pickle.dumps(incident))) == str(incident)
 
@@ -684,7 +684,7 @@ def test_a_fault_in_a_chinese_submission_costs_the_same_and_reads_in_chinese(fau
     message = next(e["message"] for e in zh["exercises"] if e["name"] == broken)
     assert ZH_WORDS[kind] in message and message.endswith("（这个测试被跳过）"), message
     assert [s["cell"] for s in zh["skipped"]] == [f"测试单元格 check_{broken}"]
-    assert zh["error"].startswith(f"在测试单元格 check_{broken} 中：") and \
+    assert zh["error"].startswith(f"「测试单元格 check_{broken}」中：") and \
         "这个单元格被跳过（worker 已重启，之前的单元格重新运行）。" in zh["error"], zh["error"]
     for english in ("killed by", "ran longer", "the test was skipped", "that cell was skipped",
                     "test cell"):

@@ -59,7 +59,7 @@ class GradeOutputs:
         for path, what in self._files():
             check_writable_file(path, what)
         if self.feedback is not None:
-            check_writable_folder(self.feedback, "feedback")
+            check_writable_folder(self.feedback, _("feedback"))
 
     def to_grade(self, paths: list[Path]) -> list[Path]:
         """The submissions to grade now: all, or (merging) those new or changed since the
