@@ -320,7 +320,11 @@ def test_a_changed_grader_regrades_unchanged_submissions(tmp_path):
     assert "graded again" not in same.stderr
 
     nb = sub.solution(source / CHAPTER / f"{CHAPTER}.ipynb")
-    nb.cells.append(nbformat.v4.new_markdown_cell("An instructor's note."))
+    nb.cells.append(nbformat.v4.new_markdown_cell("An instructor's note."))  # prose: no regrade
+    sub.write(nb, source / CHAPTER / f"{CHAPTER}.ipynb")
+    prose = grade(base, "--json", report_file, "--source", source)
+    assert "5 of 5 notebooks unchanged" in prose.stderr, prose.stderr
+    sub.cell(nb, "check_head_dim").source += "\n# checked again"  # a test cell changed
     sub.write(nb, source / CHAPTER / f"{CHAPTER}.ipynb")
     again = grade(base, "--json", report_file, "--source", source, "--jobs", "2")
     assert again.returncode == 0, again.stderr
@@ -332,34 +336,58 @@ def test_a_changed_grader_regrades_unchanged_submissions(tmp_path):
     assert len({r["grader"] for r in after}) == 1
 
 
-def test_the_grader_fingerprint_follows_the_code_and_the_chapters_source(tmp_path, monkeypatch):
+def test_the_grader_fingerprint_follows_what_scores(tmp_path, monkeypatch):
+    """The scoring code and the chapter's graded cells change it; the tools, the outputs, the
+    message catalogue, the prose, and where the course lies do not."""
+    import shutil
+
     from checks.grader.outputs import store
 
-    package, source = tmp_path / "checks", tmp_path / "solutions"
-    (package / "locale").mkdir(parents=True)
-    (package / "nb01.py").write_text("WRONG = 1\n")
+    package, source = tmp_path / "a" / "checks", tmp_path / "a" / "solutions"
+    for name in ("nb01.py", "tools/release.py", "grader/outputs/feedback.py",
+                 ".ipynb_checkpoints/nb01-checkpoint.py"):
+        (package / name).parent.mkdir(parents=True, exist_ok=True)
+        (package / name).write_text("X = 1\n")
+    (package / "locale").mkdir()
     (package / "locale" / "checks.mo").write_bytes(b"\0")
-    sub.write(sub.solution(), source / CHAPTER / f"{CHAPTER}.ipynb")
-    monkeypatch.setattr(store, "PACKAGE", package)
+    notebook = source / CHAPTER / f"{CHAPTER}.ipynb"
+    sub.write(sub.solution(), notebook)
 
-    def fingerprint(chapter=CHAPTER):
-        store._package_hash.cache_clear()
+    def fingerprint(where=package, chapter=CHAPTER, solutions=source):
+        monkeypatch.setattr(store, "PACKAGE", where)
+        store._scoring_code_hash.cache_clear()
         store.grader_fingerprint.cache_clear()
-        return store.grader_fingerprint(source, chapter)
+        return store.grader_fingerprint(solutions, chapter)
+
+    def changed(edit) -> bool:
+        before = fingerprint()
+        edit()
+        return fingerprint() != before
 
     try:
         first = fingerprint()
         assert fingerprint() == first and len(first) == 16
-        assert fingerprint("04_self_attention") != first  # another chapter (no notebook here)
-        (package / "nb01.py").write_text("WRONG = 2\n")  # a checker fixed
-        second = fingerprint()
-        (package / "locale" / "checks.mo").write_bytes(b"\1")  # a diagnosis reworded
-        third = fingerprint()
-        (source / CHAPTER / f"{CHAPTER}.ipynb").write_text("{}")  # a test cell changed
-        assert len({first, second, third, fingerprint()}) == 4
+        assert fingerprint(chapter="04_self_attention") != first  # no such notebook here
+        shutil.copytree(tmp_path / "a", tmp_path / "b")  # the same course elsewhere
+        assert fingerprint(tmp_path / "b" / "checks", solutions=tmp_path / "b" / "solutions") \
+            == first
+        for path in ("tools/release.py", "grader/outputs/feedback.py",
+                     ".ipynb_checkpoints/nb01-checkpoint.py"):
+            assert not changed(lambda: (package / path).write_text("X = 2\n")), path
+        assert not changed(lambda: (package / "locale" / "checks.mo").write_bytes(b"\1"))
+        nb = sub.solution(notebook)
+        prose = next(c for c in nb.cells if c.cell_type == "markdown")
+        prose.source += "\n\nMore prose."
+        assert not changed(lambda: sub.write(nb, notebook))
+        assert changed(lambda: (package / "nb01.py").write_text("X = 2\n"))  # a checker
+        assert changed(lambda: (package / "grader" / "score.py").write_text("Y = 1\n"))  # new
+        sub.cell(nb, "check_head_dim").source += "\n# again"
+        assert changed(lambda: sub.write(nb, notebook))  # a test cell
+        sub.cell(nb, "check_head_dim").metadata["nbgrader"]["points"] = 5
+        assert changed(lambda: sub.write(nb, notebook))  # its points
     finally:
         monkeypatch.undo()
-        store._package_hash.cache_clear()
+        store._scoring_code_hash.cache_clear()
         store.grader_fingerprint.cache_clear()
 
 

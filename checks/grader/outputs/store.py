@@ -3,8 +3,8 @@ after every notebook, so that Ctrl-C, SIGTERM or a full disk never loses a finis
 reader never sees half a file; merged with what the file held before, so that re-grading one
 student keeps the class; and consulted before grading, so that a re-run grades only submissions
 whose file changed (by SHA-256) since it was graded, or whose grader did: each record keeps the
-`grader` fingerprint of what decided it (the course's code and the chapter's source notebook), so
-a fix to a checker or a test cell regrades the chapter without `--regrade`."""
+`grader` fingerprint of what decided it (the scoring code and the chapter's graded cells), so a
+fix to a checker or a test cell regrades without `--regrade`."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ...i18n import _
 from ..identify import source_notebook_path
+from ..read import read_notebook
 from ..results import GradingError
 
 
@@ -73,25 +74,47 @@ def file_hash(path: Path) -> str:
 
 
 PACKAGE = Path(__file__).resolve().parents[2]  # checks/
+# What never changes a score, left out of the grader's fingerprint (anything else counts, new
+# modules included): the maintainers' tools, how results are shown and written, the other
+# commands. The message catalogues are left out too: points never depend on the language.
+NOT_SCORING = ("tools/**/*.py", "grader/outputs/*.py", "grader/gradescope/*.py",
+               "grader/cli.py", "grader/batch.py", "grader/report.py",
+               "grader/nbgrader_plugins.py", "doctor.py", "install.py", "__main__.py",
+               "smollm/__main__.py")
 
 
 @lru_cache(maxsize=1)
-def _package_hash() -> str:
-    """The course's code as the grader runs it: every module and message catalogue of checks/."""
+def _scoring_code_hash() -> str:
+    """The modules of checks/ that decide a score (the checkers, the reference, the grader's
+    pipeline and worker), by path inside the package and content."""
+    skipped = {path for pattern in NOT_SCORING for path in PACKAGE.glob(pattern)}
     digest = hashlib.sha256()
-    for path in sorted([*PACKAGE.rglob("*.py"), *PACKAGE.rglob("*.mo")]):
-        digest.update(path.relative_to(PACKAGE).as_posix().encode() + b"\0")
+    for path in sorted(PACKAGE.rglob("*.py")):
+        inside = path.relative_to(PACKAGE)
+        if path in skipped or any(part.startswith((".", "__pycache__")) for part in inside.parts):
+            continue
+        digest.update(inside.as_posix().encode() + b"\0")
         digest.update(hashlib.sha256(path.read_bytes()).digest())
     return digest.hexdigest()
 
 
+def _graded_cells(source: Path) -> bytes:
+    """A chapter's source notebook as grading uses it: its code cells (test cells, hidden tests,
+    imports) with their nbgrader metadata (grade ids, points); prose and outputs left out."""
+    if not source.is_file():
+        return b""
+    cells = [[cell.get("source", ""), cell.get("metadata", {}).get("nbgrader", {})]
+             for cell in read_notebook(source).cells if cell.get("cell_type") == "code"]
+    return json.dumps(cells, sort_keys=True).encode()
+
+
 @lru_cache(maxsize=64)
 def grader_fingerprint(source_dir: Path, chapter: str) -> str:
-    """What decides a chapter's points besides the submission: the course's code and the
-    chapter's source notebook (its test cells, hidden tests and points). Short: it is a label."""
-    source = source_notebook_path(chapter, source_dir)
-    notebook = source.read_bytes() if source.is_file() else b""
-    return hashlib.sha256(_package_hash().encode() + notebook).hexdigest()[:16]
+    """What decides a chapter's points besides the submission: the scoring code and the
+    chapter's graded cells. The same for the same content wherever the course lies. Short: it
+    is a label."""
+    graded = _graded_cells(source_notebook_path(chapter, source_dir))
+    return hashlib.sha256(_scoring_code_hash().encode() + graded).hexdigest()[:16]
 
 
 def record_key(path: str | os.PathLike) -> str:
