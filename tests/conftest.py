@@ -63,7 +63,8 @@ GRADER_WORKERS = {
         "test_a_cell_that_kills_the_worker_costs_only_its_exercise",
         "test_the_notebook_budget_ends_a_notebook_of_slow_cells",
         "test_memory_limit_counts_memory_used_not_address_space",
-        "test_a_fault_costs_only_its_exercise_and_those_that_call_it"},
+        "test_a_fault_costs_only_its_exercise_and_those_that_call_it",
+        "test_a_fault_in_a_chinese_submission_costs_the_same_and_reads_in_chinese"},
     "grader/test_cli.py": {
         "test_grade_a_class_folder_past_a_hanging_and_a_broken_submission",
         "test_a_changed_file_stops_grading_with_an_incident_report",
