@@ -100,10 +100,10 @@ def test_an_incident_stops_the_pool_and_no_notebook_is_graded_twice(tmp_path):
     assert 2 in outcomes and max(outcomes) <= 4  # nothing handed over after it but those running
 
 
-@pytest.mark.parametrize("jobs", [2, 3])
-def test_at_most_jobs_notebooks_are_handed_to_the_pool_at_a_time(tmp_path, capfd, jobs):
-    """So that a break names only those being graded (a ProcessPoolExecutor queues more)."""
-    names = [f"a{i}" for i in range(8)]
+def test_at_most_jobs_notebooks_are_handed_to_the_pool_at_a_time(tmp_path, capfd):
+    """So that a break names only those being graded (a ProcessPoolExecutor queues jobs + 1
+    more, which made up to 2 * jobs + 1 notebooks wait to be graded alone)."""
+    jobs, names = 3, [f"a{i}" for i in range(8)]
     names[jobs] = "kill"
     outcomes, _incident = grade(tmp_path, names, jobs=jobs)
     assert all(len(o) == 1 for o in outcomes.values()) and len(outcomes) == 8

@@ -310,7 +310,7 @@ def test_a_killed_grading_process_costs_nothing(tmp_path):
     worker where there are no walls) breaks the pool: the notebooks it was grading are graded
     again one at a time, the rest in a fresh pool, and every notebook gets its own points."""
     class_dir = tmp_path / "class"
-    slow = sub.prepend(sub.solution(), "head_dim", "import time\ntime.sleep(6)")
+    slow = sub.prepend(sub.solution(), "head_dim", "import time\ntime.sleep(4)")
     for student, nb in (("a", slow), ("b", slow), ("c", sub.solution()), ("d", sub.solution())):
         sub.write(nb, class_dir / student / "01_notation.ipynb")
     report = tmp_path / "grades.json"
