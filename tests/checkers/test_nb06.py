@@ -12,7 +12,7 @@ from checks import reference as ref
 from checks.context import LANG_ENV
 from checks.engine import CheckFailure, ForbiddenCall
 
-from ..support.catalogue import Wrong, assert_passes, exercises, implementations
+from ..support.catalogue import Wrong, assert_passes, exercises, failure_text, implementations
 
 # --------------------------------------------------------------------------------------------
 # Correct implementations. The reference GQA calls scaled_dot_product_attention, which the
@@ -365,9 +365,7 @@ def test_forbidden_shortcuts_are_rejected_as_forbidden(fn):
 
 def test_chapter_06_reads_in_chinese(monkeypatch):
     monkeypatch.setenv(LANG_ENV, "zh")
-    with pytest.raises(CheckFailure) as info:
-        nb06.check_grouped_query_attention(gqa_scaled_by_h, seed=0)
-    text = str(info.value)
+    text = failure_text(nb06.check_grouped_query_attention, gqa_scaled_by_h)
     assert "可能的错误：按 1/sqrt(H) = 1/sqrt(N_h * D_h)（所有 Query head 合起来的宽度）缩放了" in text
     assert "likely mistake" not in text and "expected" not in text, text
     with pytest.raises(CheckFailure) as info:
@@ -404,9 +402,7 @@ def _learner_cell(source: str, **names) -> dict:
 
 def test_a_broken_kv_head_index_that_gqa_calls_is_named_fix_it_first():
     ns = _learner_cell(_KV_INDEX_CELL)
-    with pytest.raises(CheckFailure) as info:
-        nb06.check_grouped_query_attention(ns["grouped_query_attention"], seed=0)
-    text = str(info.value)
+    text = failure_text(nb06.check_grouped_query_attention, ns["grouped_query_attention"])
     assert "your kv_head_index does not pass its own check (used h % N_kv" in text, text
     assert "grouped_query_attention is built on it, so fix kv_head_index first" in text
 

@@ -9,9 +9,8 @@ import torch.nn.functional as F
 from checks import nb07
 from checks import reference as ref
 from checks.context import LANG_ENV
-from checks.engine import CheckFailure
 
-from ..support.catalogue import Wrong, assert_passes, exercises, implementations
+from ..support.catalogue import Wrong, assert_passes, exercises, failure_text, implementations
 
 
 # ---- correct ways of writing each exercise: the reference, and the way a learner might -----
@@ -200,14 +199,10 @@ def test_reference_permutations_agree():
 
 def test_chapter_07_reads_in_chinese(monkeypatch):
     monkeypatch.setenv(LANG_ENV, "zh")
-    with pytest.raises(CheckFailure) as info:
-        nb07.check_permute_tokens(lambda x, perm: x[perm], seed=0)
-    text = str(info.value)
+    text = failure_text(nb07.check_permute_tokens, lambda x, perm: x[perm])
     assert "可能的错误：重排了 batch 轴（dim 0）；perm 重排的是 [B, S, H] 的序列轴（dim 1）" in text
     assert "likely mistake" not in text and "expected" not in text, text
-    with pytest.raises(CheckFailure) as info:
-        nb07.check_equivariance_error(_equivariance("mean"), seed=0)
-    text = str(info.value)
+    text = failure_text(nb07.check_equivariance_error, _equivariance("mean"))
     assert "fn = 带因果 Mask 的注意力" in text and "取了平均值" in text, text
 
 
@@ -230,9 +225,7 @@ def _learner_cell(source: str) -> dict:
 
 def test_a_broken_permute_tokens_that_equivariance_error_calls_is_named_fix_it_first():
     ns = _learner_cell(_PERMUTE_CELL)
-    with pytest.raises(CheckFailure) as info:
-        nb07.check_equivariance_error(ns["equivariance_error"], seed=0)
-    text = str(info.value)
+    text = failure_text(nb07.check_equivariance_error, ns["equivariance_error"])
     assert "your permute_tokens does not pass its own check (permuted the batch axis" in text, text
     assert "equivariance_error is built on it, so fix permute_tokens first" in text
 

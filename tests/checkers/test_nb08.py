@@ -9,9 +9,9 @@ import torch
 from checks import nb08
 from checks import reference as ref
 from checks.context import LANG_ENV
-from checks.engine import CheckFailure, LearnerError
+from checks.engine import LearnerError
 
-from ..support.catalogue import Exercise, Wrong
+from ..support.catalogue import Exercise, Wrong, failure_text
 
 CHECKERS = {
     "rope_frequencies": nb08.check_rope_frequencies,
@@ -575,11 +575,6 @@ def _learner_rope(*broken: str) -> dict:
     return namespace
 
 
-def _failure_text(checker, fn) -> str:
-    with pytest.raises(CheckFailure) as info:
-        checker(fn, seed=0)
-    return str(info.value)
-
 
 def test_the_learner_cell_passes_when_nothing_is_broken():
     ns = _learner_rope()
@@ -595,14 +590,14 @@ def test_the_learner_cell_passes_when_nothing_is_broken():
 ])
 def test_apply_rope_says_fix_its_broken_helper_first(helper, problem):
     ns = _learner_rope(helper)
-    text = _failure_text(nb08.check_apply_rope, ns["apply_rope"])
+    text = failure_text(nb08.check_apply_rope, ns["apply_rope"])
     assert f"your {helper} does not pass its own check ({problem}" in text, text
     assert f"apply_rope is built on it, so fix {helper} first" in text, text
 
 
 def test_apply_rope_keeps_its_own_diagnosis_when_its_helpers_are_right():
     ns = _learner_rope("apply_rope")
-    text = _failure_text(nb08.check_apply_rope, ns["apply_rope"])
+    text = failure_text(nb08.check_apply_rope, ns["apply_rope"])
     assert "zeroed the features beyond rotary_dim" in text, text
     assert "does not pass its own check" not in text
 
@@ -610,7 +605,7 @@ def test_apply_rope_keeps_its_own_diagnosis_when_its_helpers_are_right():
 def test_apply_rope_does_not_blame_a_broken_helper_it_does_not_call():
     ns = _learner_rope("rotate_pairs", "apply_rope")
     ns["apply_rope"] = _apply_rope_inline(ns)
-    text = _failure_text(nb08.check_apply_rope, ns["apply_rope"])
+    text = failure_text(nb08.check_apply_rope, ns["apply_rope"])
     assert "rotate_pairs" not in text.split("likely mistake:")[1], text
 
 
@@ -636,7 +631,7 @@ def apply_rope(x, positions, *, base=10000.0, rotary_dim=None, interleaved=True)
 
 def test_the_permutation_says_fix_apply_rope_first():
     ns = _learner_rope("rope_frequencies", "interleaved_to_half_permutation")
-    text = _failure_text(nb08.check_interleaved_to_half_permutation,
+    text = failure_text(nb08.check_interleaved_to_half_permutation,
                          ns["interleaved_to_half_permutation"])
     assert "your apply_rope does not pass its own check" in text, text
     assert "interleaved_to_half_permutation is built on it, so fix apply_rope first" in text
@@ -644,7 +639,7 @@ def test_the_permutation_says_fix_apply_rope_first():
 
 def test_the_permutation_keeps_its_own_diagnosis_when_apply_rope_is_right():
     ns = _learner_rope("interleaved_to_half_permutation")
-    text = _failure_text(nb08.check_interleaved_to_half_permutation,
+    text = failure_text(nb08.check_interleaved_to_half_permutation,
                          ns["interleaved_to_half_permutation"])
     assert "returned the identity" in text and "does not pass its own check" not in text, text
 
@@ -652,8 +647,8 @@ def test_the_permutation_keeps_its_own_diagnosis_when_apply_rope_is_right():
 def test_chapter_08_reads_in_chinese(monkeypatch):
     monkeypatch.setenv(LANG_ENV, "zh")
     ns = _learner_rope("rotate_pairs")
-    text = _failure_text(nb08.check_rotate_pairs, ns["rotate_pairs"])
+    text = failure_text(nb08.check_rotate_pairs, ns["rotate_pairs"])
     assert "可能的错误：旋转方向反了：sin 的一个符号弄反了" in text, text
     assert "likely mistake" not in text and "expected" not in text
-    text = _failure_text(nb08.check_apply_rope, ns["apply_rope"])
+    text = failure_text(nb08.check_apply_rope, ns["apply_rope"])
     assert "apply_rope 建立在它之上，所以请先修好 rotate_pairs" in text, text

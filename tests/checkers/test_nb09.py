@@ -11,9 +11,10 @@ import torch.nn.functional as F
 from checks import nb09
 from checks import reference as ref
 from checks.context import LANG_ENV
-from checks.engine import CheckFailure, ForbiddenCall
+from checks.engine import ForbiddenCall
 
-from ..support.catalogue import Wrong, assert_passes, assert_rejects, exercises, implementations
+from ..support.catalogue import (Wrong, assert_passes, assert_rejects, exercises, failure_text,
+                                 implementations)
 
 SQRT2 = math.sqrt(2.0)
 
@@ -479,11 +480,6 @@ def _learner(source: str) -> dict:
     return namespace
 
 
-def _failure_text(checker, fn) -> str:
-    with pytest.raises(CheckFailure) as info:
-        checker(fn, seed=0)
-    return str(info.value)
-
 
 def test_swiglu_ffn_built_on_a_right_silu_passes():
     ns = _learner(_LEARNER_SWIGLU)
@@ -493,7 +489,7 @@ def test_swiglu_ffn_built_on_a_right_silu_passes():
 
 def test_swiglu_ffn_says_fix_silu_first():
     ns = _learner(_LEARNER_SWIGLU.replace("x * torch.sigmoid(x)", "torch.sigmoid(x)"))
-    text = _failure_text(nb09.check_swiglu_ffn, ns["swiglu_ffn"])
+    text = failure_text(nb09.check_swiglu_ffn, ns["swiglu_ffn"])
     assert "your silu does not pass its own check (returned sigmoid(x) alone" in text, text
     assert "swiglu_ffn is built on it, so fix silu first" in text, text
 
@@ -501,24 +497,24 @@ def test_swiglu_ffn_says_fix_silu_first():
 def test_swiglu_ffn_keeps_its_own_diagnosis_when_silu_is_right():
     ns = _learner(_LEARNER_SWIGLU.replace("(silu(x @ w_gate) * (x @ w_up))",
                                           "(silu(x @ w_up) * (x @ w_gate))"))
-    text = _failure_text(nb09.check_swiglu_ffn, ns["swiglu_ffn"])
+    text = failure_text(nb09.check_swiglu_ffn, ns["swiglu_ffn"])
     assert "gate and up swapped" in text and "does not pass its own check" not in text, text
 
 
 def test_swiglu_ffn_does_not_blame_a_broken_silu_it_does_not_call():
     ns = _learner(_LEARNER_SWIGLU.replace("x * torch.sigmoid(x)", "torch.sigmoid(x)")
                   .replace("(silu(x @ w_gate) * (x @ w_up))", "(F.silu(x @ w_up) * (x @ w_gate))"))
-    text = _failure_text(nb09.check_swiglu_ffn, ns["swiglu_ffn"])
+    text = failure_text(nb09.check_swiglu_ffn, ns["swiglu_ffn"])
     assert "gate and up swapped" in text and "does not pass its own check" not in text, text
 
 
 def test_chapter_09_reads_in_chinese(monkeypatch):
     monkeypatch.setenv(LANG_ENV, "zh")
     ns = _learner(_LEARNER_SWIGLU.replace("x * torch.sigmoid(x)", "torch.sigmoid(x)"))
-    text = _failure_text(nb09.check_silu, ns["silu"])
+    text = failure_text(nb09.check_silu, ns["silu"])
     assert "可能的错误：只返回了 sigmoid(x)：SiLU 还要乘以 x" in text, text
     assert "likely mistake" not in text and "expected" not in text
-    text = _failure_text(nb09.check_swiglu_ffn, ns["swiglu_ffn"])
+    text = failure_text(nb09.check_swiglu_ffn, ns["swiglu_ffn"])
     assert "swiglu_ffn 建立在它之上，所以请先修好 silu" in text, text
     with pytest.raises(ForbiddenCall) as info:
         nb09.check_relu(F.relu, seed=0)

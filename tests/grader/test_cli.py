@@ -181,14 +181,9 @@ def test_a_changed_file_stops_grading_with_an_incident_report(tmp_path):
                      class_dir / "a_slow" / "01_notation.ipynb")
     other = sub.write(sub.solution(), class_dir / "b_other" / "01_notation.ipynb")
     report = tmp_path / "grades.json"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "checks", "grade", str(class_dir), "--jobs", "1", "--json",
-         str(report)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-        env=dict(os.environ, OMP_NUM_THREADS="1"))
+    process = _start_grading(tmp_path, class_dir, "--jobs", "1", "--json", report)
     try:
-        deadline = time.monotonic() + 120
-        while not _worker_running(process.pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        _wait_for_a_worker(process)
         other.write_text(other.read_text() + " ")  # what an escaped worker would do
         out, err = process.communicate(timeout=300)
     finally:
@@ -198,6 +193,20 @@ def test_a_changed_file_stops_grading_with_an_incident_report(tmp_path):
     data = json.loads(report.read_text())
     assert data["incident"]["notebooks"][0] == str(slow)
     assert data["notebooks"] == []  # nothing graded since the change is trusted
+
+
+def _start_grading(cwd, *args) -> subprocess.Popen:
+    """`python -m checks grade *args` in the background, its output captured."""
+    return subprocess.Popen([sys.executable, "-m", "checks", "grade", *map(str, args)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+
+
+def _wait_for_a_worker(process: subprocess.Popen, timeout: float = 120) -> None:
+    """Until the grader `process` runs a worker (at most `timeout` seconds)."""
+    deadline = time.monotonic() + timeout
+    while not _worker_running(process.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 def _worker_running(grader: int) -> bool:
@@ -263,14 +272,9 @@ def test_sigterm_ends_every_process_the_grader_started(tmp_path, jobs):
     for student in ("a", "b"):
         sub.write(sub.prepend(sub.solution(), "head_dim", "while True: pass"),
                   class_dir / student / "01_notation.ipynb")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "checks", "grade", str(class_dir), "--jobs", jobs,
-         "--timeout", "600"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        cwd=tmp_path, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    process = _start_grading(tmp_path, class_dir, "--jobs", jobs, "--timeout", "600")
     try:
-        deadline = time.monotonic() + 120
-        while not _worker_running(process.pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        _wait_for_a_worker(process)
         time.sleep(1)
         started = _descendants(process.pid)
         assert _worker_running(process.pid) and started
@@ -314,14 +318,9 @@ def test_a_killed_grading_process_costs_nothing(tmp_path):
     for student, nb in (("a", slow), ("b", slow), ("c", sub.solution()), ("d", sub.solution())):
         sub.write(nb, class_dir / student / "01_notation.ipynb")
     report = tmp_path / "grades.json"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "checks", "grade", str(class_dir), "--jobs", "2", "--json",
-         str(report)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-        env=dict(os.environ, OMP_NUM_THREADS="1"))
+    process = _start_grading(tmp_path, class_dir, "--jobs", "2", "--json", report)
     try:
-        deadline = time.monotonic() + 120
-        while not _worker_running(process.pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        _wait_for_a_worker(process)
         victims = _grading_processes(process.pid)
         assert victims, "no grading process found"
         os.kill(victims[0], signal.SIGKILL)

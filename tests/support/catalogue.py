@@ -47,6 +47,13 @@ def assert_rejects(checker: Callable, wrong: Wrong, seed: int) -> CheckFailure:
     return failure
 
 
+def failure_text(checker: Callable, fn: Callable, seed: int = 0) -> str:
+    """The failure a checker reports for `fn` (it must fail), as the learner reads it."""
+    with pytest.raises(CheckFailure) as info:
+        checker(fn, seed=seed)
+    return str(info.value)
+
+
 def not_started(*args, **kwargs):
     raise NotImplementedError()
 
