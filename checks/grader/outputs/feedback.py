@@ -12,16 +12,14 @@ import html
 import re
 from pathlib import Path
 
-from ...i18n import N_, _, language, using
+from ...i18n import _, language, using
+from ..report import status_word
 from .gradebook import student_label
 from .late import late_text
 from .store import atomic_write
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 _STATUS_CLASS = {"passed": "ok", "failed": "no", "not started": "todo", "error": "no"}
-# The words a student reads for a status (the record keeps the English word: it is data).
-_STATUS_WORD = {"passed": N_("passed"), "failed": N_("failed"), "not started": N_("not started"),
-                "error": N_("error")}
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 60rem; color: #222; }
@@ -77,7 +75,7 @@ def _page(record: dict) -> str:
     for exercise in record["exercises"]:
         status = exercise["status"]
         css = _STATUS_CLASS.get(status, "no")
-        word = _(_STATUS_WORD[status]) if status in _STATUS_WORD else status
+        word = status_word(status)
         parts.append(f"<tr><td>{e(exercise['name'])}</td><td class=\"points\">"
                      f"{_pts(exercise['points'])} / {_pts(exercise['max_points'])}</td>"
                      f'<td class="{css}">{e(word)}</td>'
