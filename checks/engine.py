@@ -27,6 +27,8 @@ from torch.overrides import TorchFunctionMode
 from . import display
 from .context import SEED_ENV
 from .i18n import N_, _
+from .mistakes import (CALLS_REFERENCE, CHANGED_INPUT, FORBIDDEN_CALL, Mistake, fix_first_key,
+                       mistake_id)
 
 # (exercise, forbidden names and hints) of the Check calling the learner now. The grader's side of
 # a worker (checks.grader.worker) reads it to apply the same guards to a call it forwards.
@@ -47,7 +49,8 @@ SEED_LINE = N_("(random inputs from seed {seed}; pass seed={seed} to the check t
 
 
 class CheckFailure(AssertionError):
-    """A self-check failed. `hint` names the likely mistake when one is known."""
+    """A self-check failed. `hint` names the likely mistake when one is known: a declared
+    `Mistake` (then `mistake` is its id, "04.attention_scores.missing_scale") or a free text."""
 
     status = "failed"
 
@@ -63,6 +66,11 @@ class CheckFailure(AssertionError):
     def shown_message(self) -> str:
         """The message as the learner reads it (in the current language)."""
         return self.message
+
+    @property
+    def mistake(self) -> str | None:
+        """The id of the diagnosed mistake, or None when no declared mistake was recognised."""
+        return mistake_id(self.exercise, self.hint)
 
     def _text(self) -> str:
         # Messages and hints kept in constants (marked with N_) are translated here, when shown;
@@ -239,6 +247,13 @@ def _where_text(line: int, code: str, function: str = "", translate: Callable = 
 # Forbidden shortcuts
 
 
+def as_mistake(hint: str | None, key: str) -> Mistake | None:
+    """A hint as a declared mistake: itself when it is one, else under the engine's `key`."""
+    if hint is None or isinstance(hint, Mistake):
+        return hint
+    return Mistake(key, hint)
+
+
 class _Forbid(TorchFunctionMode):
     """Raise ForbiddenCall when the learner's code reaches a forbidden torch function.
 
@@ -260,7 +275,7 @@ class _Forbid(TorchFunctionMode):
         if key in self.forbidden:
             raise ForbiddenCall(self.check.exercise, _("calls `{name}`, which this exercise asks "
                                 "you to write yourself.").format(name=name),
-                                hint=self.forbidden[key])
+                                hint=as_mistake(self.forbidden[key], FORBIDDEN_CALL))
         return func(*args, **(kwargs or {}))
 
 
@@ -321,13 +336,19 @@ def changed_inputs(snapshot: list[tuple[str, Any, Any]], allowed: Iterable[str] 
     return changed
 
 
-def in_place_failure(exercise: str, changed: list[str], seed: int | None = None) -> "CheckFailure":
+IN_PLACE = Mistake(CHANGED_INPUT, N_(
+    "the check computes what it expects from the inputs as they were: build new tensors (or "
+    "lists) instead of writing into the caller's (`x -= ...`, `x.mul_(...)`, `masked_fill_`, "
+    "`append`)"))
+
+
+def in_place_failure(exercise: str, changed: list[str], seed: int | None = None,
+                     hint: Mistake = IN_PLACE) -> "CheckFailure":
+    """The failure of a function that changed its inputs: `hint` is the chapter's own mistake
+    for it (`Check(..., in_place=...)`) or the engine's generic one."""
     what = ", ".join(changed[:3]) + (" ..." if len(changed) > 3 else "")
     return CheckFailure(exercise, _("changed its input {inputs} in place.").format(inputs=what),
-                        hint=_("the check computes what it expects from the inputs as they were: "
-                               "build new tensors (or lists) instead of writing into the "
-                               "caller's (`x -= ...`, `x.mul_(...)`, `masked_fill_`, `append`)"),
-                        seed=seed)
+                        hint=hint, seed=seed)
 
 
 # --------------------------------------------------------------------------------------------
@@ -383,7 +404,12 @@ class Check:
     """
 
     def __init__(self, exercise: str, fn: Callable, *, seed: int | None = None,
-                 forbid: Mapping[str, str] | None = None):
+                 forbid: Mapping[str, str] | None = None, errors: Iterable[Mistake] = (),
+                 in_place: Mistake | None = None):
+        """`forbid`: torch function names the learner may not call, each with its hint.
+        `errors`: mistakes recognised from an exception the learner's function raises (each
+        declares what it `raises`), tried in order. `in_place`: the mistake a function that
+        changes its inputs is told (default: the engine's generic one)."""
         if not callable(fn):
             raise CheckFailure(exercise, _("expected a function, got {value}.").format(
                 value=describe(fn)))
@@ -392,6 +418,8 @@ class Check:
         self.seed = fresh_seed() if seed is None else seed
         self.gen = torch.Generator().manual_seed(self.seed)
         self.forbid = dict(forbid or {})
+        self.errors = tuple(errors)
+        self.in_place = in_place or IN_PLACE
         self.calls = 0
         self.properties: list[str] = []  # every comparison's label, in order
         self.headlines: list[str] = []  # what the pass line shows, when a check names them
@@ -456,17 +484,19 @@ class Check:
         except Exception as exc:  # the learner's bug, reported without a traceback wall
             shown = ", ".join([describe(a) for a in args] +
                               [f"{k}={describe(v)}" for k, v in kwargs.items()])
-            raise LearnerError.from_exception(self.exercise, exc, shown, seed=self.seed) from None
+            error = LearnerError.from_exception(self.exercise, exc, shown, seed=self.seed)
+            raise error.with_hint(self.recognise(error)) from None
         finally:
             calling.reset(token)
-        changed = changed_inputs(before, allowed=getattr(self, "may_change", ()))
+        changed = changed_inputs(before)
         if changed:
-            raise in_place_failure(self.exercise, changed, seed=self.seed)
+            raise in_place_failure(self.exercise, changed, seed=self.seed, hint=self.in_place)
         return result
 
-    def allow_changes(self, *names: str) -> None:
-        """Let `call` change these inputs in place (parameter names or "argument N")."""
-        self.may_change = tuple(names)
+    def recognise(self, error: "LearnerError") -> Mistake | None:
+        """The first of the check's `errors` that recognises the learner's exception."""
+        return next((m for m in self.errors if m.recognises(error.error or "", error.error_text)),
+                    None)
 
     def forbid_functions(self, functions: Iterable[Callable], hint: str) -> None:
         """Make `call` fail when the learner's function runs any of `functions` (the course's
@@ -481,7 +511,7 @@ class Check:
                 name = codes[id(frame.f_code)]
                 raise ForbiddenCall(self.exercise, _("calls checks.reference.{name}, the "
                                     "course's own answer.").format(name=name),
-                                    hint=hint.format(name=name))
+                                    hint=Mistake(CALLS_REFERENCE, _(hint).format(name=name)))
 
         def guarded(*args, **kwargs):
             previous = sys.getprofile()  # a `builds_on` record's, which must go on seeing calls
@@ -720,12 +750,14 @@ def earlier_failures(helpers: Mapping[str, Any], earlier: Mapping[str, Callable]
     return passed, None
 
 
-def fix_first_text(exercise: str, name: str, broken: CheckFailure) -> str:
-    """The hint that sends the learner to the earlier exercise their function is built on."""
+def fix_first_text(exercise: str, name: str, broken: CheckFailure) -> Mistake:
+    """The hint that sends the learner to the earlier exercise their function is built on: the
+    mistake "fix <name> first" (a knock-on failure), told with the helper's own problem."""
     problem = _(broken.hint) if broken.hint else broken.shown_message.splitlines()[0]
-    return _("your {name} does not pass its own check ({problem}); {exercise} is built on it, "
-             "so fix {name} first, then run this check again").format(
-                 name=name, problem=problem, exercise=exercise)
+    return Mistake(fix_first_key(name), _(
+        "your {name} does not pass its own check ({problem}); {exercise} is built on it, so fix "
+        "{name} first, then run this check again").format(
+            name=name, problem=problem, exercise=exercise))
 
 
 @contextlib.contextmanager

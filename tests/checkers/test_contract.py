@@ -74,6 +74,27 @@ def test_wrong_implementation_is_diagnosed(checker, wrong, seed):
     assert_rejects(checker, wrong, seed)
 
 
+# A learner with a mistake must not pass on a lucky run: every catalogued mistake is named at
+# every one of these seeds (the three above are the edit loop's; these 20 are make test's).
+EVERY_SEED = range(100, 120)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("checker,wrong", WRONG)
+def test_wrong_implementation_is_diagnosed_at_every_seed(checker, wrong):
+    for seed in EVERY_SEED:
+        assert_rejects(checker, wrong, seed)
+
+
+@pytest.mark.parametrize("checker,wrong", WRONG)
+def test_wrong_implementation_names_a_declared_mistake(checker, wrong):
+    """Catalogues assert mistake ids (checks.mistakes), never wording: rewording or translating
+    a message breaks no test in another file."""
+    assert wrong.mistake is not None, (
+        f"{wrong.name}: give the id of the declared mistake, not the words "
+        f"{wrong.diagnosis!r}")
+
+
 @pytest.mark.parametrize("checker", STUBS)
 def test_stub_reads_as_not_started(checker):
     assert_not_started(checker)

@@ -10,17 +10,27 @@ from typing import Callable
 import pytest
 
 from checks.engine import CheckFailure, NotStarted
+from checks.mistakes import ID_PATTERN
 
 SEEDS = (0, 1, 2, 3, 12345)
 
 
 @dataclass
 class Wrong:
-    """A plausible wrong implementation and the words its diagnosis must contain."""
+    """A plausible wrong implementation and the mistake its diagnosis must name.
+
+    `diagnosis` is the id of the declared mistake ("04.attention_scores.missing_scale",
+    checks.mistakes), which the failure must carry exactly; a catalogue not yet converted may
+    still give words the failure's text must contain (case-insensitive)."""
 
     name: str
     fn: Callable
-    diagnosis: str  # substring expected in the failure message or hint (case-insensitive)
+    diagnosis: str
+
+    @property
+    def mistake(self) -> str | None:
+        """The mistake id this case asserts, or None for a case that asserts words."""
+        return self.diagnosis if ID_PATTERN.match(self.diagnosis) else None
 
     def __repr__(self) -> str:  # shown as the pytest id
         return self.name
@@ -41,6 +51,11 @@ def assert_rejects(checker: Callable, wrong: Wrong, seed: int) -> CheckFailure:
         checker(wrong.fn, seed=seed)
     failure = info.value
     assert not isinstance(failure, NotStarted)
+    if wrong.mistake is not None:
+        assert failure.mistake == wrong.mistake, (
+            f"{wrong.name} at seed {seed}: expected the mistake {wrong.mistake!r}, got "
+            f"{failure.mistake!r}:\n{failure}")
+        return failure
     text = str(failure).lower()
     assert wrong.diagnosis.lower() in text, (
         f"{wrong.name}: expected the diagnosis to mention {wrong.diagnosis!r}, got:\n{failure}")
