@@ -82,6 +82,15 @@ class CheckFailure(AssertionError):
             lines.append(_(SEED_LINE).format(seed=self.seed))
         return "\n".join(lines)
 
+    def report_lines(self) -> list[str]:
+        """What a grade report says of this failure, in the current language: the message's
+        lines and the likely mistake, without the exercise's name or the seed line (a report
+        gives the seed as a field of its own)."""
+        text = _(self.shown_message)
+        if self.hint:
+            text += "\n" + _("likely mistake: {hint}").format(hint=_(self.hint))
+        return [line.strip() for line in text.splitlines() if line.strip()]
+
     def _render_traceback_(self) -> list[str]:
         # IPython calls this instead of printing a traceback: learners see only the diagnosis.
         return display.failure_lines(self.status, self._text())

@@ -101,3 +101,20 @@ def fix_first_key(helper: str) -> str:
     """The key of a knock-on failure: the exercise fails because the learner's `helper` (an
     earlier exercise it calls) does not pass its own check."""
     return f"fix_{helper.lower()}_first"
+
+
+def declared(mistake: str) -> Mistake | None:
+    """The declared `Mistake` of an id ("04.attention_scores.missing_scale"), looked up in its
+    chapter's checker module; None for a mistake told only with a text built when it happened (a
+    knock-on failure, a forbidden call) or an id of no known chapter."""
+    import importlib
+
+    if not ID_PATTERN.match(mistake or ""):
+        return None
+    chapter, _exercise, key = mistake.split(".")
+    try:
+        module = importlib.import_module(f"{__package__}.nb{chapter}")
+    except ImportError:
+        return None
+    return next((value for value in vars(module).values()
+                 if isinstance(value, Mistake) and value.key == key), None)

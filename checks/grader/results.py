@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..i18n import N_, _
+from ..mistakes import ID_PATTERN
 
 PASSED, FAILED, NOT_STARTED, ERROR = "passed", "failed", "not started", "error"
 
@@ -99,9 +100,18 @@ class ExerciseResult:
     # The notebook's own run of the test passed and the grader's failed: the notebook changed
     # something the test relies on (a checker, a comparison, the test itself).
     tampering_suspected: bool = False
+    # The diagnosed mistake's id ("04.attention_scores.missing_scale", checks.mistakes), None
+    # when the exercise passed or no declared mistake was recognised; the seed that replays the
+    # failing case (`check_<name>(f, seed=...)`), None when the failure had no random inputs.
+    mistake: str | None = None
+    seed: int | None = None
 
     def __post_init__(self):  # a learner's exception message reaches the terminal: escaped
         self.name, self.message = printable(self.name), printable(self.message)
+        if self.mistake is not None and not ID_PATTERN.match(str(self.mistake)):
+            self.mistake = None  # the grader makes ids; anything else is not one
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            self.seed = None
 
 
 @dataclass

@@ -33,6 +33,7 @@ from .library import WorkerLibrary, defined_names
 from .read import Node, grade_id, is_test_cell
 from .remote import RemoteFunction
 from .results import OUTLIVED, GradingIncident, WorkerCannotStart
+from .score import exercise_name, verdict_of
 from .worker import Worker
 
 
@@ -155,7 +156,8 @@ def _grader_side_test(cell, worker, imports: dict[str, Any], kinds: dict[str, st
         try:
             exec(compile(cell.source, f"<test {grade_id(cell)}>", "exec"), namespace)
         except Exception as exc:  # WorkerGone and KeyboardInterrupt are BaseExceptions
-            result.update(ok=False, ename=type(exc).__name__, evalue=str(exc))
+            result.update(ok=False, ename=type(exc).__name__, evalue=str(exc),
+                          verdict=verdict_of(exc, exercise_name(grade_id(cell))))
     stderr = worker.stderr_text + err.getvalue() + "".join(
         f"{w.category.__name__}: {w.message}\n" for w in caught)
     result["stderr"] = stderr[:limits.stderr_kept]
@@ -270,6 +272,8 @@ class _NotebookRun:
         # Only this process's run counts: the worker's may fail for reasons of its own (a
         # hidden test that uses a reference function the worker does not have).
         cell.outputs = _as_outputs(here)
+        if here.get("verdict"):
+            cell.metadata["checks_verdict"] = here["verdict"]
 
     def _restart(self, broken: int) -> bool:
         """A fresh worker with the notebook's state up to `broken` (without it): the cells that

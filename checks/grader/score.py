@@ -4,7 +4,9 @@ source's order of test cells."""
 
 from __future__ import annotations
 
-from ..engine import SEED_LINE
+from typing import Any
+
+from ..engine import SEED_LINE, CheckFailure, NotStarted
 from ..i18n import _
 from .build import is_graded_test
 from .read import grade_id, is_test_cell
@@ -18,6 +20,19 @@ _FAILURE_NAMES = {"CheckFailure", "LearnerError", "ForbiddenCall", "AssertionErr
 
 def exercise_name(test_grade_id: str) -> str:
     return test_grade_id.removeprefix("check_")
+
+
+def verdict_of(exc: BaseException, exercise: str) -> dict[str, Any]:
+    """A test cell's failure as data, taken from the exception where it was raised (the grader's
+    side): the mistake's id (None when none was recognised), the seed that replays the failing
+    case, and the message as the report shows it. A failure of another exercise's check (a hidden
+    test that calls an earlier one) keeps that exercise's name in front."""
+    if not isinstance(exc, CheckFailure) or isinstance(exc, NotStarted):
+        return {"mistake": None, "seed": None, "message": None}
+    lines = exc.report_lines()
+    if lines and exc.exercise != exercise:
+        lines[0] = f"{exc.exercise}: {lines[0]}"
+    return {"mistake": exc.mistake, "seed": exc.seed, "message": " — ".join(lines) or None}
 
 
 def score_notebook(nb, source, completed: set[int]) -> list[ExerciseResult]:
@@ -58,11 +73,13 @@ def score_test_cell(cell, *, ran: bool, max_points: float) -> ExerciseResult:
     errors = [o for o in outputs if o.get("output_type") == "error"]
     tampering = bool(cell.get("metadata", {}).get("checks_tampering"))
     if errors:
-        status, message = _classify_error(errors[0], name)
+        verdict = cell.get("metadata", {}).get("checks_verdict") or {}
+        status, message = _classify_error(errors[0], name, verdict.get("message"))
         if tampering:
             message = _("tampering suspected: the notebook's own run of this test passed, the "
                         "grader's failed — {diagnosis}").format(diagnosis=message)
-        return ExerciseResult(name, 0.0, max_points, status, message, tampering)
+        return ExerciseResult(name, 0.0, max_points, status, message, tampering,
+                              mistake=verdict.get("mistake"), seed=verdict.get("seed"))
     stderr = "".join(o.get("text", "") for o in outputs
                      if o.get("output_type") == "stream" and o.get("name") == "stderr")
     if stderr.strip():
@@ -71,10 +88,14 @@ def score_test_cell(cell, *, ran: bool, max_points: float) -> ExerciseResult:
     return ExerciseResult(name, max_points, max_points, PASSED)
 
 
-def _classify_error(error, exercise: str) -> tuple[str, str]:
+def _classify_error(error, exercise: str, message: str | None = None) -> tuple[str, str]:
+    """(status, message) of a test cell's error output; `message`: the failure's own words when
+    the grader's side recorded them (its verdict), so no text needs parsing."""
     ename, evalue = error.get("ename", "Error"), error.get("evalue", "")
     if ename in _NOT_STARTED_NAMES:
         return NOT_STARTED, _("still raises NotImplementedError")
+    if ename in _FAILURE_NAMES and message:
+        return FAILED, message
     if ename in _FAILURE_NAMES:
         lines = [line.strip() for line in evalue.splitlines() if line.strip()]
         lines = [line for line in lines if not line.startswith(_seed_line_starts())]

@@ -1,23 +1,28 @@
 """The class summary: per chapter and exercise, how many of the notebooks graded passed it, and
-the diagnoses most often given to those that did not (with how many got each)."""
+the mistakes most often made by those that did not, counted once per student.
+
+A diagnosis with a mistake id (checks.mistakes) is grouped by that id, whatever its random values
+or the language the student read it in; one without (an error, a failure no declared mistake
+explains) is grouped by its status and message."""
 
 from __future__ import annotations
 
-from collections import Counter
-
 from ...i18n import _
+from ...mistakes import declared
 from ..report import status_word
-from .gradebook import counted
+from .gradebook import counted, student_label
 
-COMMON = 3  # diagnoses shown per exercise
+COMMON = 3  # diagnoses shown per exercise in the terminal
 
 
 def class_summary(records: list[dict]) -> list[dict]:
-    """[{chapter, exercise, passed, graded, late, diagnoses: [{message, status, count}]}] in
-    chapter order, then the order of the exercises in the notebook."""
+    """[{chapter, exercise, passed, graded, diagnoses: [{mistake, status, message, count,
+    students}]}] in chapter order, then the order of the exercises in the notebook; each
+    exercise's diagnoses most common first (`count`: how many students)."""
     rows: dict[tuple[str, str], dict] = {}
-    diagnoses: dict[tuple[str, str], Counter] = {}
+    groups: dict[tuple[str, str], dict[tuple, dict]] = {}
     for record in sorted(counted(records), key=lambda r: r["chapter"]):
+        student = student_label(record)
         for exercise in record["exercises"]:
             key = (record["chapter"], exercise["name"])
             row = rows.setdefault(key, {"chapter": key[0], "exercise": key[1], "passed": 0,
@@ -25,18 +30,32 @@ def class_summary(records: list[dict]) -> list[dict]:
             row["graded"] += 1
             if exercise["status"] == "passed":
                 row["passed"] += 1
-            else:
-                diagnoses.setdefault(key, Counter())[
-                    (exercise["status"], exercise["message"] or exercise["status"])] += 1
+                continue
+            mistake = exercise.get("mistake")
+            message = exercise["message"] or exercise["status"]
+            group_key = ("mistake", mistake) if mistake else ("text", exercise["status"], message)
+            group = groups.setdefault(key, {}).setdefault(group_key, {
+                "mistake": mistake, "status": exercise["status"],
+                "message": _described(mistake, message), "students": []})
+            if student not in group["students"]:
+                group["students"].append(student)
     for key, row in rows.items():
-        row["diagnoses"] = [{"status": status, "message": message, "count": count}
-                            for (status, message), count in
-                            diagnoses.get(key, Counter()).most_common(COMMON)]
+        found = sorted(groups.get(key, {}).values(), key=lambda g: -len(g["students"]))
+        row["diagnoses"] = [{**g, "count": len(g["students"]),
+                             "students": sorted(g["students"])} for g in found]
     return list(rows.values())
 
 
+def _described(mistake: str | None, message: str) -> str:
+    """A mistake told by its declared message (in the instructor's language), else the first
+    student's words."""
+    known = declared(mistake) if mistake else None
+    return _(known) if known is not None else message
+
+
 def summary_text(summary: list[dict], records: list[dict]) -> str:
-    """The summary as the table after the grades: one line per exercise, its diagnoses below."""
+    """The summary as the table after the grades: one line per exercise, its most common
+    mistakes below (how many students, the mistake's id)."""
     if not summary:
         return ""
     late = sum(bool(r.get("late")) for r in counted(records))
@@ -46,6 +65,8 @@ def summary_text(summary: list[dict], records: list[dict]) -> str:
     for row in summary:
         name = f"{row['chapter']}/{row['exercise']}"
         lines.append(f"  {name:<{width}}{row['passed']:>4}/{row['graded']:<4} " + _("passed"))
-        for d in row["diagnoses"]:
-            lines.append(f"      {d['count']:>3} × {status_word(d['status'])}: {d['message']}")
+        for d in row["diagnoses"][:COMMON]:
+            named = f"[{d['mistake']}] " if d["mistake"] else ""
+            lines.append(f"      {d['count']:>3} × {status_word(d['status'])}: {named}"
+                         f"{d['message']}")
     return "\n".join(lines) + "\n"
