@@ -685,10 +685,13 @@ def check_block_param_count(f, *, seed: int | None = None, thorough: bool = Fals
             Check("block_param_count", f, seed=seed) as c:
         _no_reference(c, "block_param_count", "init_block_params")
         gqa_7b = ModelConfig(n_kv_heads=8)
-        cases = [(LLAMA2_7B, "LLaMA-2-7B"), (gqa_7b, _("LLaMA-2-7B shapes with GQA, N_kv = 8"))]
+        cases = [(LLAMA2_7B, "LLaMA-2-7B")]
+        # D_h != H / N_h before LLaMA-2-7B with GQA, where 4 H x H matrices and W_K, W_V with
+        # N_h heads are the same count
         for _n in range(4 if thorough else 2):
             cfg = _cfg(c, c.choice(["gqa", "mqa"]), decoupled=True)
             cases.append((cfg, _cfg_text(cfg)))
+        cases.append((gqa_7b, _("LLaMA-2-7B shapes with GQA, N_kv = 8")))
         cfg = _cfg(c, "mha")
         cases.append((cfg, _cfg_text(cfg)))
         for cfg, label in cases:

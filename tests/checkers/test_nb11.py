@@ -71,7 +71,7 @@ _SHAPES = ref.block.block_shapes
 
 
 def _init_with(draw=None, norms=torch.ones, shapes=_SHAPES, skip_generator=False,
-               ignore_dtype=False, same_gate_up=False):
+               ignore_dtype=False, same_gate_up=False, same_norms=False):
     """A learner-style init_block_params with one thing changed."""
     def init_block_params(cfg, generator=None, dtype=torch.float32):
         gen = None if skip_generator else generator
@@ -84,6 +84,8 @@ def _init_with(draw=None, norms=torch.ones, shapes=_SHAPES, skip_generator=False
                 out[name] = draw(shape, gen, dt)
             else:
                 out[name] = torch.randn(shape, generator=gen, dtype=dt) * 0.02
+        if same_norms:
+            out["ffn_norm"] = out["attn_norm"]
         if same_gate_up:
             out["w_up"] = out["w_gate"]
         return out
@@ -139,19 +141,23 @@ def _expanded_row(shape, gen, dt):
 
 def _sublayer(*, rope_v=False, rope_k=True, arange=False, causal=True, tile=False,
               residual=False, norm=True, base=True, rotary_dim=True, eps=True, merge=True,
-              interleaved=True, swap_kv=False):
+              interleaved=True, swap_kv=False, rope_q=True, wo=True, norm_name="attn_norm",
+              scale=None):
     """A learner-style attention_sublayer from the reference pieces, with one thing changed."""
     def attention_sublayer(x, layer, cfg, positions):
         b, s, _ = x.shape
         n_h, n_kv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        h = ref.rms_norm(x, layer["attn_norm"], cfg.norm_eps if eps else 1e-5) if norm else x
+        h = ref.rms_norm(x, layer[norm_name], cfg.norm_eps if eps else 1e-5) if norm else x
         q, k, v = ref.split_qkv(h @ layer["wqkv"], n_h, n_kv, d)
         if swap_kv:
             k, v = v, k
         pos = torch.arange(s) if arange else positions
         kw = {"base": cfg.rope_base if base else 10000.0, "interleaved": interleaved,
               "rotary_dim": cfg.rotary_dim if rotary_dim else None}
-        q = ref.apply_rope(q, pos, **kw)
+        if rope_q:
+            q = ref.apply_rope(q, pos, **kw)
+        if scale is not None:   # the scores divided by sqrt(scale(cfg)) instead of sqrt(D_h)
+            q = q * math.sqrt(d / scale(cfg))
         if rope_k:
             k = ref.apply_rope(k, pos, **kw)
         if rope_v:
@@ -160,7 +166,7 @@ def _sublayer(*, rope_v=False, rope_k=True, arange=False, causal=True, tile=Fals
             k, v = k.repeat(1, n_h // n_kv, 1, 1), v.repeat(1, n_h // n_kv, 1, 1)
         out = ref.grouped_query_attention(q, k, v, ref.causal_mask(s) if causal else None)
         merged = ref.merge_heads(out) if merge else out.reshape(b, s, n_h * d)
-        o = merged @ layer["wo"]
+        o = merged @ layer["wo"] if wo else merged
         return x + o if residual else o
     return attention_sublayer
 
@@ -216,6 +222,8 @@ def _block(structure, attention=ref.attention_sublayer):
         u = att(x) if structure in ("no_attn_res", "no_res") else x + att(x)
         if structure == "ffn_no_norm":
             return u + _ffn(u, layer)
+        if structure == "no_ffn":
+            return u
         mid = _ffn(norm(u, "attn_norm" if structure == "attn_norm_in_ffn" else "ffn_norm"), layer,
                    swap=structure == "swap")
         if structure in ("no_ffn_res", "no_res"):
@@ -228,15 +236,17 @@ def _block(structure, attention=ref.attention_sublayer):
 
 # ---- block_param_count ------------------------------------------------------------------------
 
-def _count(attention="ok", ffn_mats=3, norms=2, as_float=False, embed=False):
+def _count(attention="ok", ffn_mats=3, norms=2, as_float=False, embed=False, wo="ok"):
     def block_param_count(cfg):
         h, d, n_h, n_kv = cfg.hidden_size, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
         if attention == "4h2":
             att = 4 * h * h
         elif attention == "width_h":
             att = h * (h + 2 * n_kv * d) + h * h
+        elif attention == "kv_n_h":
+            att = h * 3 * n_h * d + n_h * d * h
         else:
-            att = h * (n_h + 2 * n_kv) * d + n_h * d * h
+            att = h * (n_h + 2 * n_kv) * d + {"ok": n_h * d * h, "hh": h * h, "none": 0}[wo]
         total = att + ffn_mats * h * cfg.ffn_hidden_size + norms * h
         total += cfg.vocab_size * h if embed else 0
         return total / 1 if as_float else total
@@ -261,6 +271,10 @@ WRONG = {
         Wrong("generator ignored", _init_with(skip_generator=True), '11.init_block_params.generator_ignored'),
         Wrong("dtype ignored", _init_with(ignore_dtype=True), '11.init_block_params.dtype_ignored'),
         Wrong("w_up is w_gate", _init_with(same_gate_up=True), '11.init_block_params.same_draw_twice'),
+        Wrong("one tensor for both norms", _init_with(same_norms=True),
+              "11.init_block_params.one_tensor_two_names"),
+        Wrong("norms of torch.empty", _init_with(norms=torch.empty),
+              "11.init_block_params.norm_not_one"),
         Wrong("separate wq, wk, wv", _separate_qkv, '11.init_block_params.separate_q_k_v'),
         Wrong("fixed seed inside", _fixed_seed, '11.init_block_params.fixed_seed_inside'),
         Wrong("new Generator() when None", _fresh_generator_when_none, '11.init_block_params.new_generator_when_none'),
@@ -279,6 +293,13 @@ WRONG = {
         Wrong("merge without transpose", _sublayer(merge=False), '11.attention_sublayer.merged_without_transpose'),
         Wrong("half pairing", _sublayer(interleaved=False), '11.attention_sublayer.half_pairing'),
         Wrong("K and V swapped", _sublayer(swap_kv=True), '11.attention_sublayer.k_and_v_swapped'),
+        Wrong("RoPE on K only", _sublayer(rope_q=False), "11.attention_sublayer.rope_on_k_only"),
+        Wrong("no RoPE", _sublayer(rope_q=False, rope_k=False), "11.attention_sublayer.no_rope"),
+        Wrong("no W_O", _sublayer(wo=False), "11.attention_sublayer.no_output_projection"),
+        Wrong("ffn_norm in attention", _sublayer(norm_name="ffn_norm"),
+              "11.attention_sublayer.ffn_norm_in_attention"),
+        Wrong("scaled by sqrt(H // N_h)", _sublayer(scale=lambda cfg: cfg.hidden_size // cfg.n_heads),
+              "11.attention_sublayer.scaled_by_sqrt_h_over_n_h"),
     ],
     nb11.check_decoder_block: [
         Wrong("no attention residual", _block("no_attn_res"), '11.decoder_block.no_attention_residual'),
@@ -301,6 +322,12 @@ WRONG = {
               '11.decoder_block.kv_heads_tiled'),
         Wrong("attention with its own residual", _block("pre", _sublayer(residual=True)),
               '11.decoder_block.residual_in_sublayer'),
+        Wrong("no FFN", _block("no_ffn"), "11.decoder_block.no_ffn"),
+        Wrong("attention without its norm", _block("pre", _sublayer(norm=False)),
+              "11.decoder_block.no_attn_norm"),
+        Wrong("attention scaled by sqrt(H // N_h)",
+              _block("pre", _sublayer(scale=lambda cfg: cfg.hidden_size // cfg.n_heads)),
+              "11.decoder_block.scaled_by_sqrt_h_over_n_h"),
     ],
     nb11.check_block_param_count: [
         Wrong("norms left out", _count(norms=0), '11.block_param_count.norms_left_out'),
@@ -311,6 +338,10 @@ WRONG = {
         Wrong("two FFN matrices", _count(ffn_mats=2), '11.block_param_count.two_ffn_matrices'),
         Wrong("float", _count(as_float=True), '11.block_param_count.returned_float'),
         Wrong("embedding included", _count(embed=True), '11.block_param_count.embedding_included'),
+        Wrong("W_O as H x H", _count(wo="hh"), "11.block_param_count.wo_as_h_by_h"),
+        Wrong("W_O left out", _count(wo="none"), "11.block_param_count.wo_left_out"),
+        Wrong("W_K and W_V with N_h heads", _count(attention="kv_n_h"),
+              "11.block_param_count.kv_with_n_h_heads"),
     ],
 }
 
