@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from checks import ModelConfig, nb13
+from checks import ModelConfig, nb13, nb13_cache, nb13_generate
 from checks import reference as ref
 from checks.engine import ForbiddenCall
 from checks.reference import generation as gen
@@ -330,24 +330,25 @@ class SubclassedReference(ref.KVCache):
 
 
 KV_WRONG = [
-    Wrong("grows with torch.cat", CatCache, "allocated no tensors"),
-    Wrong("returns clones", CloneCache, "not a view"),
-    Wrong("stores N_h repeated heads", RepeatedHeadsCache, "holds n_h heads"),
-    Wrong("writes at start_pos + 1", OffByOneWriteCache, "one position too far"),
-    Wrong("writes at 0", AtZeroCache, "position 0 every time"),
-    Wrong("own length counter", OwnCounterCache, "length counter of its own"),
-    Wrong("one counter for all layers", SharedCounterCache, "one position counter"),
-    Wrong("one buffer for all layers", OneLayerCache, "one layer only"),
-    Wrong("returns the new K/V only", NewOnlyCache, "only the new k/v"),
-    Wrong("returns the whole buffer", WholeBufferCache, "whole preallocated buffer"),
-    Wrong("returns (v, k)", SwappedCache, "(values, keys)"),
-    Wrong("no overflow check", NoOverflowCheckCache, "without raising"),
-    Wrong("IndexError on overflow", RuntimeErrorCache, "raised indexerror"),
-    Wrong(">= instead of >", GreaterEqualCache, "exactly up to the last position"),
-    Wrong("ignores dtype", IgnoresDtypeCache, "ignored the dtype"),
-    Wrong("sized by cfg.max_seq_len", CfgLengthCache, "cfg.max_seq_len"),
-    Wrong("reallocates in update", ReallocatingCache, "replaced its buffers"),
-    Wrong("subclasses the reference", SubclassedReference, "reference"),
+    Wrong("grows with torch.cat", CatCache, "13.KVCache.nothing_preallocated"),
+    Wrong("returns clones", CloneCache, "13.KVCache.returns_copies"),
+    Wrong("stores N_h repeated heads", RepeatedHeadsCache, "13.KVCache.stores_repeated_heads"),
+    Wrong("writes at start_pos + 1", OffByOneWriteCache, "13.KVCache.writes_one_position_too_far"),
+    Wrong("writes at 0", AtZeroCache, "13.KVCache.writes_at_position_zero"),
+    Wrong("own length counter", OwnCounterCache, "13.KVCache.own_length_counter"),
+    Wrong("one counter for all layers", SharedCounterCache,
+          "13.KVCache.one_counter_for_all_layers"),
+    Wrong("one buffer for all layers", OneLayerCache, "13.KVCache.allocated_one_layer_only"),
+    Wrong("returns the new K/V only", NewOnlyCache, "13.KVCache.returns_new_kv_only"),
+    Wrong("returns the whole buffer", WholeBufferCache, "13.KVCache.returns_whole_buffer"),
+    Wrong("returns (v, k)", SwappedCache, "13.KVCache.returns_values_and_keys_swapped"),
+    Wrong("no overflow check", NoOverflowCheckCache, "13.KVCache.no_overflow_check"),
+    Wrong("IndexError on overflow", RuntimeErrorCache, "13.KVCache.wrong_overflow_error"),
+    Wrong(">= instead of >", GreaterEqualCache, "13.KVCache.raises_when_exactly_full"),
+    Wrong("ignores dtype", IgnoresDtypeCache, "13.KVCache.ignores_dtype"),
+    Wrong("sized by cfg.max_seq_len", CfgLengthCache, "13.KVCache.sized_by_cfg_max_seq_len"),
+    Wrong("reallocates in update", ReallocatingCache, "13.KVCache.replaces_buffers_in_update"),
+    Wrong("subclasses the reference", SubclassedReference, "13.KVCache.subclasses_reference"),
 ]
 
 
@@ -403,20 +404,28 @@ def _calls_reference(token_ids, params, cfg, cache, start_pos):
 
 
 FORWARD_WRONG = [
-    Wrong("positions 0..T-1", _fwd(offset=False), "decode positions not offset"),
-    Wrong("top-left mask", _fwd(mask="top_left"), "top-left aligned"),
-    Wrong("top-left mask for chunks only", _fwd(mask="top_left_chunks"), "top-left aligned"),
-    Wrong("no mask", _fwd(mask="none"), "no causal mask"),
-    Wrong("square causal_mask(T)", _fwd(mask="square_new"), "built the mask with causal_mask(t)"),
+    Wrong("positions 0..T-1", _fwd(offset=False),
+          "13.forward_with_cache.decode_positions_not_offset"),
+    Wrong("top-left mask", _fwd(mask="top_left"), "13.forward_with_cache.top_left_mask"),
+    Wrong("top-left mask for chunks only", _fwd(mask="top_left_chunks"),
+          "13.forward_with_cache.top_left_mask"),
+    Wrong("no mask", _fwd(mask="none"), "13.forward_with_cache.no_causal_mask"),
+    Wrong("square causal_mask(T)", _fwd(mask="square_new"),
+          "13.forward_with_cache.square_mask_of_new_tokens"),
     Wrong("square causal_mask(start_pos + T)", _fwd(mask="square_all"),
-          "causal_mask(start_pos + t): one row per key"),
-    Wrong("ignores the cache", _fwd(use_returned=False), "ignored the cache"),
-    Wrong("stores K before RoPE", _fwd(store="raw"), "stores k before rope"),
-    Wrong("stores K before RoPE, re-rotates", _fwd(store="rerotate"), "rotated again"),
-    Wrong("repeated heads into the cache", _fwd(repeat=True), "repeated for every query head"),
-    Wrong("update at start_pos 0", _fwd(update_start=0), "pass the start_pos you were given"),
-    Wrong("only layer 0 cached", _fwd(only_layer=0), "never reached the cache"),
-    Wrong("calls the reference", _calls_reference, "course's own answer"),
+          '13.forward_with_cache.square_mask_of_all_keys'),
+    Wrong("ignores the cache", _fwd(use_returned=False),
+          "13.forward_with_cache.ignores_the_cache"),
+    Wrong("stores K before RoPE", _fwd(store="raw"),
+          "13.forward_with_cache.cache_stores_k_before_rope"),
+    Wrong("stores K before RoPE, re-rotates", _fwd(store="rerotate"),
+          "13.forward_with_cache.cache_stores_k_before_rope_rotates_again"),
+    Wrong("repeated heads into the cache", _fwd(repeat=True),
+          "13.forward_with_cache.cache_gets_repeated_heads"),
+    Wrong("update at start_pos 0", _fwd(update_start=0),
+          "13.forward_with_cache.update_at_wrong_start_pos"),
+    Wrong("only layer 0 cached", _fwd(only_layer=0), "13.forward_with_cache.layer_not_cached"),
+    Wrong("calls the reference", _calls_reference, "13.forward_with_cache.calls_course_reference"),
 ]
 
 
@@ -492,24 +501,28 @@ def _calls_reference_generate(params, cfg, prompt_ids, max_new_tokens, **kwargs)
 
 
 GENERATE_WRONG = [
-    Wrong("whole sequence every step", _gen("recompute"), "recomputed the whole sequence"),
-    Wrong("start_pos stuck at P", _gen("not advanced"), "cache not advanced"),
-    Wrong("start_pos one too far", _gen("skip"), "one too far"),
-    Wrong("logits of position 0", _gen("first position"), "first position"),
-    Wrong("returns new tokens only", _gen("new only"), "only the new tokens"),
-    Wrong("one token too many", _gen("one too many"), "max_new_tokens + 1"),
+    Wrong("whole sequence every step", _gen("recompute"), "13.generate.recomputes_whole_sequence"),
+    Wrong("start_pos stuck at P", _gen("not advanced"), "13.generate.start_pos_not_advanced"),
+    Wrong("start_pos one too far", _gen("skip"), "13.generate.start_pos_one_too_far"),
+    Wrong("logits of position 0", _gen("first position"), "13.generate.logits_of_first_position"),
+    Wrong("returns new tokens only", _gen("new only"), "13.generate.returns_new_tokens_only"),
+    Wrong("one token too many", _gen("one too many"), "13.generate.one_token_too_many"),
     Wrong("feeds the last token back (wasted forward)", _gen("wasted forward"),
-          "fed the last new token back"),
+          '13.generate.forward_after_last_token'),
     Wrong("wasted forward without the cache", _gen("wasted forward uncached"),
-          "fed the last new token back"),
-    Wrong("prefill for max_new_tokens=0", _gen("prefill anyway"), "no forward pass is needed"),
-    Wrong("prompt one token at a time", _gen("prefill by token"), "one token at a time"),
-    Wrong("always greedy", _gen("greedy always"), "pass `temperature`"),
-    Wrong("global RNG", _gen("global rng"), "pass `generator`"),
+          '13.generate.uncached_forward_after_last_token'),
+    Wrong("prefill for max_new_tokens=0", _gen("prefill anyway"),
+          "13.generate.forward_for_zero_tokens"),
+    Wrong("prompt one token at a time", _gen("prefill by token"),
+          "13.generate.prefill_one_token_at_a_time"),
+    Wrong("always greedy", _gen("greedy always"), "13.generate.temperature_not_passed_on"),
+    Wrong("global RNG", _gen("global rng"), "13.generate.generator_not_passed_on"),
     Wrong("forward without offset", _gen(forward=_fwd(offset=False)),
-          "decode positions not offset"),
-    Wrong("forward with top-left mask", _gen(forward=_fwd(mask="top_left")), "top-left"),
-    Wrong("calls the reference", _calls_reference_generate, "course's own answer"),
+          '13.generate.decode_positions_not_offset'),
+    Wrong("forward with top-left mask", _gen(forward=_fwd(mask="top_left")),
+          "13.generate.top_left_mask"),
+    Wrong("calls the reference", _calls_reference_generate,
+          "13.generate.calls_course_reference"),
 ]
 
 # ------------------------------------------------------------------------------------------------
@@ -583,51 +596,61 @@ def _learner_intensity(mistake=None):
 
 
 PREFILL_WRONG = [
-    Wrong("no factor 2", _learner_prefill("no factor 2"), "multiply-add as 1 flop"),
-    Wrong("no attention", _learner_prefill("no attention"), "left out attention's own"),
+    Wrong("no factor 2", _learner_prefill("no factor 2"),
+          "13.prefill_flops.multiply_add_as_one_flop"),
+    Wrong("no attention", _learner_prefill("no attention"),
+          "13.prefill_flops.no_attention_products"),
     Wrong("full square, not the causal triangle", _learner_prefill("square"),
-          "full p x p score matrix"),
-    Wrong("scores only", _learner_prefill("scores only"), "counted only q k"),
+          '13.prefill_flops.full_square_of_scores'),
+    Wrong("scores only", _learner_prefill("scores only"), "13.prefill_flops.scores_only"),
     Wrong("attention on the KV heads", _learner_prefill("attention on KV heads"),
-          "for the n_kv kv heads"),
+          '13.prefill_flops.attention_on_kv_heads'),
     Wrong("repeated KV heads", _learner_prefill("repeated KV heads"),
-          "k and v projections for n_h heads"),
-    Wrong("H for N_h·D_h", _learner_prefill("H for N_h D_h"), "used h where n_h·d_h"),
+          '13.prefill_flops.kv_projections_for_n_h_heads'),
+    Wrong("H for N_h·D_h", _learner_prefill("H for N_h D_h"),
+          "13.prefill_flops.h_for_n_h_times_d_h"),
     Wrong("LM head on every position", _learner_prefill("LM head everywhere"),
-          "lm head on every prompt position"),
-    Wrong("no LM head", _learner_prefill("no LM head"), "left out the lm head"),
-    Wrong("no batch", _learner_prefill("no batch"), "left out the batch"),
-    Wrong("one layer", _learner_prefill("one layer"), "counted one layer"),
-    Wrong("two FFN matrices", _learner_prefill("two FFN matrices"), "two ffn matrices"),
-    Wrong("no W_O", _learner_prefill("no W_O"), "left out w_o"),
+          '13.prefill_flops.lm_head_on_every_position'),
+    Wrong("no LM head", _learner_prefill("no LM head"), "13.prefill_flops.no_lm_head"),
+    Wrong("no batch", _learner_prefill("no batch"), "13.prefill_flops.no_batch"),
+    Wrong("one layer", _learner_prefill("one layer"), "13.prefill_flops.one_layer"),
+    Wrong("two FFN matrices", _learner_prefill("two FFN matrices"),
+          "13.prefill_flops.two_ffn_matrices"),
+    Wrong("no W_O", _learner_prefill("no W_O"), "13.prefill_flops.no_w_o"),
     Wrong("embedding as a product", _learner_prefill("embedding as a product"),
-          "embedding lookup as a product"),
-    Wrong("returns a float", _learner_prefill("float"), "returned a float"),
+          '13.prefill_flops.embedding_as_a_product'),
+    Wrong("returns a float", _learner_prefill("float"), "13.prefill_flops.returns_float"),
 ]
 
 DECODE_WRONG = [
-    Wrong("K only in the cache", _learner_decode("K only"), "it holds k and v"),
+    Wrong("K only in the cache", _learner_decode("K only"), "13.decode_step_bytes.cache_k_only"),
     Wrong("forgot the cache write", _learner_decode("no cache write"),
-          "left out the cache write"),
-    Wrong("repeated KV heads", _learner_decode("repeated KV heads"), "counted n_h heads"),
-    Wrong("elements, not bytes", _learner_decode("elements"), "counted elements, not bytes"),
-    Wrong("bits", _learner_decode("bits"), "counted bits"),
+          '13.decode_step_bytes.no_cache_write'),
+    Wrong("repeated KV heads", _learner_decode("repeated KV heads"),
+          "13.decode_step_bytes.cache_with_n_h_heads"),
+    Wrong("elements, not bytes", _learner_decode("elements"),
+          "13.decode_step_bytes.elements_not_bytes"),
+    Wrong("bits", _learner_decode("bits"), "13.decode_step_bytes.bits_not_bytes"),
     Wrong("whole embedding table", _learner_decode("whole embedding table"),
-          "whole embedding table"),
-    Wrong("no LM head", _learner_decode("no LM head"), "left out the lm head"),
-    Wrong("no norm scales", _learner_decode("no norms"), "norm scales"),
+          '13.decode_step_bytes.whole_embedding_table'),
+    Wrong("no LM head", _learner_decode("no LM head"), "13.decode_step_bytes.no_lm_head"),
+    Wrong("no norm scales", _learner_decode("no norms"), "13.decode_step_bytes.no_norm_scales"),
     Wrong("weights once per sequence", _learner_decode("weights per sequence"),
-          "once per sequence"),
+          '13.decode_step_bytes.weights_once_per_sequence'),
     Wrong("cache without the batch", _learner_decode("cache without batch"),
-          "left out the batch b in the cache"),
-    Wrong("hard-coded 2 bytes", _learner_decode("hard-coded 2 bytes"), "hard-coded 2 bytes"),
-    Wrong("returns GiB", _learner_decode("GiB"), "returned gib"),
+          '13.decode_step_bytes.cache_without_batch'),
+    Wrong("hard-coded 2 bytes", _learner_decode("hard-coded 2 bytes"),
+          "13.decode_step_bytes.hard_coded_2_bytes"),
+    Wrong("returns GiB", _learner_decode("GiB"), "13.decode_step_bytes.returns_gib"),
 ]
 
 INTENSITY_WRONG = [
-    Wrong("bytes per FLOP", _learner_intensity("inverted"), "divided bytes by flops"),
-    Wrong("floor division", _learner_intensity("floor division"), "return a float"),
-    Wrong("FLOPs doubled", _learner_intensity("doubled"), "counted each flop twice"),
+    Wrong("bytes per FLOP", _learner_intensity("inverted"),
+          "13.arithmetic_intensity.bytes_per_flop"),
+    Wrong("floor division", _learner_intensity("floor division"),
+          "13.arithmetic_intensity.returns_int"),
+    Wrong("FLOPs doubled", _learner_intensity("doubled"),
+          "13.arithmetic_intensity.flops_counted_twice"),
 ]
 
 
@@ -702,7 +725,7 @@ def test_calling_the_reference_is_a_forbidden_call():
 
 
 def test_counting_table_sees_every_kind_of_lookup():
-    recorder = nb13._Recorder()
+    recorder = nb13_generate._Recorder()
     log = recorder.items
     table = nb13._CountingTable.wrap(torch.randn(10, 4), recorder)
     ids = torch.tensor([[1, 2, 3], [4, 5, 6]])
@@ -739,9 +762,9 @@ def test_recorders_stay_in_the_grading_process():
     worker = types.SimpleNamespace(library=Library(), session=Session())
     worker._stays_here = lambda obj: sandbox.Worker._stays_here(worker, obj)
     cfg = CFGS[0]
-    cache = nb13._RecordingCache(None, cfg, 2, 5)
-    handle = nb13._CacheHandle(cache)
-    recorder = nb13._Recorder()
+    cache = nb13_cache._RecordingCache(None, cfg, 2, 5)
+    handle = nb13_cache._CacheHandle(cache)
+    recorder = nb13_generate._Recorder()
     table = nb13._CountingTable.wrap(torch.randn(4, 3), recorder)
     with torch._C.DisableTorchFunction():
         sandbox._ArgPickler(io.BytesIO(), worker, False).dump(((handle, {"embed": table}), {}))
@@ -756,10 +779,12 @@ def test_chapter_13_reads_in_chinese(monkeypatch):
     with pytest.raises(CheckFailure) as info:
         nb13.check_KVCache(GreaterEqualCache, seed=1)
     text = str(info.value)
-    assert "update 抛出了 ValueError" in text and "恰好写到最后一个位置时报错了" in text, text
+    assert info.value.mistake == "13.KVCache.raises_when_exactly_full"
+    assert "引发了 ValueError" in text and "恰好写到最后一个位置时报错了" in text, text
     assert "likely mistake" not in text and "raised" not in text
     wrong = {w.name: w for w in GENERATE_WRONG}
     failure = next(w for name, w in wrong.items() if "stuck" in name)
     with pytest.raises(CheckFailure) as info:
         nb13.check_generate(failure.fn, seed=1)
+    assert info.value.mistake == "13.generate.start_pos_not_advanced"
     assert "缓存没有前进" in str(info.value), str(info.value)
