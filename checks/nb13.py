@@ -206,7 +206,8 @@ def _looked_up(func, args, kwargs) -> int | None:
 def check_KVCache(cls, *, seed: int | None = None, thorough: bool = False) -> None:
     from .nb13_cache import (_CACHE_MISTAKES, _cfg, _check_allocation, _construct,
                              _expect_update, _recognising, _SimCache, _update)
-    from .nb13_mistakes import DTYPE_IGNORED, FULL_IS_FINE, NO_OVERFLOW, WRONG_ERROR
+    from .nb13_mistakes import (DTYPE_IGNORED, FULL_IS_FINE, NO_OVERFLOW, OVERFLOW_IGNORES_T,
+                                WRONG_ERROR)
 
     with Check("KVCache", cls, seed=seed) as c:
         for _trial in range(3 if thorough else 1):
@@ -245,11 +246,13 @@ def check_KVCache(cls, *, seed: int | None = None, thorough: bool = False) -> No
             # ValueError here is the `>=` of an overflow test.
             with _recognising(c, FULL_IS_FINE):
                 step(prompt + 4, s_max - prompt - 4)
-            # Overflow: must raise ValueError.
-            for start, t in ((s_max - 1, 2), (s_max, 1)):
+            # Overflow: must raise ValueError; first past the end, then a chunk of two that
+            # starts inside the cache and ends past it.
+            for start, t in ((s_max, 1), (s_max - 1, 2)):
                 k = c.randn(batch, cfg.n_kv_heads, t, cfg.head_dim)
                 label = _("{call} with T={t} on a cache with max_seq_len={size}").format(
                     call=f"update(0, k, v, start_pos={start})", t=t, size=s_max)
+                chunk = start < s_max      # the first case raised ValueError
                 try:
                     cache.update(0, k, k.clone(), start)
                 except ValueError:
@@ -259,8 +262,10 @@ def check_KVCache(cls, *, seed: int | None = None, thorough: bool = False) -> No
                 except Exception as exc:
                     c.fail(_("{call} raised {error}: {text}").format(
                         call=label, error=type(exc).__name__, text=exc),
-                           WRONG_ERROR.with_text(_(WRONG_ERROR).format(name=type(exc).__name__)))
-                c.fail(_("{call} did not raise.").format(call=label), NO_OVERFLOW)
+                           OVERFLOW_IGNORES_T if chunk else WRONG_ERROR.with_text(
+                               _(WRONG_ERROR).format(name=type(exc).__name__)))
+                c.fail(_("{call} did not raise.").format(call=label),
+                       OVERFLOW_IGNORES_T if chunk else NO_OVERFLOW)
             c.headline(_("overflowing max_seq_len raises ValueError"))
         # dtype and device arguments; MQA (one KV head).
         cfg = _cfg(c, "mqa", n_layers=3)
@@ -287,8 +292,8 @@ def check_KVCache(cls, *, seed: int | None = None, thorough: bool = False) -> No
 def check_forward_with_cache(f, *, seed: int | None = None, thorough: bool = False) -> None:
     from .nb13_cache import (_FORWARD_MISTAKES, _CacheHandle, _diagnose_raise, _no_reference,
                              _params, _plans, _RecordingCache, _replay)
-    from .nb13_mistakes import (LAYER_NOT_CACHED, UNROTATED_RECOMPUTED, UNROTATED_STORED,
-                                UPDATE_TWICE)
+    from .nb13_mistakes import (LAYER_NOT_CACHED, POSITIONS_PLUS_ONE, UNROTATED_RECOMPUTED,
+                                UNROTATED_STORED, UPDATE_TWICE)
 
     with Check("forward_with_cache", f, seed=seed) as c:
         _no_reference(c, gen.forward_with_cache, gen.generate)
@@ -354,7 +359,8 @@ def check_forward_with_cache(f, *, seed: int | None = None, thorough: bool = Fal
                             wrong={m: (lambda m=m, layer=layer, i=i, done=done: _replay(
                                 tokens, params, cfg, batch, s_max, done,
                                 _FORWARD_MISTAKES[m])[1].storage[layer, i, :, :, :e])
-                                for m in (UNROTATED_RECOMPUTED, UNROTATED_STORED)})
+                                for m in (UNROTATED_RECOMPUTED, UNROTATED_STORED,
+                                          POSITIONS_PLUS_ONE)})
             c.headline(headline)
         c.headline(_("logits equal the uncached forward pass over the whole sequence"))
         c.headline(_("the cache holds K after RoPE and V, N_kv heads"))
@@ -389,8 +395,8 @@ def check_generate(f, *, seed: int | None = None, thorough: bool = False) -> Non
             label = f"generate(params, cfg, prompt [B={batch}, P={p}], max_new_tokens={n})"
             got = c.call(_counting_params(params, log), cfg, prompt, n)
             c.expect_tensor(got, want,
-                            what=_("{call} (greedy, with the cache)").format(call=label), dims=dims,
-                            wrong=mixups)
+                            what=_("{call} (greedy, with the cache)").format(call=label),
+                            dims=dims, wrong=mixups)
             _check_steps(c, log.items, batch, p, n, label)
             log = _Recorder()
             uncached = f"{label[:-1]}, use_cache=False)"

@@ -98,7 +98,8 @@ def _params(c: Check, cfg: ModelConfig) -> dict:
 
 
 def _sim_forward(token_ids, params, cfg, cache, start_pos, *, offset=True, mask="bottom_right",
-                 store_rotated=True, rerotate=False, use_cache=True, scale_width=False):
+                 store_rotated=True, rerotate=False, use_cache=True, scale_width=False,
+                 shift=0):
     """forward_with_cache with the named mistake (no keyword: the correct computation).
 
     offset=False: RoPE positions 0..T-1; mask: "bottom_right", "top_left", "none", or a square
@@ -106,12 +107,13 @@ def _sim_forward(token_ids, params, cfg, cache, start_pos, *, offset=True, mask=
     (causal_mask(start_pos + T));
     store_rotated=False: K goes into the cache before RoPE (and is used from there as it is,
     or, with rerotate, rotated again by 0..end-1); use_cache=False: attends to the new tokens only;
-    scale_width: the scores divided by sqrt(H) (here N_h * D_h), not by sqrt(D_h).
+    scale_width: the scores divided by sqrt(H) (here N_h * D_h), not by sqrt(D_h);
+    shift: every position `shift` too far (which only the cache's keys show: RoPE is relative).
     """
     b, t = token_ids.shape
     end = start_pos + t
     n_h, n_kv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    pos = torch.arange(start_pos, end) if offset else torch.arange(t)
+    pos = torch.arange(start_pos + shift, end + shift) if offset else torch.arange(t)
     rope = dict(base=cfg.rope_base, rotary_dim=cfg.rotary_dim)
     x = F.embedding(token_ids, params["embed"])
     for i, layer in enumerate(params["layers"]):
@@ -152,6 +154,7 @@ _FORWARD_MISTAKES = {
     UNROTATED_STORED: dict(store_rotated=False),
     UNROTATED_RECOMPUTED: dict(store_rotated=False, rerotate=True),
     SCALE_BY_H: dict(scale_width=True),
+    POSITIONS_PLUS_ONE: dict(shift=1),
 }
 
 
@@ -192,7 +195,8 @@ class _SimCache:
         stop = min(pos + t, s_max)
         if stop > pos:
             self.buf[slot, 0, :, :, pos:stop] = k[:, :, :stop - pos]
-            self.buf[slot, 1, :, :, pos:stop] = v[:, :, :stop - pos]
+            if mode != "v_not_written":
+                self.buf[slot, 1, :, :, pos:stop] = v[:, :, :stop - pos]
         keys, values = self.buf[slot, 0], self.buf[slot, 1]
         if mode == "new_only":
             out = (k, v)
@@ -214,7 +218,7 @@ _CACHE_MISTAKES = {
     OFFSET_PLUS_ONE: "offset_plus_one", AT_ZERO: "at_zero", OWN_COUNTER: "own_counter",
     SHARED_COUNTER: "shared_counter", SHARED_BUFFER: "shared_buffer", NEW_ONLY: "new_only",
     WHOLE_BUFFER: "whole_buffer", UP_TO_START: "up_to_start", ONE_SHORT: "one_short",
-    SWAPPED: "swapped",
+    SWAPPED: "swapped", V_NOT_WRITTEN: "v_not_written",
 }
 
 
@@ -303,9 +307,12 @@ def _expect_update(c: Check, cache, storages, sims, layer, k, v, start, want_k, 
                     what=what, call=label, got=list(t.shape), last=end - 1,
                     want=f"[B={want.shape[0]}, N_kv={want.shape[1]}, S={end}, "
                          f"D_h={want.shape[3]}]"), hint)
+        wrong = {m: (lambda s=s, i=i: s.last[i]) for m, s in sims.items()}
+        if isinstance(t, torch.Tensor) and t.dim() == 4 and t.shape[1] > want.shape[1] and \
+                t.shape[1] % want.shape[1] == 0:    # the KV heads, repeated for the query heads
+            wrong[RETURNS_REPEATED] = want.repeat_interleave(t.shape[1] // want.shape[1], 1)
         c.expect_tensor(t, want, what=_("{what} from {call}").format(what=what, call=label),
-                        dims=dims,
-                        wrong={m: (lambda s=s, i=i: s.last[i]) for m, s in sims.items()})
+                        dims=dims, wrong=wrong)
     if set(_storages(cache)) != set(storages):
         c.fail(_("after {call} the cache holds different tensors than it was created with.")
                .format(call=label),
@@ -318,7 +325,6 @@ def _expect_update(c: Check, cache, storages, sims, layer, k, v, start, want_k, 
                     _("{what} from {call} is not a view of the cache's preallocated tensors."))
             c.fail(text.format(what=what, call=label),
                    NEW_ONLY if same else COPY.with_text(_(COPY).format(what=what)))
-
 
 
 # --------------------------------------------------------------------------------------------

@@ -81,8 +81,9 @@ def _scenario(c: Check, kind: str, batch: int, p: int, n: int):
         want = gen.generate(params, cfg, prompt, n)
         if n and _greedy_margin(params, cfg, want, p) < 1e-3:
             continue
-        if n > 1 and any(torch.equal(_sim_generate(params, cfg, prompt, n, **_GENERATE_MISTAKES[m]),
-                                     want) for m in (NOT_ADVANCED, SKIPPED_SLOT, NO_OFFSET)):
+        main = (NOT_ADVANCED, SKIPPED_SLOT, NO_OFFSET, UNROTATED_STORED)
+        if n > 1 and any(torch.equal(_sim_generate(params, cfg, prompt, n,
+                                                   **_GENERATE_MISTAKES[m]), want) for m in main):
             continue
         return cfg, params, prompt, want
     return cfg, params, prompt, want

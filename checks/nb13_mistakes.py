@@ -71,6 +71,17 @@ ONE_SHORT = Mistake("returns_one_position_short", N_(
     "returned one position too few: positions 0 .. start_pos+T-1 are start_pos+T of them"))
 SWAPPED = Mistake("returns_values_and_keys_swapped", N_(
     "returned (values, keys): update returns (k_all, v_all), keys first"))
+V_NOT_WRITTEN = Mistake("v_not_written", N_(
+    "wrote the new K into the cache but not the new V: v_all holds what the V buffer held before "
+    "(zeros); write v at start_pos .. start_pos+T-1 of the layer's V buffer too"))
+RETURNS_REPEATED = Mistake("returns_repeated_heads", N_(
+    "returned K/V repeated for every query head (N_h heads): update returns the cache's N_kv KV "
+    "heads as they are stored, and grouped_query_attention shares them among the query heads by "
+    "itself"))
+OVERFLOW_IGNORES_T = Mistake("overflow_check_ignores_t", N_(
+    "raised ValueError only when start_pos itself is past the end: a chunk of T new tokens "
+    "overflows as soon as start_pos + T > max_seq_len, so check the end of the chunk, not its "
+    "start"))
 NO_OVERFLOW = Mistake("no_overflow_check", N_(
     "wrote past max_seq_len without raising: check `start_pos + T > max_seq_len` and raise "
     "ValueError (slicing silently stops at the end of the buffer)"))
@@ -117,6 +128,11 @@ UNROTATED_STORED = Mistake("cache_stores_k_before_rope", N_(
 UNROTATED_RECOMPUTED = Mistake("cache_stores_k_before_rope_rotates_again", N_(
     "the cache stores K before RoPE (and every cached key is rotated again at every step): rotate "
     "the new K first, then store it; cached keys are already rotated and are used as they are"))
+POSITIONS_PLUS_ONE = Mistake("positions_one_too_far", N_(
+    "rotated the new tokens by positions start_pos + 1 .. start_pos + T, one too far (positions "
+    "counted from 1): attention sees only differences of positions, so the logits hide it, but "
+    "the cache holds every key rotated by the wrong position; positions = "
+    "torch.arange(start_pos, start_pos + T)"))
 SCALE_BY_H = Mistake("scaled_by_sqrt_h", N_(
     "scaled the scores by 1/sqrt(H) = 1/sqrt(N_h * D_h), the width of all heads together; each "
     "head scales its scores by 1/sqrt(D_h), its own width (cfg.head_dim)"))
