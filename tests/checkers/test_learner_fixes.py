@@ -29,6 +29,7 @@ import pytest
 import torch
 
 from checks import nb04, nb05, nb06, nb11, nb13
+from checks.nb13_mistakes import NO_OFFSET
 from checks import reference as ref
 from checks.config import ModelConfig
 from checks.context import LANG_ENV
@@ -316,19 +317,17 @@ def generate(params, cfg, prompt_ids, max_new_tokens, *, use_cache=True, tempera
 def test_chapter_13_says_fix_forward_with_cache_first():
     ns = learner(_forward_with_cache("torch.arange(T)", "math.sqrt(cfg.head_dim)")
                  + _CH13_GENERATE_ONE_TOO_FAR, **_CH13_PIECES)
-    text = str(failure_of(nb13.check_generate, ns["generate"]))
-    assert "your forward_with_cache does not pass its own check (decode positions not " \
-           "offset" in text
-    assert "generate is built on it, so fix forward_with_cache first" in text
+    failure = failure_of(nb13.check_generate, ns["generate"])
+    assert failure.mistake == "13.generate.fix_forward_with_cache_first", str(failure)
+    assert str(NO_OFFSET) in str(failure)     # the helper's own problem, named
 
 
 def test_chapter_13_keeps_its_own_diagnosis_when_forward_with_cache_is_right():
     ns = learner(_forward_with_cache("torch.arange(start_pos, start_pos + T)",
                                      "math.sqrt(cfg.head_dim)")
                  + _CH13_GENERATE_ONE_TOO_FAR, **_CH13_PIECES)
-    text = str(failure_of(nb13.check_generate, ns["generate"]))
-    assert "start_pos one too far in the decode steps" in text
-    assert "does not pass its own check" not in text
+    failure = failure_of(nb13.check_generate, ns["generate"])
+    assert failure.mistake == "13.generate.start_pos_one_too_far", str(failure)
 
 
 # --------------------------------------------------------------------------------------------
@@ -430,8 +429,8 @@ def decoder_block(x, layer, cfg, positions):
 def test_chapter_13_names_the_scale_by_sqrt_h(seed):
     ns = learner(_forward_with_cache("torch.arange(start_pos, start_pos + T)",
                                      "math.sqrt(cfg.hidden_size)"), **_CH13_PIECES)
-    text = str(failure_of(nb13.check_forward_with_cache, ns["forward_with_cache"], seed))
-    assert "scaled the scores by 1/sqrt(H)" in text
+    failure = failure_of(nb13.check_forward_with_cache, ns["forward_with_cache"], seed)
+    assert failure.mistake == "13.forward_with_cache.scaled_by_sqrt_h", str(failure)
 
 
 def test_chapter_13_scores_by_hand_with_sqrt_d_h_pass():
