@@ -188,6 +188,9 @@ _NO_EPS_RMS = Mistake("left_out_eps", N_(
     "sqrt(mean(x²) + eps)"))
 _EPS_IGNORED = Mistake("ignored_eps_argument", N_(
     "ignored the `eps` argument and used 1e-5 anyway"))
+_DEFAULT_EPS = Mistake("default_eps_1e6", N_(
+    "the default eps is 1e-5 (`def ...(..., eps=1e-5)`), as the chapter states; yours seems to "
+    "be 1e-6 (the value some LLaMA configurations set)"))
 _NO_GAMMA = Mistake("left_out_gamma", N_(
     "left out gamma: the normalised x is multiplied elementwise by gamma"))
 _NO_BETA = Mistake("left_out_beta", N_(
@@ -266,6 +269,8 @@ def _layer_norm_mixups(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor,
     })
     if eps != 1e-5:
         variants[_EPS_IGNORED] = lambda: ((xd - mu) / (var + 1e-5).sqrt() * g + b).to(dt)
+    else:
+        variants[_DEFAULT_EPS] = lambda: ((xd - mu) / (var + 1e-6).sqrt() * g + b).to(dt)
     if dt == torch.float64 and float32_variant:
         # A float32 tensor: the engine compares a variant at the variant's own dtype tolerance.
         variants[_FLOAT32_LN] = lambda: ref.layer_norm(x.float(), gamma.float(), beta.float(),
@@ -417,6 +422,8 @@ def _rms_norm_mixups(x: torch.Tensor, gamma: torch.Tensor, eps: float, *,
     })
     if eps != 1e-5:
         variants[_EPS_IGNORED] = lambda: (xd / (ms + 1e-5).sqrt() * g).to(dt)
+    else:
+        variants[_DEFAULT_EPS] = lambda: (xd / (ms + 1e-6).sqrt() * g).to(dt)
     return variants
 
 

@@ -177,6 +177,15 @@ def _ln_eps_ignored(x, gamma, beta, eps=1e-5):
     return layer_norm_two_pass(x, gamma, beta)
 
 
+def _ln_default_eps_1e6(x, gamma, beta, eps=1e-6):
+    return layer_norm_two_pass(x, gamma, beta, eps)
+
+
+def _ln_std_biased_plus_eps(x, gamma, beta, eps=1e-5):
+    mean = x.mean(-1, keepdim=True)
+    return gamma * (x - mean) / (x.std(-1, keepdim=True, unbiased=False) + eps) + beta
+
+
 def _ln_no_eps_keyword(x, gamma, beta):
     return layer_norm_two_pass(x, gamma, beta)
 
@@ -229,6 +238,10 @@ def _rms_mean_subtracted(x, gamma, eps=1e-5):
 def _rms_gamma_inside(x, gamma, eps=1e-5):
     y = x.float() * gamma
     return (y / torch.sqrt(y.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def _rms_default_eps_1e6(x, gamma, eps=1e-6):
+    return rms_norm_rsqrt(x, gamma, eps)
 
 
 def _rms_eps_ignored(x, gamma, eps=1e-5):
@@ -355,6 +368,9 @@ WRONG = {
         Wrong("divides by the variance", _ln(denom=lambda v, e: v + e),
               "10.layer_norm.divided_by_variance"),
         Wrong("eps argument ignored", _ln_eps_ignored, "10.layer_norm.ignored_eps_argument"),
+        Wrong("default eps 1e-6", _ln_default_eps_1e6, "10.layer_norm.default_eps_1e6"),
+        Wrong("std(unbiased=False) + eps", _ln_std_biased_plus_eps,
+              "10.layer_norm.eps_outside_sqrt"),
         Wrong("no eps keyword", _ln_no_eps_keyword, "10.layer_norm.no_eps_keyword"),
         Wrong("one-pass variance E[x²] - E[x]²", _ln_one_pass, "10.layer_norm.one_pass_variance"),
         Wrong("float32 inside for float64", _ln_float32, "10.layer_norm.computed_in_float32"),
@@ -375,6 +391,7 @@ WRONG = {
               "10.rms_norm.eps_outside_sqrt"),
         Wrong("no eps", _rms(denom=lambda m, e: torch.sqrt(m)), "10.rms_norm.left_out_eps"),
         Wrong("eps argument ignored", _rms_eps_ignored, "10.rms_norm.ignored_eps_argument"),
+        Wrong("default eps 1e-6", _rms_default_eps_1e6, "10.rms_norm.default_eps_1e6"),
         Wrong("mean subtracted", _rms_mean_subtracted, "10.rms_norm.subtracted_mean"),
         Wrong("gamma ignored", _rms(combine=lambda n, g: n), "10.rms_norm.left_out_gamma"),
         Wrong("gamma added", _rms(combine=lambda n, g: n + g), "10.rms_norm.added_gamma"),
