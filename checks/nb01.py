@@ -305,6 +305,8 @@ def check_tensor_shape(f, *, seed: int | None = None, thorough: bool = False) ->
                                                  "{config}").format(name=repr(name), b=b, s=s,
                                                                     config=_short(cfg)),
                                wrong=_shape_mixups(name, cfg, b, s))
+        c.headline(_("the shape of every tensor name"))
+        c.headline(_("configs that set head_dim themselves"))
         try:
             c.call("not_a_tensor", configs[0], b, s)
         except LearnerError as err:

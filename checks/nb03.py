@@ -18,7 +18,7 @@ _NOT_BOOL = Mistake("not_bool", N_(
     "dtype=torch.bool; 0/1 integers or floats are a different kind of mask"))
 _NO_DEFAULT = Mistake("k_len_without_default", N_(
     "k_len is optional: `def f(q_len, k_len=None)`, and k_len = q_len when it is not given"),
-    raises=[("TypeError", r"argument")])
+    raises=[("TypeError", r"missing 1 required positional argument")])
 _TOP_LEFT = Mistake("top_left_aligned", N_(
     "top-left aligned (`torch.tril(torch.ones(q_len, k_len))`): the queries are the LAST q_len "
     "of the k_len positions, so query i sits at position k_len - q_len + i and sees keys 0 ..= "
@@ -245,7 +245,7 @@ _FIRST_TWO = Mistake("first_two_masks_only", N_(
     "combined only the first two masks: AND every mask given, `for m in masks[1:]: out = out & m`"))
 _VARARGS = Mistake("fixed_number_of_masks", N_(
     "accept any number of masks, `def combine_masks(*masks)`, and AND them all together (one "
-    "mask alone comes back unchanged)"), raises=[("TypeError", r"argument")])
+    "mask alone comes back unchanged)"), raises=[("TypeError", r"positional argument")])
 _BROADCAST = Mistake("masks_not_broadcast", N_(
     "masks of different shapes must broadcast against each other: `a & b` broadcasts; stacking "
     "them, or writing into the first one with `&=`, does not"),
