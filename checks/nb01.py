@@ -208,8 +208,10 @@ def _broken_configs(good: ModelConfig):
             "n_heads": dict(n_heads=0, head_dim=8, rotary_dim=8), "n_kv_heads": dict(n_kv_heads=0)}
     for table, mistake in ((negative, ACCEPTS_NONPOSITIVE), (zero, ACCEPTS_ZERO)):
         for name, changes in table.items():
-            # a head_dim <= 0 makes rotary_dim (at most head_dim) non-positive too
-            fields = ("head_dim", "rotary_dim") if name == "head_dim" else (name,)
+            # a head_dim <= 0 makes rotary_dim (at most head_dim) non-positive too, and n_kv_heads
+            # goes negative with n_heads (so that n_heads % n_kv_heads == 0)
+            fields = {"head_dim": ("head_dim", "rotary_dim"),
+                      "n_heads": ("n_heads", "n_kv_heads")}.get(name, (name,))
             yield (*changed(**changes), fields, _("{name} positive").format(name=name),
                    mistake)
 
