@@ -292,8 +292,8 @@ def check_KVCache(cls, *, seed: int | None = None, thorough: bool = False) -> No
 def check_forward_with_cache(f, *, seed: int | None = None, thorough: bool = False) -> None:
     from .nb13_cache import (_FORWARD_MISTAKES, _CacheHandle, _diagnose_raise, _no_reference,
                              _params, _plans, _RecordingCache, _replay)
-    from .nb13_mistakes import (LAYER_NOT_CACHED, POSITIONS_PLUS_ONE, UNROTATED_RECOMPUTED,
-                                UNROTATED_STORED, UPDATE_TWICE)
+    from .nb13_mistakes import (LAST_ONLY, LAYER_NOT_CACHED, POSITIONS_PLUS_ONE,
+                                UNROTATED_RECOMPUTED, UNROTATED_STORED, UPDATE_TWICE)
 
     with Check("forward_with_cache", f, seed=seed) as c:
         _no_reference(c, gen.forward_with_cache, gen.generate)
@@ -343,9 +343,9 @@ def check_forward_with_cache(f, *, seed: int | None = None, thorough: bool = Fal
                 def variant(mistake, done=done):
                     return _replay(tokens, params, cfg, batch, s_max, done, mistake)[0][-1]
 
-                c.expect_tensor(got, full[:, s:e], what=what, dims=("B", "T", "V"),
-                                wrong={m: (lambda m=m: variant(_FORWARD_MISTAKES[m]))
-                                       for m in _FORWARD_MISTAKES})
+                wrong = {m: (lambda m=m: variant(_FORWARD_MISTAKES[m])) for m in _FORWARD_MISTAKES}
+                wrong[LAST_ONLY] = full[:, e - 1:e]
+                c.expect_tensor(got, full[:, s:e], what=what, dims=("B", "T", "V"), wrong=wrong)
                 # What the call left in the cache: K after RoPE and V, positions 0 .. e-1.
                 for layer in range(cfg.n_layers):
                     for i, name in ((0, "K"), (1, "V")):
@@ -375,11 +375,11 @@ def check_generate(f, *, seed: int | None = None, thorough: bool = False) -> Non
     from .nb13_cache import _no_reference
     from .nb13_generate import (_check_sampling, _check_steps, _check_uncached_calls,
                                 _counting_params, _generate_mixups, _Recorder, _scenario)
-    from .nb13_mistakes import FORWARD_FOR_NOTHING, PROMPT_CHANGED
+    from .nb13_mistakes import DECODE_IDS_1D, FORWARD_FOR_NOTHING, PROMPT_CHANGED
 
     earlier = {"KVCache": check_KVCache, "forward_with_cache": check_forward_with_cache}
-    with builds_on("generate", earlier), \
-            Check("generate", f, seed=seed, in_place=PROMPT_CHANGED) as c:
+    with builds_on("generate", earlier), Check(
+            "generate", f, seed=seed, errors=[DECODE_IDS_1D], in_place=PROMPT_CHANGED) as c:
         _no_reference(c, gen.generate)
         batch, p = c.sizes(2, 2, 5)
         trials = [("gqa", batch, p + 2, c.randint(5, 8)), ("mqa", 1, c.randint(2, 6),

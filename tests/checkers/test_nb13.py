@@ -416,7 +416,7 @@ KV_WRONG = [
 
 def _forward(token_ids, params, cfg, cache, start_pos, *, offset=True, mask="bottom_right",
              store="rotated", use_returned=True, repeat=False, update_start=None,
-             only_layer=None, scale_h=False, first_position=0):
+             only_layer=None, scale_h=False, first_position=0, last_only=False):
     t = token_ids.shape[1]
     end = start_pos + t
     positions = torch.arange(start_pos, end) if offset else torch.arange(t)
@@ -452,6 +452,8 @@ def _forward(token_ids, params, cfg, cache, start_pos, *, offset=True, mask="bot
         x = x + ref.merge_heads(out) @ layer["wo"]
         x = x + ref.swiglu_ffn(ref.rms_norm(x, layer["ffn_norm"], cfg.norm_eps),
                                layer["w_gate"], layer["w_up"], layer["w_down"])
+    if last_only:   # chapter 12's last_only, where every position's logits are asked for
+        x = x[:, -1:]
     return ref.rms_norm(x, params["final_norm"], cfg.norm_eps) @ params["lm_head"]
 
 
@@ -493,6 +495,8 @@ FORWARD_WRONG = [
           "13.forward_with_cache.scaled_by_sqrt_h"),
     Wrong("positions counted from 1", _fwd(first_position=1),
           "13.forward_with_cache.positions_one_too_far"),
+    Wrong("logits of the last position only", _fwd(last_only=True),
+          "13.forward_with_cache.returns_last_position_only"),
 ]
 
 
@@ -519,7 +523,8 @@ def _generate(params, cfg, prompt_ids, max_new_tokens, *, use_cache=True, temper
                 logits = forward(prompt_ids, params, cfg, cache, 0)
             else:
                 start = {"not advanced": p, "skip": p + step}.get(mistake, p + step - 1)
-                logits = forward(tokens[:, -1:], params, cfg, cache, start)
+                last = tokens[:, -1] if mistake == "1-D decode tokens" else tokens[:, -1:]
+                logits = forward(last, params, cfg, cache, start)
             row = logits[:, 0] if mistake == "first position" and step == 0 else logits[:, -1]
             nxt = sample_next_token(
                 row, temperature=0.0 if mistake == "greedy always" else temperature,
@@ -614,6 +619,10 @@ GENERATE_WRONG = [
           "13.generate.cache_stores_k_before_rope"),
     Wrong("forward ignores the cache", _gen(forward=_fwd(use_returned=False)),
           "13.generate.ignores_the_cache"),
+    Wrong("decode tokens as [B]", _gen("1-D decode tokens"),
+          "13.generate.decode_tokens_without_sequence_axis"),
+    Wrong("decode tokens as [B], solution-style forward", _gen("1-D decode tokens", _fwd()),
+          "13.generate.decode_tokens_without_sequence_axis"),
 ]
 
 # ------------------------------------------------------------------------------------------------
