@@ -429,7 +429,7 @@ def _rms_norm_mixups(x: torch.Tensor, gamma: torch.Tensor, eps: float, *,
 
 def _expect_rms_norm(c: Check, x: torch.Tensor, gamma: torch.Tensor, *,
                      eps: float | None = None, what: str, low_precision: bool = False,
-                     bitwise: bool = False, hint_if_unknown: str | None = None) -> None:
+                     bitwise: bool = False, hint_if_unknown: Mistake | None = None) -> None:
     before = x.clone()
     eps_used = 1e-5 if eps is None else eps
     got = c.call(x, gamma) if eps is None else c.call(x, gamma, eps=eps)
