@@ -23,7 +23,8 @@ How the checks look inside:
 - `generate`: the token embedding table is handed over as a tensor subclass that counts the token
   ids looked up in it, call by call: with the cache, the prompt goes through once, every later
   call carries exactly one new token per sequence, and nothing is fed after the last new token
-  (n tokens: the prefill and n - 1 decode steps); without it, one call per new token.
+  (n tokens: the prefill and n - 1 decode steps); without it, one call per new token, each over
+  the whole sequence so far (B·P, B·(P + 1), ... ids: a use_cache=False that uses the cache shows).
 - `prefill_flops`, `decode_step_bytes`, `arithmetic_intensity`: exact numbers compared with the
   reference's counts (`checks.reference.generation`). Each known mistake is the count with one
   term changed, and every random case is drawn so that the mistakes give different numbers, so a

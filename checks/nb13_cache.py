@@ -18,7 +18,15 @@ from .config import ModelConfig
 from .engine import Check, CheckFailure, LearnerError
 from .i18n import N_, _
 from .nb13 import _numbers_held, _storages
-from .nb13_mistakes import *  # noqa: F403 (the mistakes these internals name)
+from .nb13_mistakes import (AT_ZERO, CFG_MAX_LEN, COPY, DTYPE_IGNORED, IGNORED_CACHE,
+                            KV_SHARE_BUFFER, K_ONLY, NEW_ONLY, NOT_HEADS_FIRST, NOT_PREALLOCATED,
+                            NO_MASK, NO_OFFSET, NO_UPDATE_METHOD, OFFSET_PLUS_ONE, ONE_LAYER,
+                            ONE_SHORT, OWN_COUNTER, POSITIONS_PLUS_ONE, REALLOCATED,
+                            REPEATED_HEADS, REPEATED_HEADS_ALLOC, RETURNS_REPEATED, SCALE_BY_H,
+                            SHARED_BUFFER, SHARED_COUNTER, SQUARE_ALL, SQUARE_EITHER, SQUARE_NEW,
+                            SUBCLASSES_REFERENCE, SWAPPED, TOP_LEFT, UNROTATED_RECOMPUTED,
+                            UNROTATED_STORED, UPDATE_START, UP_TO_START, V_NOT_WRITTEN,
+                            WHOLE_BUFFER)
 from .reference import generation as gen
 
 FORWARD_HINT = N_("this exercise asks you to write the cached forward pass yourself from the "

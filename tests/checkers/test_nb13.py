@@ -337,6 +337,15 @@ class SharedKVCache(ListCache):
         self.v = self.k
 
 
+class OneTensorForKAndVCache(ListCache):
+    """One [L, B, N_kv, S_max, D_h] tensor, given out as both K and V."""
+
+    def __init__(self, cfg, batch_size, max_seq_len, dtype=torch.float32, device=None):
+        super().__init__(cfg, batch_size, max_seq_len, dtype, device)
+        buffer = torch.zeros(cfg.n_layers, *self.k[0].shape, dtype=dtype)
+        self.k, self.v = buffer, buffer
+
+
 class ContiguousCache(ListCache):
     """Returns `.contiguous()` slices: copies, since a slice of the position axis is not."""
 
@@ -402,6 +411,8 @@ KV_WRONG = [
     Wrong("reallocates in update", ReallocatingCache, "13.KVCache.replaces_buffers_in_update"),
     Wrong("subclasses the reference", SubclassedReference, "13.KVCache.subclasses_reference"),
     Wrong("K and V share one buffer", SharedKVCache, "13.KVCache.k_and_v_share_one_buffer"),
+    Wrong("one tensor as K and V", OneTensorForKAndVCache,
+          "13.KVCache.k_and_v_share_one_buffer"),
     Wrong("returns .contiguous() copies", ContiguousCache, "13.KVCache.returns_copies"),
     Wrong("returns torch.cat of cached and new", CatReturnCache, "13.KVCache.returns_copies"),
     Wrong("returns repeated KV heads", RepeatedReturnCache, "13.KVCache.returns_repeated_heads"),
