@@ -198,7 +198,6 @@ def _looked_up(func, args, kwargs) -> int | None:
     return None
 
 
-
 # --------------------------------------------------------------------------------------------
 # Exercise 1: KVCache
 

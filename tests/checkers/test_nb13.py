@@ -597,6 +597,16 @@ def _uncached_by_fresh_caches(params, cfg, prompt_ids, max_new_tokens, *, use_ca
     return tokens
 
 
+def _rolls_the_prompt(params, cfg, prompt_ids, max_new_tokens, *, use_cache=True,
+                      temperature=0.0, generator=None):
+    """Right tokens, but the prompt's tensor doubles as a rolling window of the last P tokens."""
+    out = _generate(params, cfg, prompt_ids, max_new_tokens, use_cache=use_cache,
+                    temperature=temperature, generator=generator)
+    if max_new_tokens:
+        prompt_ids.copy_(out[:, -prompt_ids.shape[1]:])
+    return out
+
+
 def _calls_reference_generate(params, cfg, prompt_ids, max_new_tokens, **kwargs):
     return ref.generate(params, cfg, prompt_ids, max_new_tokens, **kwargs)
 
@@ -630,6 +640,8 @@ GENERATE_WRONG = [
           "13.generate.cache_stores_k_before_rope"),
     Wrong("forward ignores the cache", _gen(forward=_fwd(use_returned=False)),
           "13.generate.ignores_the_cache"),
+    Wrong("keeps a rolling window in prompt_ids", _rolls_the_prompt,
+          "13.generate.changes_prompt_in_place"),
     Wrong("decode tokens as [B]", _gen("1-D decode tokens"),
           "13.generate.decode_tokens_without_sequence_axis"),
     Wrong("decode tokens as [B], solution-style forward", _gen("1-D decode tokens", _fwd()),
