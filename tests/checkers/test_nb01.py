@@ -138,6 +138,11 @@ WRONG = {
               '01.validate_config.rejects_rotary_dim_equal_head_dim'),
         Wrong("rotary only even", _validate_with(rotary_max=lambda r, d: False),
               '01.validate_config.accepts_rotary_dim_over_head_dim'),
+        Wrong("rotary_dim must be head_dim", _validate_with(rotary_max=lambda r, d: r != d),
+              '01.validate_config.rejects_partial_rotary'),
+        Wrong("requires fewer KV heads", _validate_with(
+            kv=lambda c: c.n_heads % c.n_kv_heads or c.n_kv_heads == c.n_heads),
+              '01.validate_config.rejects_valid_config'),
         Wrong("head_dim tied to H", _validate_with(extra=_head_dim_must_divide),
               '01.validate_config.rejects_explicit_head_dim'),
         Wrong("rejects GQA", lambda cfg: (_ for _ in ()).throw(ValueError("n_kv_heads"))
@@ -162,6 +167,19 @@ WRONG = {
         Wrong("cache without the 2", _tensor_shape_with(
             "kv_cache_layer", lambda c, b, s: (b, c.n_kv_heads, s, c.head_dim)),
               '01.tensor_shape.cache_without_k_and_v'),
+        Wrong("Q with N_kv heads", _tensor_shape_with(
+            "q", lambda c, b, s: (b, c.n_kv_heads, s, c.head_dim)),
+              '01.tensor_shape.q_with_n_kv_heads'),
+        Wrong("scores without heads", _tensor_shape_with("scores", lambda c, b, s: (b, s, s)),
+              '01.tensor_shape.scores_without_heads'),
+        Wrong("weights without heads", _tensor_shape_with(
+            "attn_weights", lambda c, b, s: (b, s, s)), '01.tensor_shape.weights_without_heads'),
+        Wrong("attn_out heads-first", _tensor_shape_with(
+            "attn_out", lambda c, b, s: (b, c.n_heads, s, c.head_dim)),
+              '01.tensor_shape.attn_out_not_concatenated'),
+        Wrong("cache with N_h", _tensor_shape_with(
+            "kv_cache_layer", lambda c, b, s: (2, b, c.n_heads, s, c.head_dim)),
+              '01.tensor_shape.cache_with_n_heads'),
         Wrong("scores per KV head", _tensor_shape_with(
             "scores", lambda c, b, s: (b, c.n_kv_heads, s, s)),
               '01.tensor_shape.scores_per_kv_head'),

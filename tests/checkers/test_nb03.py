@@ -210,6 +210,8 @@ WRONG = {
         Wrong("expanded over the queries",
               lambda am: am[:, None, None, :].expand(-1, 1, am.shape[1], -1),
               '03.padding_mask.expanded_over_queries'),
+        Wrong("unsqueeze_ in place", lambda am: am.unsqueeze_(1).unsqueeze_(1),
+              '03.padding_mask.changed_attention_mask'),
         Wrong("[B, S, 1, 1]", lambda am: am[..., None, None],
               '03.padding_mask.sequence_on_wrong_axis'),
     ],
@@ -233,6 +235,8 @@ WRONG = {
         Wrong("BERT-style (1 - mask) * -10000", _additive_bert_style,
               '03.to_additive_mask.large_finite_number'),
         Wrong("inverted signs", _additive_inverted, '03.to_additive_mask.inverted_signs'),
+        Wrong("always float64", lambda mask, dtype=torch.float32: ref.to_additive_mask(
+            mask, torch.float64), '03.to_additive_mask.wrong_dtype'),
         Wrong("dtype ignored", _additive_ignores_dtype, '03.to_additive_mask.ignored_dtype'),
         Wrong("(1 - mask) * -inf", _additive_times_inf, '03.to_additive_mask.multiplied_by_inf'),
         Wrong("0/1 numbers", lambda mask, dtype=torch.float32: mask.to(dtype),
