@@ -42,6 +42,9 @@ _ONE_AHEAD = Mistake("sees_one_future_key", N_(
 _TRANSPOSED = Mistake("transposed", N_(
     "transposed: rows are queries and columns are keys, so the mask is [q_len, k_len] and row i "
     "is True up to and including query i's own position"))
+_SQUEEZED = Mistake("squeezed_query_axis", N_(
+    "squeezed the mask of one query: it is still [q_len, k_len] = [1, k_len], one row per "
+    "query; drop the .squeeze()"))
 _IGNORED_K_LEN = Mistake("ignored_k_len", N_(
     "ignored k_len: the mask has one row per query and one column per key, [q_len, k_len]"))
 
@@ -96,6 +99,8 @@ def _causal_mixups(q: int, k: int) -> dict:
     if q != k:
         mixups[_IGNORED_K_LEN] = ref.causal_mask(q)
         mixups[_SHIFT_SIGN] = ones.tril(q - k)
+    if q == 1:
+        mixups[_SQUEEZED] = want.squeeze()
     return mixups
 
 
@@ -145,12 +150,15 @@ _BI_TRANSPOSED = Mistake("transposed", N_(
 
 
 def _bidirectional_mixups(q: int, k: int) -> dict:
-    return {
+    mixups = {
         _BI_CAUSAL: ref.causal_mask(q, k),
         _BI_INVERTED: torch.zeros(q, k, dtype=torch.bool),
         _BI_K_LEN: torch.ones(q, q, dtype=torch.bool),
         _BI_TRANSPOSED: torch.ones(k, q, dtype=torch.bool),
     }
+    if q == 1:
+        mixups[_SQUEEZED] = torch.ones(q, k, dtype=torch.bool).squeeze()
+    return mixups
 
 
 def check_bidirectional_mask(f, *, seed: int | None = None, thorough: bool = False) -> None:

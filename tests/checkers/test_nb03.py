@@ -183,6 +183,8 @@ WRONG = {
         Wrong("int mask", _causal_long, '03.causal_mask.not_bool'),
         Wrong("ignores k_len", _causal_ignores_k_len, '03.causal_mask.ignored_k_len'),
         Wrong("transposed", _causal_transposed, '03.causal_mask.transposed'),
+        Wrong("squeezed", lambda q, k=None: ref.causal_mask(q, k).squeeze(),
+              '03.causal_mask.squeezed_query_axis'),
         Wrong("diagonal shifted by q - k", _causal_shift_sign,
               '03.causal_mask.diagonal_shifted_wrong_way'),
         Wrong("k_len without a default", lambda q, k: ref.causal_mask(q, k),
@@ -195,6 +197,8 @@ WRONG = {
         Wrong("k_len without a default", lambda q, k: torch.ones(q, k, dtype=torch.bool),
               '03.bidirectional_mask.k_len_without_default'),
         Wrong("all False", _bi_zeros, '03.bidirectional_mask.inverted'),
+        Wrong("squeezed", lambda q, k=None: torch.ones(q, _k(q, k), dtype=torch.bool).squeeze(),
+              '03.bidirectional_mask.squeezed_query_axis'),
         Wrong("transposed", _bi_transposed, '03.bidirectional_mask.transposed'),
     ],
     nb03.check_padding_mask: [
