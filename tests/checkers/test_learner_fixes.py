@@ -169,9 +169,8 @@ def attention(q, k, v, mask=None):                # own scores inline; transpose
     weights = masked_softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), mask)
     return weights.transpose(-2, -1) @ v, weights
 """)
-    text = str(failure_of(_check_attention_with_helpers(ns), ns["attention"]))
-    assert "attention_scores does not pass" not in text
-    assert "transposed weights (A^T V)" in text
+    failure = failure_of(_check_attention_with_helpers(ns), ns["attention"])
+    assert failure.mistake == "04.attention.transposed_weights_times_v"
 
 
 def test_chapter_04_blames_a_broken_helper_attention_calls():
@@ -180,9 +179,9 @@ def attention(q, k, v, mask=None):
     weights = masked_softmax(attention_scores(q, k), mask)
     return weights @ v, weights
 """)
-    text = str(failure_of(_check_attention_with_helpers(ns), ns["attention"]))
-    assert "your attention_scores does not pass its own check (forgot the scale" in text
-    assert "fix attention_scores first" in text
+    failure = failure_of(_check_attention_with_helpers(ns), ns["attention"])
+    assert failure.mistake == "04.attention.fix_attention_scores_first"
+    assert str(nb04.NO_SCALE) in str(failure.hint)  # the helper's own mistake, told
 
 
 _CH05 = """
@@ -209,9 +208,8 @@ def multi_head_attention(x, w_qkv, w_o, n_heads, mask=None):
 @pytest.mark.parametrize("exercise", ["split_qkv", "multi_head_attention"])
 def test_chapter_05_says_fix_split_heads_first(exercise):
     ns = learner(_CH05, attention=ref.attention)
-    text = str(failure_of(getattr(nb05, f"check_{exercise}"), ns[exercise]))
-    assert "your split_heads does not pass its own check" in text
-    assert f"{exercise} is built on it, so fix split_heads first" in text
+    failure = failure_of(getattr(nb05, f"check_{exercise}"), ns[exercise])
+    assert failure.mistake == f"05.{exercise}.fix_split_heads_first"
 
 
 _CH11_PIECES = dict(rms_norm=ref.rms_norm, split_qkv=ref.split_qkv, merge_heads=ref.merge_heads,
@@ -451,9 +449,10 @@ def multi_head_attention(x, w_qkv, w_o, n_heads, mask=None):
     weights = masked_softmax(q @ k.transpose(-2, -1) / math.sqrt(h), mask)
     return merge_heads(weights @ v) @ w_o
 """, split_qkv=ref.split_qkv, merge_heads=ref.merge_heads, masked_softmax=ref.masked_softmax)
-    assert "sqrt(H)" in str(failure_of(nb04.check_attention_scores, ns["attention_scores"]))
-    assert "1/sqrt(H)" in str(failure_of(nb05.check_multi_head_attention,
-                                         ns["multi_head_attention"]))
+    assert failure_of(nb04.check_attention_scores, ns["attention_scores"]).mistake == \
+        "04.attention_scores.scaled_by_sqrt_h"
+    assert failure_of(nb05.check_multi_head_attention, ns["multi_head_attention"]).mistake == \
+        "05.multi_head_attention.scaled_by_sqrt_h"
 
 
 # --------------------------------------------------------------------------------------------
