@@ -506,6 +506,9 @@ def check_arithmetic_intensity(f, *, seed: int | None = None, thorough: bool = F
             got = c.call(flops, nbytes)
             want = flops / nbytes
             what = f"arithmetic_intensity(flops={flops}, num_bytes={nbytes})"
+            if isinstance(got, torch.Tensor):      # a number, but in a tensor
+                c.fail(_("{what} is {got} of type {kind}; expected a float.").format(
+                    what=what, got=repr(got), kind=type(got).__name__), NOT_A_FLOAT)
             if not isinstance(got, numbers.Real) or isinstance(got, bool) or \
                     not math.isclose(float(got), want, rel_tol=1e-9):
                 hint = c.diagnose(got, intensity_mixups(flops, nbytes), 0.0, 0.0)

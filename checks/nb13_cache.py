@@ -376,8 +376,9 @@ class _RecordingCache(gen.KVCache):
                      "{n_kv}.").format(call=f"cache.update(layer_idx={layer_idx}, ...)",
                                        heads=heads, n_kv=cfg.n_kv_heads,
                                        shapes=f"k {list(k.shape)}, v {list(v.shape)}"),
-                   REPEATED_HEADS if heads == cfg.n_heads else
-                   NOT_HEADS_FIRST)
+                   NOT_HEADS_FIRST if k.shape[1] == t and k.dim() == 4 and
+                   k.shape[2] == cfg.n_kv_heads else     # [B, T, N_kv, D_h]
+                   REPEATED_HEADS if heads == cfg.n_heads else NOT_HEADS_FIRST)
         if tuple(k.shape) != tuple(v.shape) or k.shape[2] != t or k.shape[3] != cfg.head_dim:
             c.fail(_("{call} got k {k} and v {v}; expected [B, N_kv, T, D_h] with T={t}, the "
                      "new tokens.").format(call=f"cache.update(layer_idx={layer_idx}, ...)",
