@@ -7,7 +7,7 @@ ORACLE := $(VENV)/.installed-oracle
 MODEL  := $(VENV)/.installed-model
 CORPUS := $(VENV)/.installed-corpus
 
-.PHONY: lab setup test test-fast release release-check
+.PHONY: lab setup test test-fast release release-check messages
 
 # Learners: set up .venv when missing, then open JupyterLab on the learner notebooks.
 lab: $(STAMP) $(MODEL) $(CORPUS)
@@ -84,6 +84,13 @@ $(MODEL): $(STAMP)
 # course directory; chapters whose source is gone are removed from notebooks/.
 release: $(STAMP)
 	$(PY) -m checks.tools.release
+
+# The message catalogues (checks/locale): extract checks.pot (pybabel extract -w 100 --no-location
+# --omit-header --sort-output), update every language's checks.po (babel's write_po, width 100,
+# sorted: the committed layout), compile checks.mo. Exit 1, naming the first, while a message has
+# no translation: write it in the .po, then run it again. Languages: checks/i18n.py's LANGUAGES.
+messages: $(STAMP)
+	$(PY) -m checks.tools.translate --messages
 
 # Exit 1, naming the chapters, when the committed notebooks/ is out of date.
 release-check: $(STAMP)

@@ -323,7 +323,9 @@ def translate_notebook(nb: dict, cells: dict[str, dict], chapter: str
         if entry["sha256"] != source_hash(cell):
             problem("stale")
         elif cell["cell_type"] == "markdown":
-            if "text" in entry:
+            if "text" in entry and not entry["text"].strip():
+                problem("missing")  # written by checks.tools.translate, not yet filled in
+            elif "text" in entry:
                 cell["source"] = entry["text"]
             else:
                 problem("malformed", 'a markdown cell needs "text"')
