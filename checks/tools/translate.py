@@ -208,27 +208,33 @@ def update_catalogue(pot: Path, po: Path, lang: str) -> list[str]:
 
         catalog = Catalog(locale=lang, domain=i18n.DOMAIN)
         po.parent.mkdir(parents=True, exist_ok=True)
+    before = ({m.id for m in catalog if m.id}, catalog.creation_date)
     catalog.update(template, no_fuzzy_matching=True, update_header_comment=False)
     catalog.obsolete.clear()
+    if {m.id for m in catalog if m.id} == before[0]:
+        catalog.creation_date = before[1]  # the same messages: no new date in the header
     write_po(catalog, po)
     return [str(m.id) for m in catalog if m.id and not m.string]
 
 
 def messages(root: Path = ROOT, pybabel: str | None = None) -> int:
-    """Extract, update every language's catalogue, compile: what `make messages` runs."""
+    """Extract, update every language's catalogue, compile: what `make messages` runs in the
+    repository `root`. 1 while a message has no translation (named), else 0."""
     pybabel = pybabel or str(Path(sys.executable).parent / "pybabel")
-    rel_pot = POT.relative_to(ROOT)
-    subprocess.run([pybabel, "extract", "-F", "babel.cfg", "-o", str(rel_pot), *EXTRACT, "."],
-                   cwd=root, check=True, stdout=subprocess.DEVNULL)
+    root = Path(root)
+    locale = root / i18n.LOCALE_DIR.relative_to(ROOT)
+    pot = locale / POT.name
+    subprocess.run([pybabel, "extract", "-F", "babel.cfg", "-o", str(pot), *EXTRACT, "."],
+                   cwd=root, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     status = 0
     for lang in i18n.translated_languages():
-        po = lang.catalogue
-        missing = update_catalogue(root / rel_pot, po, lang.code)
+        po = locale / lang.catalogue.relative_to(i18n.LOCALE_DIR)
+        missing = update_catalogue(pot, po, lang.code)
         if missing:
-            print(f"{po.relative_to(ROOT)}: {len(missing)} message(s) without a translation, "
+            print(f"{po.relative_to(root)}: {len(missing)} message(s) without a translation, "
                   f"the first: {missing[0]!r}. Write them, then run `make messages` again.")
             status = 1
-        subprocess.run([pybabel, "compile", "-d", str(i18n.LOCALE_DIR), "-D", i18n.DOMAIN,
+        subprocess.run([pybabel, "compile", "-d", str(locale), "-D", i18n.DOMAIN,
                         "-l", lang.code, "--statistics"], cwd=root, check=True)
     return status
 
