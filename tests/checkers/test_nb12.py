@@ -99,13 +99,13 @@ def _init_no_head(cfg, generator=None, dtype=torch.float32):
 
 def _forward_with(*, final_norm=True, eps=True, tied=False, blocks=None, reset=False,
                   embed_scale=False, use_positions=True, first_row=False, out=None,
-                  norm_every=False, require_positions=False):
+                  norm_every=False, require_positions=False, start=0, head_t=False):
     """A learner-style model_forward (chapter 11's decoder_block, one-hot embedding lookup, a
     matmul head), with one thing changed."""
     def forward(token_ids, params, cfg, positions):
         s = token_ids.shape[1]
         if positions is None or not use_positions:
-            positions = torch.arange(s)
+            positions = torch.arange(start, start + s)
         if first_row and positions.dim() == 2:
             positions = positions[0]
         emb = F.one_hot(token_ids, cfg.vocab_size).to(params["embed"].dtype) @ params["embed"]
@@ -120,7 +120,7 @@ def _forward_with(*, final_norm=True, eps=True, tied=False, blocks=None, reset=F
         if final_norm and not norm_every:
             x = ref.rms_norm(x, params["final_norm"], cfg.norm_eps if eps else 1e-5)
         head = params["embed"].T if tied else params["lm_head"]
-        logits = torch.einsum("bsh,hv->bsv", x, head)
+        logits = x @ head.T if head_t else torch.einsum("bsh,hv->bsv", x, head)
         return out(logits) if out else logits
 
     if require_positions:
@@ -132,7 +132,7 @@ def _forward_with(*, final_norm=True, eps=True, tied=False, blocks=None, reset=F
 
 
 def _loss_with(*, shift="right", reduction="mean", axis=-1, log=True, softmax=True, stable=True,
-               item=False, detach=False, sign=1.0):
+               item=False, detach=False, sign=1.0, log_of_softmax=False):
     """A learner-style next_token_loss (log_softmax and gather), with one thing changed."""
     def next_token_loss(logits, token_ids):
         if shift == "right":
@@ -148,6 +148,8 @@ def _loss_with(*, shift="right", reduction="mean", axis=-1, log=True, softmax=Tr
         elif not stable:
             e = torch.exp(pred)
             logp = torch.log(e / e.sum(-1, keepdim=True))
+        elif log_of_softmax:
+            logp = torch.log(torch.softmax(pred, dim=axis))
         elif log:
             logp = torch.log_softmax(pred, dim=axis)
         else:
@@ -159,6 +161,8 @@ def _loss_with(*, shift="right", reduction="mean", axis=-1, log=True, softmax=Tr
             loss = -picked.sum()
         elif reduction == "bs":
             loss = -picked.sum() / logits.shape[0] / logits.shape[1]
+        elif reduction == "sum_time":
+            loss = -picked.sum(-1).mean()
         elif reduction == "per_seq":
             loss = -picked.mean(-1)
         else:
@@ -189,8 +193,8 @@ def _sampler_with(*, greedy="argmax", temp="divide", top_k_mode="ok", fill=float
     """A learner-style sample_next_token (softmax and torch.multinomial), one thing changed."""
     def sample_next_token(logits, *, temperature=1.0, top_k=None, generator=None):
         if temperature == 0 and greedy != "divide":
-            out = logits.argmin(-1) if greedy == "argmin" else logits.argmax(-1,
-                                                                             keepdim=keepdim)
+            out = logits.argmin(-1) if greedy == "argmin" else logits.argmax(
+                0 if greedy == "axis0" else -1, keepdim=keepdim)
             return out.float() if as_float else out
         scores = logits
         if in_place:
@@ -201,10 +205,19 @@ def _sampler_with(*, greedy="argmax", temp="divide", top_k_mode="ok", fill=float
             scores = logits * temperature
         if top_k is not None and top_k_mode != "ignored":
             k = top_k + 1 if top_k_mode == "plus_one" else top_k
-            k = min(k, scores.shape[-1])
-            values = torch.topk(scores, k, dim=-1, largest=top_k_mode != "smallest").values
+            k = k if top_k_mode == "no_clamp" else min(k, scores.shape[-1])
+            top = torch.topk(scores, k, dim=-1, largest=top_k_mode != "smallest")
+            values = top.values
             if top_k_mode == "smallest":
                 drop = scores > values[..., -1:]
+            elif top_k_mode == "exact_k":     # exactly k tokens: ties with the k-th dropped
+                drop = torch.ones_like(scores, dtype=torch.bool).scatter(-1, top.indices, False)
+            elif top_k_mode == "le":
+                drop = scores <= values[..., -1:]
+            elif top_k_mode == "row0":        # row 0's threshold for every row
+                drop = scores < values[0, -1]
+            elif top_k_mode == "no_keepdim":
+                drop = scores < values[..., -1]
             else:
                 drop = scores < values[..., -1:]
             scores = scores.masked_fill(drop, fill)
@@ -224,6 +237,26 @@ def _sampler_with(*, greedy="argmax", temp="divide", top_k_mode="ok", fill=float
         out = out if keepdim else out.squeeze(-1)
         return out.float() if as_float else out
     return sample_next_token
+
+
+def _init_one_ones(cfg, generator=None, dtype=torch.float32):
+    """Every norm of the model one torch.ones tensor."""
+    params = _init(cfg, generator, dtype)
+    ones = torch.ones(cfg.hidden_size, dtype=dtype)
+    for layer in params["layers"]:
+        layer["attn_norm"] = layer["ffn_norm"] = ones
+    params["final_norm"] = ones
+    return params
+
+
+def _forward_embed_overwritten(token_ids, params, cfg, positions=None):
+    embed = params["embed"]         # the name of chapter 02's function, now a tensor
+    x = embed(token_ids, params["embed"])
+    return x @ params["lm_head"]
+
+
+def _loss_unflattened(logits, ids):
+    return F.cross_entropy(logits[:, :-1], ids[:, 1:])
 
 
 WRONG = {
@@ -248,6 +281,8 @@ WRONG = {
               '12.init_model_params.dtype_not_passed_to_blocks'),
         Wrong("new Generator() when None", _init_with(none_gen=torch.Generator),
               '12.init_model_params.new_generator_when_none'),
+        Wrong("one torch.ones for every norm", _init_one_ones,
+              "12.init_model_params.one_tensor_two_names"),
     ],
     nb12.check_model_forward: [
         Wrong("no final norm", _forward_with(final_norm=False), '12.model_forward.no_final_norm'),
@@ -270,6 +305,14 @@ WRONG = {
               '12.model_forward.last_position_only'),
         Wrong("positions required", _forward_with(require_positions=True),
               '12.model_forward.positions_required'),
+        Wrong("default positions from 1", _forward_with(start=1),
+              "12.model_forward.default_positions_not_from_zero"),
+        Wrong("x @ lm_head.T", _forward_with(head_t=True), "12.model_forward.lm_head_transposed"),
+        Wrong("embed = params['embed']", _forward_embed_overwritten,
+              "12.model_forward.function_name_overwritten"),
+        Wrong("last block skipped", _forward_with(blocks=lambda ls: ls[:-1]),
+              "12.model_forward.last_block_skipped"),
+        Wrong("no blocks", _forward_with(blocks=lambda ls: []), "12.model_forward.no_blocks"),
     ],
     nb12.check_next_token_loss: [
         Wrong("no shift", _loss_with(shift="none"), '12.next_token_loss.no_shift'),
@@ -287,6 +330,11 @@ WRONG = {
         Wrong("naive log(exp / sum exp)", _loss_with(stable=False), '12.next_token_loss.unstable_for_large_logits'),
         Wrong(".item()", _loss_with(item=True), '12.next_token_loss.returned_python_number'),
         Wrong("rebuilt with torch.tensor", _loss_with(detach=True), '12.next_token_loss.not_differentiable'),
+        Wrong("log(softmax(x))", _loss_with(log_of_softmax=True), "12.next_token_loss.log_of_softmax"),
+        Wrong("F.cross_entropy without flattening", _loss_unflattened,
+              "12.next_token_loss.cross_entropy_not_flattened"),
+        Wrong("summed over positions", _loss_with(reduction="sum_time"),
+              "12.next_token_loss.summed_over_positions"),
     ],
     nb12.check_model_param_count: [
         Wrong("LM head tied/left out", _count_with(head="none"), '12.model_param_count.one_vxh_matrix_counted'),
@@ -300,6 +348,11 @@ WRONG = {
         Wrong("MHA blocks under GQA", _count_with(mha=True), '12.model_param_count.mha_blocks'),
         Wrong("LM head bias", _count_with(bias=1), '12.model_param_count.lm_head_bias'),
         Wrong("float", _count_with(as_float=True), '12.model_param_count.returned_float'),
+        Wrong("one block", lambda cfg: _count_with(blocks=1 - cfg.n_layers)(cfg),
+              "12.model_param_count.one_block"),
+        Wrong("blocks without their norms",
+              lambda cfg: _count_with()(cfg) - 2 * cfg.hidden_size * cfg.n_layers,
+              "12.model_param_count.block_norms_left_out"),
     ],
     nb12.check_sample_next_token: [
         Wrong("T = 0 divides by zero", _sampler_with(greedy="divide"), '12.sample_next_token.divided_by_zero_temperature'),
@@ -322,6 +375,18 @@ WRONG = {
               '12.sample_next_token.generator_ignored'),
         Wrong("fixed seed inside", _sampler_with(fixed_seed=True), '12.sample_next_token.fixed_seed_inside'),
         Wrong("logits /= T in place", _sampler_with(in_place=True), '12.sample_next_token.logits_changed_in_place'),
+        Wrong("exactly k tokens (ties dropped)", _sampler_with(top_k_mode="exact_k"),
+              "12.sample_next_token.ties_dropped"),
+        Wrong("masked with <=", _sampler_with(top_k_mode="le"),
+              "12.sample_next_token.kept_k_minus_one"),
+        Wrong("row 0's threshold for every row", _sampler_with(top_k_mode="row0"),
+              "12.sample_next_token.one_threshold_for_the_batch"),
+        Wrong("topk values[..., -1] without keepdim", _sampler_with(top_k_mode="no_keepdim"),
+              "12.sample_next_token.threshold_without_keepdim"),
+        Wrong("top_k not clamped to |V|", _sampler_with(top_k_mode="no_clamp"),
+              "12.sample_next_token.top_k_larger_than_vocabulary"),
+        Wrong("argmax over the batch axis", _sampler_with(greedy="axis0"),
+              "12.sample_next_token.argmax_over_batch_axis"),
     ],
 }
 
