@@ -24,6 +24,8 @@ import nbformat  # noqa: E402
 
 from checks.tools import release  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 CHAPTERS = release.chapters()
 STUB = ["# YOUR CODE HERE", "raise NotImplementedError()"]
 SOLUTION_MARK = re.compile(r"^(\s*)### (BEGIN|END) SOLUTION\s*$")
