@@ -160,8 +160,8 @@ def check_repeat_kv(f, *, seed: int | None = None, thorough: bool = False) -> No
             got = c.call(x, n_rep)
             what = _("repeat_kv(x of {shape}, n_rep={n_rep})").format(
                 shape=f"[B={b}, N_kv={n_kv}, S={s}, D={d}]", n_rep=n_rep)
-            if isinstance(got, torch.Tensor) and got.shape == (b, n_kv * n_rep, s, d) and \
-                     got.dtype != dtype:
+            if isinstance(got, torch.Tensor) and got.shape == (b, n_kv * n_rep, s, d) \
+                    and got.dtype != dtype:
                 c.fail(_("{what} has dtype {got}, expected {want}.").format(
                     what=what, got=got.dtype, want=dtype), REPEAT_DTYPE)
             try:

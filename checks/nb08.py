@@ -52,6 +52,8 @@ POSITIONS_IGNORED = Mistake("positions_ignored", N_("ignored `positions`: used t
     "start_pos, not 0"))
 POSITIONS_FROM_1 = Mistake("positions_from_1", N_("positions counted from 1 (m + 1): use the "
     "positions exactly as given; the first token of a sequence is position 0"))
+ADDED_ARANGE = Mistake("added_arange_to_positions", N_("added arange(S) to the positions: they "
+    "are absolute already (a later chunk's are start_pos + arange(S)); use them as given"))
 DIVIDED = Mistake("divided_by_frequencies", N_("divided the positions by the frequencies: the "
     "angle is m * theta_i, a product"))
 TRANSPOSED = Mistake("transposed", N_("transposed: angles are [..., S, D_r/2], one row per "
@@ -242,7 +244,7 @@ def _freqs64(d_r: int, base: float, *, exponent: float = 2.0, first: int = 0,
 
 def _rope64(x: torch.Tensor, positions: torch.Tensor, *, base: float = 10000.0,
             rotary_dim: int | None = None, interleaved: bool = True, exponent: float = 2.0,
-            first: int = 0, freq_dim: int | None = None, shift: int = 0,
+            first: int = 0, freq_dim: int | None = None, shift: int | torch.Tensor = 0,
             ignore_positions: bool = False, first_row: bool = False, batch_on_heads: bool = False,
             direction: float = 1.0, swap: bool = False, minus: bool = True,
             rotate_last: bool = False, angle_dtype: torch.dtype | None = None,
@@ -253,12 +255,9 @@ def _rope64(x: torch.Tensor, positions: torch.Tensor, *, base: float = 10000.0,
     half = d_r // 2
     freqs = base ** (-exponent * torch.arange(first, first + half, dtype=torch.float64)
                      / (freq_dim or d_r))
-    pos = positions
-    if ignore_positions:
-        pos = torch.arange(x.shape[-2])
-    if first_row and pos.dim() == 2:
-        pos = pos[0]
-    pos = pos.to(torch.float64) + shift
+    pos = torch.arange(x.shape[-2]) if ignore_positions else positions
+    pos = pos[0] if first_row and pos.dim() == 2 else pos
+    pos = pos.to(torch.float64) + shift             # an int, or arange(S) added
     if angle_dtype is not None and angle_cast:      # float32 product, then angles cast down
         angles = (pos.float()[..., None] * freqs.float()).to(angle_dtype).double()
     elif angle_dtype is not None:                   # everything in the low dtype
@@ -268,15 +267,13 @@ def _rope64(x: torch.Tensor, positions: torch.Tensor, *, base: float = 10000.0,
     if angles.dim() == 3:
         angles = angles[None] if batch_on_heads else angles[:, None]
     cos, sin = torch.cos(angles), torch.sin(angles)
-    if swap:
-        cos, sin = sin, cos
+    cos, sin = (sin, cos) if swap else (cos, sin)
     sin = sin * direction
     start = d - d_r if rotate_last else 0
     i = torch.arange(half)
     a, b = (start + 2 * i, start + 2 * i + 1) if interleaved else (start + i, start + half + i)
     x64 = x.detach().to(torch.float64)
-    out = x64.clone()
-    xa, xb = x64[..., a], x64[..., b]
+    out, xa, xb = x64.clone(), x64[..., a], x64[..., b]
     out[..., a] = xa * cos - xb * sin if minus else xa * cos + xb * sin
     out[..., b] = xa * sin + xb * cos
     return out.to(x.dtype)
@@ -362,6 +359,7 @@ def _angle_mixups(positions: torch.Tensor, freqs: torch.Tensor) -> dict:
         _told(POSITIONS_IGNORED, N_("{mistake} (for every sequence)")): lambda: out(
             (torch.arange(s, dtype=torch.float64)[:, None] * f64).expand(*pos.shape, -1)),
         POSITIONS_FROM_1: lambda: out((pos + 1)[..., None] * f64),
+        ADDED_ARANGE: lambda: out((pos + torch.arange(s))[..., None] * f64),
         DIVIDED: lambda: out(pos[..., None] / f64),
         TRANSPOSED: lambda: out(f64[:, None] * pos[..., None, :]),
         _told(PER_FEATURE_ANGLE, N_("{mistake} (repeat_interleave)")): lambda: out(
@@ -655,6 +653,7 @@ def _rope_mixups(x: torch.Tensor, positions: torch.Tensor, base: float, rotary_d
         EXPONENT_I: v(exponent=1.0),
         INDEX_FROM_1: v(first=1),
         POSITIONS_FROM_1: v(shift=1),
+        ADDED_ARANGE: v(shift=torch.arange(x.shape[-2])),
         WRONG_WAY: v(direction=-1.0),
         SIN_COS_SWAPPED: v(swap=True),
         _told(SWAPPED_AND_WRONG_WAY, mistake=_(SIN_COS_SWAPPED)): v(swap=True, direction=-1.0),

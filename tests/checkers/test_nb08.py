@@ -330,6 +330,9 @@ WRONG = {
               "08.rope_frequencies.one_frequency_per_feature"),
     ],
     "rope_angles": [
+        Wrong("arange(S) added to the positions",
+              lambda p, f: _angles(p + torch.arange(p.shape[-1]), f),
+              "08.rope_angles.added_arange_to_positions"),
         Wrong("torch.outer", lambda p, f: torch.outer(p.float(), f),
               "08.rope_angles.outer_on_batch_positions"),
         Wrong("arange(S)", lambda p, f: _angles(torch.arange(p.shape[-1]), f),
@@ -385,12 +388,16 @@ WRONG = {
               "08.rotate_pairs.pairs_not_flattened"),
         Wrong("only x_a returned", _rotating(a_only=True), "08.rotate_pairs.returned_half"),
         Wrong("writes into x", _rotating(in_place=True), "08.rotate_pairs.wrote_into_an_input"),
+        Wrong("negates sin in place", lambda x, c, s, interleaved=True: _rotate(
+            x, c, s.neg_(), interleaved, direction=-1.0), "08.rotate_pairs.wrote_into_an_input"),
         Wrong(".view on a transposed x", _rotating(use_view=True),
               "08.rotate_pairs.view_of_non_contiguous"),
         Wrong("adds a head axis to cos and sin", _rotating(add_head_axis=True),
               "08.rotate_pairs.reshaped_cos_and_sin"),
     ],
     "apply_rope": [
+        Wrong("arange(S) added to the positions", lambda x, p, **kw: _rope(
+            x, p, shift=torch.arange(x.shape[-2]), **kw), "08.apply_rope.added_arange_to_positions"),
         Wrong("HF cat([angles, angles]) for interleaved pairs too", _rope_hf_cat,
               "08.apply_rope.spread_cos_sin_as_half"),
         Wrong("x taken as [B, S, N, D]", _rope_tokens_first,
