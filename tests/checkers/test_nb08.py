@@ -417,7 +417,8 @@ WRONG = {
     "apply_rope": [
         Wrong("pass-through features first", _rope_rest_first, "08.apply_rope.pass_through_first"),
         Wrong("arange(S) added to the positions", lambda x, p, **kw: _rope(
-            x, p, shift=torch.arange(x.shape[-2]), **kw), "08.apply_rope.added_arange_to_positions"),
+            x, p, shift=torch.arange(x.shape[-2]), **kw),
+              "08.apply_rope.added_arange_to_positions"),
         Wrong("HF cat([angles, angles]) for interleaved pairs too", _rope_hf_cat,
               "08.apply_rope.spread_cos_sin_as_half"),
         Wrong("x taken as [B, S, N, D]", _rope_tokens_first,
