@@ -141,8 +141,10 @@ def test_the_slugs_are_githubs():
         "open-in-colab-kaggle-or-any-jupyter"
     assert github_slug("Grading with `python -m checks grade`") == \
         "grading-with-python--m-checks-grade"
-    assert github_slug("在 Colab、Kaggle 或任意 Jupyter 中打开") == "在-colabkaggle-或任意-jupyter-中打开"
-    assert github_slug("`--report FILE.html`: the class report") == "--report-filehtml-the-class-report"
+    assert github_slug("在 Colab、Kaggle 或任意 Jupyter 中打开") == \
+        "在-colabkaggle-或任意-jupyter-中打开"
+    assert github_slug("`--report FILE.html`: the class report") == \
+        "--report-filehtml-the-class-report"
     assert github_slug("Add or update a translated cell") == "add-or-update-a-translated-cell"
 
 
