@@ -255,6 +255,11 @@ def _forward_embed_overwritten(token_ids, params, cfg, positions=None):
     return x @ params["lm_head"]
 
 
+def _loss_stabilised_in_place(logits, ids):
+    logits -= logits.max(-1, keepdim=True).values      # "for stability", into the caller's tensor
+    return _loss_with()(logits, ids)
+
+
 def _loss_unflattened(logits, ids):
     return F.cross_entropy(logits[:, :-1], ids[:, 1:])
 
@@ -354,6 +359,8 @@ WRONG = {
               "12.next_token_loss.not_differentiable"),
         Wrong("log(softmax(x))", _loss_with(log_of_softmax=True),
               "12.next_token_loss.log_of_softmax"),
+        Wrong("max subtracted in place", _loss_stabilised_in_place,
+              "12.next_token_loss.inputs_changed_in_place"),
         Wrong("F.cross_entropy without flattening", _loss_unflattened,
               "12.next_token_loss.cross_entropy_not_flattened"),
         Wrong("summed over positions", _loss_with(reduction="sum_time"),
