@@ -137,10 +137,11 @@ UNEXPLAINED = Mistake("weights_unexplained", N_(
     "attention_scores=attention_scores, masked_softmax=masked_softmax)"))
 SHAPES = Mistake("shapes_do_not_fit", N_(
     "check the shapes: scores = q @ k.transpose(-2, -1) is [..., S_q, S_k] (not k @ q^T), and "
-    "out = weights @ v is [..., S_q, D_v]"), raises=[("*", None)])
+    "out = weights @ v is [..., S_q, D_v]"),
+    raises=[("RuntimeError", r"(?i)shape|size|dimension")])
 PROJ_SHAPES = Mistake("shapes_do_not_fit", N_(
     "check the shapes: x [..., H] @ W [H, out] -> [..., out]; no transpose needed"),
-    raises=[("*", None)])
+    raises=[("RuntimeError", r"(?i)shape|size|dimension")])
 W_TRANSPOSED = Mistake("applied_weights_transposed", N_(
     "applied the weights transposed (x @ W.T, or F.linear(x, W)): course weights are "
     "[in_features, out_features], applied as x @ W"))
