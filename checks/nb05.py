@@ -72,7 +72,7 @@ QKV_SWAPPED = Mistake("slices_swapped", N_(
 KV_HEADS = Mistake("kv_sliced_with_n_heads", N_(
     "K and V were sliced (or split) with N_h heads: with grouped-query attention (N_kv < N_h) "
     "K and V have only n_kv_heads heads each, so the column widths are N_h*D_h | N_kv*D_h | "
-    "N_kv*D_h"), raises=[("*", None)])
+    "N_kv*D_h"), raises=[("RuntimeError", r"(?i)shape|size")])
 KV_REPEATED = Mistake("kv_already_repeated", N_(
     "returned K and V already repeated to N_h heads: split_qkv returns the n_kv_heads KV heads "
     "as they are, [B, N_kv, S, D]; sharing them among the query heads is attention's job"))
