@@ -1,6 +1,6 @@
 """Checks for chapter 04: self-attention (projections, scaled scores, masked softmax, attention).
 
-Conventions (course-spec section 2): weights are [in, out] and applied as `x @ W`; scores are
+Conventions (docs/conventions.md): weights are [in, out] and applied as `x @ W`; scores are
 scaled by 1/sqrt(D), D the last dimension of q; boolean masks hold True where a query may attend;
 softmax runs over the last (key) axis; a fully masked query row gets all-zero weights, never NaN;
 causal masks are bottom-right aligned.
