@@ -156,12 +156,14 @@ CASES = {"scores_no_scale": (nb04.check_attention_scores, _wrong_scores),
          "validate_accepts_all": (nb01.check_validate_config, _accept_all),
          "scores_pass": (nb04.check_attention_scores, _right_scores)}
 
-# What these checks printed before the catalogue existed (commit 40884b3), seed 0.
+# What these checks printed before the catalogue existed (commit 40884b3), seed 0; the fourth
+# round changed two, not in wording: chapter 04's first case is a fixed one where every scale
+# mistake differs (other sizes), and a config that breaks a rule names that rule's mistake.
 ENGLISH = {
-    'scores_no_scale': 'attention_scores: scores for q [10, 4, 9], k [10, 5, 9] has the right shape but wrong values; 200 of 200 entries differ; first at [B=0, S_q=0, S_k=0]: got -2.02147, expected -0.673825.\nlikely mistake: forgot the scale: divide the scores by sqrt(D), D = q.shape[-1] (the head dimension)\n(random inputs from seed 0; pass seed=0 to the check to see the same inputs again)',  # noqa: E501
+    'scores_no_scale': 'attention_scores: scores for q [3, 2, 5], k [3, 7, 5] has the right shape but wrong values; 42 of 42 entries differ; first at [B=0, S_q=0, S_k=0]: got -0.0831088, expected -0.0371674.\nlikely mistake: forgot the scale: divide the scores by sqrt(D), D = q.shape[-1] (the head dimension)\n(random inputs from seed 0; pass seed=0 to the check to see the same inputs again)',  # noqa: E501
     'qkv_swapped': 'project_qkv: k for x [6, 2, 9], w_q [9, 9], w_k [9, 9], w_v [9, 9] has the right shape but wrong values; 108 of 108 entries differ; first at [L0=0, S=0, out=0]: got -2.48048, expected 2.2639.\nlikely mistake: k computed with w_v: q = x @ w_q, k = x @ w_k, v = x @ w_v, returned in the order (q, k, v)\n(random inputs from seed 0; pass seed=0 to the check to see the same inputs again)',  # noqa: E501
     'head_dim_float': 'head_dim: head_dim(LLAMA2_7B) is 128.0, expected 128.\nlikely mistake: returned a float: use integer division `//`\n(random inputs from seed 0; pass seed=0 to the check to see the same inputs again)',  # noqa: E501
-    'validate_accepts_all': 'validate_config: accepted a broken config (hidden_size=25, head_dim=6); it should raise ValueError (hidden_size divisible by n_heads).\n(random inputs from seed 0; pass seed=0 to the check to see the same inputs again)',  # noqa: E501
+    'validate_accepts_all': 'validate_config: accepted a broken config (hidden_size=25, head_dim=6); it should raise ValueError (hidden_size divisible by n_heads).\nlikely mistake: hidden_size must be divisible by n_heads: raise ValueError when hidden_size % n_heads != 0\n(random inputs from seed 0; pass seed=0 to the check to see the same inputs again)',  # noqa: E501
     'scores_pass': '✓ attention_scores passed (4 calls; checked Q K^T / sqrt(D); S_q != S_k; [S, D], [B, S, D] and [B, N, S, D] inputs)\n',  # noqa: E501
 }
 
@@ -190,7 +192,7 @@ def test_english_is_byte_identical_to_before(name, setting, monkeypatch):
 def test_chapter_04_forgotten_scale_reads_in_chinese(monkeypatch):
     monkeypatch.setenv(LANG_ENV, "zh")
     text = _run("scores_no_scale")
-    assert text.startswith("attention_scores: q [10, 4, 9]、k [10, 5, 9] 的分数 的形状正确但数值不对；")
+    assert text.startswith("attention_scores: q [3, 2, 5]、k [3, 7, 5] 的分数 的形状正确但数值不对；")
     assert "可能的错误：忘了缩放：分数要除以 sqrt(D)，D = q.shape[-1]（每个 head 的维度）" in text
     assert "（随机输入来自种子 0；给检查传入 seed=0 即可再次看到同样的输入）" in text
     assert "likely mistake" not in text and "forgot" not in text
@@ -229,7 +231,7 @@ def test_learner_errors_keep_english_for_checkers_and_show_chinese(monkeypatch):
     err = info.value
     assert err.message.startswith("raised RuntimeError: ") and err.error == "RuntimeError"
     assert str(err).startswith("attention_scores: 引发了 RuntimeError: ")
-    assert "调用参数为 (float32[10, 4, 9], float32[10, 5, 9])" in str(err)
+    assert "调用参数为 (float32[3, 2, 5], float32[3, 7, 5])" in str(err)
     assert "位于第" in str(err) and "return q @ k" in str(err)
     assert "可能的错误：检查形状" in str(err)
 
