@@ -28,7 +28,6 @@ How the checks look inside:
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import numbers
