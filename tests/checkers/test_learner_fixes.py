@@ -456,11 +456,11 @@ def multi_head_attention(x, w_qkv, w_o, n_heads, mask=None):
 
 
 # --------------------------------------------------------------------------------------------
-# 5. The README: a failing check stops Run All, and how to go on
+# 5. The learner's guide: a failing check stops Run All, and how to go on
 
 
-def test_readme_says_a_failing_check_stops_run_all_and_how_to_go_on():
-    guide = (REPO / "README.md").read_text(encoding="utf-8").split("## Learner guide", 1)[1]
+def test_the_guide_says_a_failing_check_stops_run_all_and_how_to_go_on():
+    guide = (REPO / "docs" / "learner" / "guide.md").read_text(encoding="utf-8")
     text = " ".join(guide.split())
     assert "does not stop \"Run All Cells\"" in text            # the not-started line
     assert "a failing check (a red **✗**) does stop \"Run All Cells\"" in text
