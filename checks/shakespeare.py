@@ -168,5 +168,6 @@ def load(validation: tuple[str, ...] = VALIDATION_PLAYS) -> tuple[torch.Tensor, 
     return train.clone(), valid.clone()
 
 
-__all__ = ["CorpusUnavailable", "INSTALL", "install", "VALIDATION_PLAYS", "VOCAB_SIZE", "decode", "encode",
+__all__ = ["CorpusUnavailable", "INSTALL", "install", "VALIDATION_PLAYS", "VOCAB_SIZE", "decode",
+           "encode",
            "load", "play_files", "plays", "plays_folder", "split_text", "strip_markdown"]

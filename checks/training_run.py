@@ -179,8 +179,8 @@ def seconds_text(seconds: float) -> str:
     return f"{seconds / (365 * 86400):,.0f} years"
 
 
-__all__ = ["FINAL_EVAL_BATCHES", "FINAL_EVAL_SEED", "RunSettings", "autocast_dtype", "choose_device",
-           "forward_flops_per_token", "run_reference", "to_device",
+__all__ = ["FINAL_EVAL_BATCHES", "FINAL_EVAL_SEED", "RunSettings", "autocast_dtype",
+           "choose_device", "forward_flops_per_token", "run_reference", "to_device",
            "llama2_7b_training_flops", "matmul_peak", "run_kind", "seconds_text", "settings",
            "train_flops_per_token"]
 
@@ -203,7 +203,7 @@ def run_reference(s: RunSettings, train: torch.Tensor, valid: torch.Tensor, *,
         params = to_device(params, device)
     gen = torch.Generator().manual_seed(s.seed)
     state: dict = {}
-    losses, evals = [], []
+    losses = []
     amp = autocast_dtype(device)
     start = time.perf_counter()
     for step in range(s.steps):
