@@ -463,7 +463,7 @@ def test_the_guide_says_a_failing_check_stops_run_all_and_how_to_go_on():
     guide = (REPO / "docs" / "learner" / "guide.md").read_text(encoding="utf-8")
     text = " ".join(guide.split())
     assert "does not stop \"Run All Cells\"" in text            # the not-started line
-    assert "a failing check (a red **✗**) does stop \"Run All Cells\"" in text
+    assert "a failing check (a red **✗**) does stop \"run all cells\"" in text.lower()
     assert "Run Selected Cell and All Below" in text             # JupyterLab's Run menu
     assert "one by one" in text
 
