@@ -450,6 +450,25 @@ def test_the_worker_library_holds_no_answers_of_the_graded_chapter():
     assert not copy.has("checks.nb04", "check_attention_internals")
 
 
+@pytest.mark.parametrize("chapter", ["05_multi_head", "11_decoder_block",
+                                     "13_generation_kv_cache"])
+def test_what_is_withheld_does_not_depend_on_the_source_notebooks_present(
+        tmp_path, monkeypatch, chapter):
+    """A source folder with only the graded chapter (a Gradescope zip for one chapter) and no
+    course solutions/ (a wheel) withholds exactly what the whole course's folder withholds: the
+    list of exercises is the course's (checks.exercises), so chapter 05 keeps 04's attention."""
+    import shutil
+
+    whole = library.WorkerLibrary(chapter, identify.SOURCE_DIR)
+    alone = tmp_path / "source"
+    shutil.copytree(identify.SOURCE_DIR / chapter, alone / chapter)
+    monkeypatch.setattr(library, "COURSE_SOURCE", tmp_path / "no-solutions")
+    library._library_plans.clear()
+    single = library.WorkerLibrary(chapter, alone)
+    assert single.available == whole.available
+    assert single.files == whole.files
+
+
 # What of grader/ the worker may have: its main loop and what that imports. Named here, not read
 # from the code, so that adding a grader-side module to the library fails this file.
 WORKER_SIDE = {"grader/__init__.py", "grader/worker_side.py", "grader/channel.py",
