@@ -340,6 +340,39 @@ def test_a_cell_that_kills_the_worker_costs_only_its_exercise(folder):
         "its answer cell was skipped: the worker process died (exit status 1)"
 
 
+def test_a_learner_s_exception_keeps_its_type_and_message(folder):
+    """Carried as type name and text, never re-instantiated from its arguments: a
+    UnicodeDecodeError (five arguments to build) stays one, its text the learner's, not
+    "TypeError: function takes exactly 5 arguments"; KeyError and OSError likewise."""
+    nb = sub.solution()
+    sub.cell(nb, "head_dim").source = \
+        "def head_dim(cfg):\n    return int(bytes([255]).decode('utf-8'))"
+    sub.cell(nb, "kv_group_size").source = "def kv_group_size(cfg):\n    return {}[25105]"
+    sub.cell(nb, "validate_config").source = \
+        "def validate_config(cfg):\n    open('/nonexistent/x')"
+    nb = sub.write(nb, folder / "unicode" / "01_notation.ipynb")
+    result = by_name(grade_untouched(nb))
+    assert "UnicodeDecodeError: 'utf-8' codec can't decode byte 0xff in position 0" in \
+        result["head_dim"].message, result["head_dim"].message
+    assert "TypeError" not in result["head_dim"].message
+    assert "KeyError: 25105" in result["kv_group_size"].message
+    assert "FileNotFoundError: [Errno 2] No such file or directory: '/nonexistent/x'" in \
+        result["validate_config"].message, result["validate_config"].message
+
+
+def test_rebuilt_exceptions_are_the_learner_s_type_and_text():
+    from checks.grader.remote import rebuild_exception
+
+    exc = rebuild_exception({"type": "UnicodeDecodeError", "args": (), "text": "bad byte"})
+    assert type(exc).__name__ == "UnicodeDecodeError" and str(exc) == "bad byte"
+    assert isinstance(exc, UnicodeDecodeError)
+    assert isinstance(rebuild_exception({"type": "KeyError", "args": (1,), "text": "1"}),
+                      KeyError)
+    odd = rebuild_exception({"type": "SystemExit", "args": (1,), "text": "1"})
+    assert type(odd).__name__ == "SystemExit" and not isinstance(odd, SystemExit)
+    assert isinstance(odd, Exception)
+
+
 def test_the_notebook_budget_ends_a_notebook_of_slow_cells(folder):
     """Cells that each stay under the cell limit cannot add up past the notebook's budget."""
     nb = sub.solution()
