@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import builtins
 import contextlib
+import importlib
 import io
 import os
 import time
@@ -24,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from ..borrow import BORROWING_CALLS
+from ..engine import CheckFailure, NotStarted, earlier_failures, fix_first_text
+from ..exercises import chapter_of, chapters
 from ..context import GRADING_ENV
 from ..i18n import _, language, using_default
 from .build import is_graded_test
@@ -138,6 +141,7 @@ def _grader_side_test(cell, worker, imports: dict[str, Any], kinds: dict[str, st
     deadline = worker.deadline()
     worker.begin_test(deadline)
     namespace = dict(imports)
+    called: list[str] = []  # the exercises the cell called, in the order of first calls
     for name in _names_from_learner(cell.source, namespace):
         found = worker.lookup(name)
         kind = kinds.get(name)
@@ -147,7 +151,7 @@ def _grader_side_test(cell, worker, imports: dict[str, Any], kinds: dict[str, st
         elif found["found"] == "class" and kind == "function":
             namespace[name] = _WrongKind(name)
         elif found["found"] != "missing":
-            namespace[name] = RemoteFunction(worker, name, deadline)
+            namespace[name] = _CountedFunction(worker, name, deadline, called)
     out, err = io.StringIO(), io.StringIO()
     result: dict[str, Any] = {"ok": True}
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
@@ -156,12 +160,62 @@ def _grader_side_test(cell, worker, imports: dict[str, Any], kinds: dict[str, st
         try:
             exec(compile(cell.source, f"<test {grade_id(cell)}>", "exec"), namespace)
         except Exception as exc:  # WorkerGone and KeyboardInterrupt are BaseExceptions
+            exercise = exercise_name(grade_id(cell))
+            exc = knock_on(exc, exercise, called, namespace) or exc
             result.update(ok=False, ename=type(exc).__name__, evalue=str(exc),
-                          verdict=verdict_of(exc, exercise_name(grade_id(cell))))
+                          verdict=verdict_of(exc, exercise))
     stderr = worker.stderr_text + err.getvalue() + "".join(
         f"{w.category.__name__}: {w.message}\n" for w in caught)
     result["stderr"] = stderr[:limits.stderr_kept]
     return result
+
+
+class _CountedFunction(RemoteFunction):
+    """A learner's function that notes, on its first call, that the test cell called it."""
+
+    def __init__(self, worker, name: str, deadline: float, called: list[str]):
+        super().__init__(worker, name, deadline)
+        self._called = called
+
+    def __call__(self, *args, **kwargs):
+        if self._name not in self._called:
+            self._called.append(self._name)
+        return super().__call__(*args, **kwargs)
+
+
+def knock_on(exc: Exception, exercise: str, called: list[str], namespace: dict[str, Any]
+             ) -> CheckFailure | None:
+    """A test cell of `exercise` failed with `exc` after calling the learner's other exercises
+    (`called`: a hidden test that builds its input with another one, as bpe_decode's calls
+    bpe_encode): when one of them does not pass its own check (the grader's checker, quietly,
+    in the chapter's order), the failure says "fix <that> first" as the self-checks do (the
+    mistake fix_<name>_first). None: the failure stands (a diagnosed mistake of the exercise
+    itself, a not-started exercise, or nothing else to blame)."""
+    if isinstance(exc, NotStarted) or (isinstance(exc, CheckFailure) and exc.mistake):
+        return None
+    chapter = chapter_of(exercise)
+    others = [n for n in chapters().get(chapter or "", ()) if n in called and n != exercise]
+    if not others:
+        return None
+    try:
+        module = importlib.import_module(f"checks.nb{chapter}")
+    except ImportError:
+        return None
+    seed = getattr(exc, "seed", None)
+    earlier = {n: getattr(module, f"check_{n}") for n in others
+               if callable(getattr(module, f"check_{n}", None))}
+    _passed, broken = earlier_failures({n: namespace[n] for n in earlier}, earlier, seed)
+    if broken is None:
+        return None
+    if isinstance(exc, CheckFailure):
+        return exc.with_hint(fix_first_text(exercise, *broken))
+    return CheckFailure(exercise, f"raised {type(exc).__name__}: {_one_line(str(exc))}",
+                        hint=fix_first_text(exercise, *broken), seed=seed)
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    line = next((part.strip() for part in text.splitlines() if part.strip()), "")
+    return line if len(line) <= limit else line[:limit - 3] + "..."
 
 
 def _as_outputs(*results: dict[str, Any]) -> list:

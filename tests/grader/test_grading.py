@@ -360,6 +360,24 @@ def test_a_learner_s_exception_keeps_its_type_and_message(folder):
         result["validate_config"].message, result["validate_config"].message
 
 
+def test_a_hidden_test_that_calls_a_broken_exercise_says_fix_it_first(folder):
+    """bpe_decode is right, bpe_encode (code points, not UTF-8 bytes) is not: bpe_decode's
+    hidden test decodes bpe_encode's output and meets KeyError: 25105. As the self-checks do,
+    the grader says to fix bpe_encode first (the mistake 02.bpe_decode.fix_bpe_encode_first)."""
+    chapter = "02_tokens_to_embeddings"
+    nb = sub.solution(sub.REPO / "solutions" / chapter / f"{chapter}.ipynb")
+    sub.cell(nb, "bpe_encode").source = \
+        "def bpe_encode(text, merges):\n    return [ord(c) for c in text]"
+    path = sub.write(nb, folder / "knock-on" / f"{chapter}.ipynb")
+    result = by_name(grade_untouched(path))
+    assert result["bpe_encode"].status == "failed"
+    decode = result["bpe_decode"]
+    assert decode.points == 0 and decode.status == "failed", decode
+    assert "KeyError: 25105" in decode.message
+    assert "fix bpe_encode first" in decode.message, decode.message
+    assert decode.mistake == "02.bpe_decode.fix_bpe_encode_first"
+
+
 def test_rebuilt_exceptions_are_the_learner_s_type_and_text():
     from checks.grader.remote import rebuild_exception
 
