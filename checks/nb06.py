@@ -24,6 +24,7 @@ from torch.utils._pytree import tree_flatten
 from . import reference as ref
 from .engine import Check, CheckFailure, ForbiddenCall, builds_on, tolerance
 from .i18n import N_, _
+from .mistakes import Mistake
 
 # --------------------------------------------------------------------------------------------
 # Exercise 1: kv_head_index
@@ -33,28 +34,50 @@ def _integral(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+ROUND_ROBIN = Mistake("round_robin_groups", N_(
+    "used h % N_kv (round-robin groups); the course's groups are consecutive: query heads "
+    "0..G-1 share KV head 0, so h reads KV head h // G"))
+DIVIDED_BY_N_KV = Mistake("divided_by_n_kv_heads", N_(
+    "used h // N_kv: divide by the group size G = N_h / N_kv, not by the number of KV heads"))
+QUERY_HEAD_ITSELF = Mistake("returned_the_query_head", N_(
+    "returned the query head itself, as if N_kv were N_h (that is MHA); with fewer KV heads "
+    "G = N_h / N_kv query heads share one"))
+DIVIDED_BY_N_H = Mistake("divided_by_n_heads", N_(
+    "divided by N_h, which sends every head to KV head 0 (that is MQA); divide by "
+    "G = N_h / N_kv"))
+FROM_ONE = Mistake("counted_heads_from_1", N_(
+    "counted heads from 1 as the article's table does; the course counts from 0"))
+ROUNDED = Mistake("rounded_to_nearest", N_("rounded h / G to the nearest integer; use floor "
+                                           "division h // G"))
+ROUNDED_UP = Mistake("rounded_up", N_("rounded h / G up (ceil); query heads 0..G-1 share KV head "
+                                      "0, so use floor division h // G"))
+FLOAT_INDEX = Mistake("float_division", N_("use integer (floor) division `//`"))
+TENSOR_INDEX = Mistake("returned_a_tensor", N_(
+    "returned a tensor: an index is a Python int (`h // (n_heads // n_kv_heads)` on ints is "
+    "one; `int(...)` turns a 0-dim tensor into one)"))
+GROUP_UPSIDE_DOWN = Mistake("group_size_inverted", N_(
+    "computed the group size as n_kv_heads // n_heads, which is 0 when N_kv < N_h: "
+    "G = n_heads // n_kv_heads, the number of query heads per KV head"),
+    raises=[("ZeroDivisionError", None)])
+
+
 def _kv_index_mixups(n_heads: int, n_kv: int) -> dict:
     """Head maps (one KV head per query head) that the common mistakes produce."""
     g = n_heads // n_kv
     heads = range(n_heads)
     return {
-        _("used h % N_kv (round-robin groups); the course's groups are consecutive: query heads "
-          "0..G-1 share KV head 0, so h reads KV head h // G"): [h % n_kv for h in heads],
-        _("used h // N_kv: divide by the group size G = N_h / N_kv, not by the number of KV "
-          "heads"): [h // n_kv for h in heads],
-        _("returned the query head itself, as if N_kv were N_h (that is MHA); with fewer KV "
-          "heads G = N_h / N_kv query heads share one"): list(heads),
-        _("divided by N_h, which sends every head to KV head 0 (that is MQA); divide by "
-          "G = N_h / N_kv"): [h // n_heads for h in heads],
-        _("counted heads from 1 as the article's table does; the course counts from 0"):
-            [h // g + 1 for h in heads],
-        _("rounded h / G to the nearest integer; use floor division h // G"):
-            [round(h / g) for h in heads],
+        ROUND_ROBIN: [h % n_kv for h in heads],
+        DIVIDED_BY_N_KV: [h // n_kv for h in heads],
+        QUERY_HEAD_ITSELF: list(heads),
+        DIVIDED_BY_N_H: [h // n_heads for h in heads],
+        FROM_ONE: [h // g + 1 for h in heads],
+        ROUNDED: [round(h / g) for h in heads],
+        ROUNDED_UP: [-(-h // g) for h in heads],
     }
 
 
 def check_kv_head_index(f, *, seed: int | None = None, thorough: bool = False) -> None:
-    with Check("kv_head_index", f, seed=seed) as c:
+    with Check("kv_head_index", f, seed=seed, errors=[GROUP_UPSIDE_DOWN]) as c:
         cases = [(32, 8), (32, 32), (32, 1)]  # LLaMA-2-7B shapes as GQA, MHA, MQA
         for _n in range(6 if thorough else 2):
             n_kv, g = c.sizes(2, 2, 6)
@@ -68,8 +91,8 @@ def check_kv_head_index(f, *, seed: int | None = None, thorough: bool = False) -
                            .format(call=f"kv_head_index({h}, n_heads={n_heads}, "
                                         f"n_kv_heads={n_kv})",
                                    kind=type(value).__name__, value=repr(value)),
-                           _("use integer (floor) division `//`") if isinstance(value, float)
-                           else None)
+                           FLOAT_INDEX if isinstance(value, float) else
+                           TENSOR_INDEX if isinstance(value, torch.Tensor) else None)
                 got.append(int(value))
             want = [ref.kv_head_index(h, n_heads, n_kv) for h in range(n_heads)]
             if got != want:
@@ -80,17 +103,46 @@ def check_kv_head_index(f, *, seed: int | None = None, thorough: bool = False) -
                     call=f"kv_head_index({h}, n_heads={n_heads}, n_kv_heads={n_kv})",
                     got=got[h], want=j, g=g, first=j * g, last=j * g + g - 1),
                        c.diagnose(got, _kv_index_mixups(n_heads, n_kv), 0.0, 0.0))
-        c.note(_("consecutive groups for GQA, MHA (N_kv = N_h) and MQA (N_kv = 1)"))
+        c.headline(_("consecutive groups for GQA, MHA (N_kv = N_h) and MQA (N_kv = 1)"))
 
 
 # --------------------------------------------------------------------------------------------
 # Exercise 2: repeat_kv
 
 
+TILED = Mistake("tiled_instead_of_interleaved", N_(
+    "repeated the whole block of heads (tiling, like `x.repeat(1, n_rep, 1, 1)` or "
+    "`torch.cat([x] * n_rep, dim=1)`): head h then reads KV head h % N_kv; use "
+    "repeat-interleave order, where each KV head's copies sit next to each other"))
+SEQUENCE_AXIS = Mistake("repeated_sequence_axis", N_(
+    "repeated along the sequence axis (dim 2); repeat the heads axis, dim 1"))
+FEATURE_AXIS = Mistake("repeated_feature_axis", N_(
+    "repeated along the feature axis (dim 3); repeat the heads axis, dim 1"))
+BATCH_AXIS = Mistake("repeated_batch_axis", N_(
+    "repeated along the batch axis (dim 0); repeat the heads axis, dim 1"))
+NO_DIM = Mistake("repeat_interleave_without_dim", N_(
+    "`repeat_interleave` without `dim=` flattens the tensor first; pass dim=1"))
+UNCHANGED = Mistake("returned_x_unchanged", N_(
+    "returned x unchanged; each KV head must appear n_rep times"))
+REPEAT_AXIS_KEPT = Mistake("kept_the_repeat_axis", N_(
+    "kept the copies on an axis of their own ([B, N_kv, n_rep, S, D]): merge them into the "
+    "heads axis, "
+    "`.reshape(B, N_kv * n_rep, S, D)`"))
+VIEW_OF_EXPANDED = Mistake("viewed_an_expanded_tensor", N_(
+    "`.view` cannot merge the axes of an expanded tensor (its copies share memory): use "
+    "`.reshape(B, N_kv * n_rep, S, D)`, which copies where it must"),
+    raises=[("RuntimeError", r"view size is not compatible|use \.reshape")])
+REPEAT_DTYPE = Mistake("changed_the_dtype", N_(
+    "return x's dtype: repeating copies values, it never needs another dtype"))
+REPEAT_IN_PLACE = Mistake("changed_x_in_place", N_(
+    "modified its input x in place; return a new tensor instead."))
+
+
 def check_repeat_kv(f, *, seed: int | None = None, thorough: bool = False) -> None:
-    with Check("repeat_kv", f, seed=seed) as c:
-        c.note(_("repeat-interleave head order (head h is KV head h // n_rep)"))
-        c.note(_("N_kv = 1, n_rep = 1 and float64 inputs"))
+    with Check("repeat_kv", f, seed=seed, errors=[VIEW_OF_EXPANDED],
+               in_place=REPEAT_IN_PLACE) as c:
+        c.headline(_("repeat-interleave head order (head h is KV head h // n_rep)"))
+        c.headline(_("N_kv = 1, n_rep = 1 and float64 inputs"))
         cases = []
         for _n in range(4 if thorough else 2):
             b, n_kv, s, d, n_rep = c.sizes(5, 2, 9)
@@ -101,33 +153,33 @@ def check_repeat_kv(f, *, seed: int | None = None, thorough: bool = False) -> No
         cases.append((b, n_kv, s, d, 1, torch.float32))  # MHA: nothing to repeat
         b, n_kv, s, d, n_rep = c.sizes(5, 2, 9)
         cases.append((b, n_kv, s, d, n_rep, torch.float64))  # dtype is kept
+        n_kv, s, d, n_rep = c.sizes(4, 2, 9)
+        cases.append((1, n_kv, s, d, n_rep, torch.float32))  # a batch of one
         for b, n_kv, s, d, n_rep, dtype in cases:
             x = c.randn(b, n_kv, s, d, dtype=dtype)
-            x_before = x.clone()
             got = c.call(x, n_rep)
-            if not torch.equal(x, x_before):
-                c.fail(_("modified its input x in place; return a new tensor instead."))
-            c.expect_tensor(got, ref.repeat_kv(x, n_rep),
-                            what=_("repeat_kv(x of {shape}, n_rep={n_rep})").format(
-                                shape=f"[B={b}, N_kv={n_kv}, S={s}, D={d}]", n_rep=n_rep),
+            what = _("repeat_kv(x of {shape}, n_rep={n_rep})").format(
+                shape=f"[B={b}, N_kv={n_kv}, S={s}, D={d}]", n_rep=n_rep)
+            if isinstance(got, torch.Tensor) and got.shape == (b, n_kv * n_rep, s, d) and \
+                     got.dtype != dtype:
+                c.fail(_("{what} has dtype {got}, expected {want}.").format(
+                    what=what, got=got.dtype, want=dtype), REPEAT_DTYPE)
+            c.expect_tensor(got, ref.repeat_kv(x, n_rep), what=what,
                             dims=("B", "N_kv*n_rep", "S", "D"), wrong=_repeat_mixups(x, n_rep))
 
 
 def _repeat_mixups(x: torch.Tensor, n_rep: int) -> dict:
+    b, n_kv, s, d = x.shape
     return {
-        _("repeated the whole block of heads (tiling, like `x.repeat(1, n_rep, 1, 1)` or "
-          "`torch.cat([x] * n_rep, dim=1)`): head h then reads KV head h % N_kv; use "
-          "repeat-interleave order, where each KV head's copies sit next to each other"):
-            lambda: x.repeat(1, n_rep, 1, 1),
-        _("repeated along the sequence axis (dim 2); repeat the heads axis, dim 1"):
-            lambda: x.repeat_interleave(n_rep, dim=2),
-        _("repeated along the feature axis (dim 3); repeat the heads axis, dim 1"):
-            lambda: x.repeat_interleave(n_rep, dim=3),
-        _("repeated along the batch axis (dim 0); repeat the heads axis, dim 1"):
-            lambda: x.repeat_interleave(n_rep, dim=0),
-        _("`repeat_interleave` without `dim=` flattens the tensor first; pass dim=1"):
-            lambda: x.repeat_interleave(n_rep),
-        _("returned x unchanged; each KV head must appear n_rep times"): lambda: x,
+        TILED: lambda: x.repeat(1, n_rep, 1, 1),
+        SEQUENCE_AXIS: lambda: x.repeat_interleave(n_rep, dim=2),
+        FEATURE_AXIS: lambda: x.repeat_interleave(n_rep, dim=3),
+        BATCH_AXIS: lambda: x.repeat_interleave(n_rep, dim=0),
+        BATCH_AXIS.with_text(_("{mistake} (tiled: `x.repeat(n_rep, 1, 1, 1)`)").format(
+            mistake=_(BATCH_AXIS))): lambda: x.repeat(n_rep, 1, 1, 1),
+        NO_DIM: lambda: x.repeat_interleave(n_rep),
+        UNCHANGED: lambda: x,
+        REPEAT_AXIS_KEPT: lambda: x[:, :, None].expand(b, n_kv, n_rep, s, d),
     }
 
 
@@ -156,6 +208,23 @@ _FOLD_HINT = N_("fold the G query heads of a group into the rows of one matrix: 
                  "q.reshape(B, N_kv, G * S_q, D) @ k.transpose(-2, -1) gives "
                  "[B, N_kv, G * S_q, S_k] scores without copying K; do the same for the weights "
                  "times V")
+# How the repeated K/V was materialised (each told with "Instead, {fold}" after it).
+COPIED_KV = Mistake("copied_kv_per_query_head", _FOLD_HINT)
+FED_EXPANDED_KV = Mistake("computed_on_expanded_kv", N_(
+    "an expanded view of K or V costs nothing until an operation such as this one reads it; "
+    "then it is copied or processed once per query head. Instead, {fold}"))
+INDEXED_KV = Mistake("indexed_kv_heads", N_(
+    "indexing with a list or tensor of head indices (k[:, idx]) copies the selected heads; "
+    "slices and single indices (k[:, j]) are views."))
+EXPANDED_CONTIGUOUS = Mistake("made_expanded_kv_contiguous", N_(
+    "expand() alone is free, but making the expanded K/V contiguous (reshape, contiguous, "
+    "clone) copies it; that is what repeat_kv does."))
+FILLED_KV = Mistake("filled_a_repeated_kv_tensor", N_(
+    "a tensor with one K (or V) per query head is a copy, however it is filled."))
+BROADCAST_MATMUL = Mistake("broadcast_kv_in_matmul", N_(
+    "torch.matmul implements broadcast batch dimensions by expanding the operand and copying it "
+    "into one big batch, so a [B, N_kv, 1, S_k, D] view of K against [B, N_kv, G, S_q, D] "
+    "queries copies K once per query head. Instead, {fold}"))
 
 
 def _tensors(tree) -> list[torch.Tensor]:
@@ -210,17 +279,14 @@ class _NoRepeatedKV(TorchFunctionMode):
                 self.watch.exercise,
                 _("calls `{name}` on the keys or values: that materialises the repeated K/V, "
                   "which grouped-query attention exists to avoid.").format(name=name),
-                hint=_FOLD_HINT)
+                hint=COPIED_KV)
         if self.watch.divisors:
             if name not in _VIEWS:
                 for t in inputs:
                     if self.watch.repeated(t.numel()):
                         self._fail(_("a tensor of shape {shape} goes into `{name}`").format(
-                                       shape=list(t.shape), name=name),
-                                   _("an expanded view of K or V costs nothing until an "
-                                     "operation such as this one reads it; then it is copied or "
-                                     "processed once per query head. Instead, {fold}").format(
-                                       fold=_(_FOLD_HINT)))
+                                       shape=list(t.shape), name=name), FED_EXPANDED_KV.with_text(
+                                   _(FED_EXPANDED_KV).format(fold=_(_FOLD_HINT))))
             if name in _MATMULS and len(inputs) >= 2:
                 self._check_matmul(name, inputs[0], inputs[1])
         out = func(*args, **kwargs)
@@ -228,21 +294,12 @@ class _NoRepeatedKV(TorchFunctionMode):
             storages = {_storage(t) for t in inputs}
             for t in _tensors(out):
                 if self.watch.repeated(t.numel()) and _storage(t) not in storages:
-                    if name == "__getitem__":
-                        hint = _("indexing with a list or tensor of head indices (k[:, idx]) "
-                                 "copies the selected heads; slices and single indices "
-                                 "(k[:, j]) are views.")
-                    elif name in _VIEWS:
-                        hint = _("expand() alone is free, but making the expanded K/V "
-                                 "contiguous (reshape, contiguous, clone) copies it; that is "
-                                 "what repeat_kv does.")
-                    else:
-                        hint = _("a tensor with one K (or V) per query head is a copy, however "
-                                 "it is filled.")
+                    how = (INDEXED_KV if name == "__getitem__" else
+                           EXPANDED_CONTIGUOUS if name in _VIEWS else FILLED_KV)
                     self._fail(_("`{name}` built a tensor of shape {shape}").format(
-                                   name=name, shape=list(t.shape)),
-                               _("{hint} Instead, {fold}").format(hint=hint,
-                                                                  fold=_(_FOLD_HINT)))
+                                   name=name, shape=list(t.shape)), how.with_text(
+                               _("{hint} Instead, {fold}").format(hint=_(how),
+                                                                  fold=_(_FOLD_HINT))))
         return out
 
     def _touches_kv(self, inputs) -> bool:
@@ -266,13 +323,10 @@ class _NoRepeatedKV(TorchFunctionMode):
                     self._fail(_("`{name}` broadcasts an operand of shape {shape} to "
                                  "{expanded}").format(name=name, shape=list(x.shape),
                                                       expanded=expanded),
-                               _("torch.matmul implements broadcast batch dimensions by "
-                                 "expanding the operand and copying it into one big batch, so a "
-                                 "[B, N_kv, 1, S_k, D] view of K against [B, N_kv, G, S_q, D] "
-                                 "queries copies K once per query head. Instead, {fold}").format(
-                                   fold=_(_FOLD_HINT)))
+                               BROADCAST_MATMUL.with_text(
+                                   _(BROADCAST_MATMUL).format(fold=_(_FOLD_HINT))))
 
-    def _fail(self, what: str, hint: str):
+    def _fail(self, what: str, hint: Mistake):
         raise CheckFailure(self.watch.exercise,
                            _("materialises the repeated K/V: {what}, which holds a KV head's "
                              "keys (or values) once for each of the G query heads sharing it "
@@ -291,12 +345,14 @@ def _watched(f, watch: _Watch):
         with _NoRepeatedKV(watch):
             return f(*args, **kwargs)
 
+    grouped_query_attention.__wrapped__ = f  # its signature names the inputs in messages
     return grouped_query_attention
 
 
-_FORBID_SDPA = {"scaled_dot_product_attention":
-                N_("write the grouping yourself; the demo after the exercise compares your "
-                   "function with F.scaled_dot_product_attention(..., enable_gqa=True)")}
+CALLS_SDPA = Mistake("calls_scaled_dot_product_attention", N_(
+    "write the grouping yourself; the demo after the exercise compares your function with "
+    "F.scaled_dot_product_attention(..., enable_gqa=True)"))
+_FORBID_SDPA = {"scaled_dot_product_attention": CALLS_SDPA}
 
 
 def _prime_sizes(c: Check, *, n_kv: int | None = None, s_q: int | None = None,
@@ -322,7 +378,7 @@ def _prime_sizes(c: Check, *, n_kv: int | None = None, s_q: int | None = None,
 
 
 def _gqa64(q, k, v, mask=None, *, kv_index=None, scale=None, softmax_dim=-1, mask_mode="bool",
-           masked_rows="zero"):
+           masked_rows="zero", after=1.0):
     """Attention with an explicit head map, in float64: expected values for known mistakes."""
     n_h, n_kv, d = q.shape[1], k.shape[1], q.shape[-1]
     if kv_index is None:
@@ -342,8 +398,11 @@ def _gqa64(q, k, v, mask=None, *, kv_index=None, scale=None, softmax_dim=-1, mas
             allowed = torch.ones_like(allowed)
     else:
         allowed = torch.ones(scores.shape, dtype=torch.bool)
-    weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=softmax_dim)
-    weights = weights.nan_to_num(0.0)
+    if mask_mode == "after":  # softmax over every key, then the blocked weights zeroed
+        weights = torch.softmax(scores, dim=softmax_dim) * mask.bool().expand(scores.shape)
+    else:
+        weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=softmax_dim)
+    weights = weights.nan_to_num(0.0) * after
     out = weights @ v64
     empty = ~allowed.any(-1, keepdim=True)
     if masked_rows == "nan":
@@ -354,43 +413,86 @@ def _gqa64(q, k, v, mask=None, *, kv_index=None, scale=None, softmax_dim=-1, mas
     return out.to(q.dtype)
 
 
+GQA_ROUND_ROBIN = Mistake("round_robin_groups", N_(
+    "query head h read KV head h % N_kv (round-robin groups, as from `repeat` instead of "
+    "`repeat_interleave`, or from viewing q as [B, G, N_kv, S_q, D]); the groups are "
+    "consecutive: q must be viewed as [B, N_kv, G, S_q, D]"))
+GQA_DIVIDED_BY_N_KV = Mistake("divided_by_n_kv_heads", N_(
+    "query head h read KV head h // N_kv; divide by the group size G = N_h / N_kv"))
+NO_SCALE = Mistake("missing_scale", N_("forgot the 1/sqrt(D_h) scale"))
+SCALE_BY_D = Mistake("scaled_by_d", N_("scaled by 1/D_h instead of 1/sqrt(D_h)"))
+SCALE_BY_H = Mistake("scaled_by_sqrt_h", N_(
+    "scaled by 1/sqrt(H) = 1/sqrt(N_h * D_h), the width of all query heads together, instead of "
+    "1/sqrt(D_h), one head's width (the last dimension of q)"))
+SCALE_INT = Mistake("scale_rounded_to_int", N_(
+    "scaled by 1/int(sqrt(D_h)): the square root was rounded to an integer (`int(math.sqrt(d))`, "
+    "`math.isqrt`, `d ** 0.5 // 1`); divide by the exact `math.sqrt(d)`"))
+SCALE_BY_D_V = Mistake("scaled_by_value_width", N_(
+    "scaled by 1/sqrt(D_v), the width of v; the scale comes from the queries and keys: D_h is "
+    "the last dimension of q (and k)"))
+SCALED_WEIGHTS = Mistake("scaled_after_softmax", N_(
+    "divided the weights by sqrt(D_h) after the softmax; the scale divides the scores, before "
+    "the softmax (then every row of weights sums to 1)"))
+SOFTMAX_QUERIES = Mistake("softmax_over_queries", N_(
+    "softmax over the query axis; it runs over the keys (last axis)"))
+IGNORED_MASK = Mistake("ignored_the_mask", N_("ignored the mask"))
+MASK_INVERTED = Mistake("mask_inverted", N_("mask inverted: True means 'may attend'"))
+MASK_ADDED = Mistake("added_the_boolean_mask", N_(
+    "added the boolean mask to the scores; blocked positions need -inf (masked_fill), not +0/+1"))
+MASK_AFTER = Mistake("masked_after_softmax", N_(
+    "zeroed the blocked weights after the softmax, so the allowed ones no longer sum to 1: fill "
+    "the blocked scores with -inf before the softmax"))
+NAN_ROWS = Mistake("fully_masked_rows_nan", N_(
+    "fully masked query rows came out as NaN; they must give zeros (softmax of a row of -inf is "
+    "NaN: zero those rows, as chapter 04's masked_softmax does)"))
+MEAN_ROWS = Mistake("fully_masked_rows_mean_of_v", N_(
+    "fully masked query rows came out as the mean of V: filling blocked scores with a large "
+    "finite negative number gives such rows uniform weights; they must give zeros"))
+SQUEEZED = Mistake("squeezed_size_one_axes", N_(
+    "squeezed the axes of size 1 away (`.squeeze()`): a batch of one, a decode step (S_q = 1) "
+    "and MQA (N_kv = 1) keep their axes; the output is always [B, N_h, S_q, D_v]"))
+UNSTABLE = Mistake("unstable_softmax", N_(
+    "softmax overflowed: exp of a large score is inf. Subtract each row's maximum score before "
+    "exponentiating (or use chapter 04's masked_softmax)"))
+RETURNED_TUPLE = Mistake("returned_out_and_weights", N_(
+    "chapter 04's attention returns (out, weights); this function returns out alone"))
+GQA_DTYPE = Mistake("changed_the_dtype", N_(
+    "return q's dtype: compute in float32 only when the inputs are float32 (float64 inputs give "
+    "a float64 output)"))
+GQA_IN_PLACE = Mistake("changed_inputs_in_place", N_(
+    "scale or mask new tensors (`q = q / math.sqrt(d)`, `masked_fill`) instead of writing into "
+    "q, k or v (`q /= ...`, `masked_fill_`): the caller still needs them, and in a model they "
+    "are the KV cache"))
+
+
 def _gqa_mixups(q, k, v, mask) -> dict:
     n_h, n_kv = q.shape[1], k.shape[1]
-    d = q.shape[-1]
+    d, d_v = q.shape[-1], v.shape[-1]
     wrong = {
-        _("query head h read KV head h % N_kv (round-robin groups, as from `repeat` instead of "
-          "`repeat_interleave`, or from viewing q as [B, G, N_kv, S_q, D]); the groups are "
-          "consecutive: q must be viewed as [B, N_kv, G, S_q, D]"):
-            lambda: _gqa64(q, k, v, mask, kv_index=[h % n_kv for h in range(n_h)]),
-        _("query head h read KV head h // N_kv; divide by the group size G = N_h / N_kv"):
+        GQA_ROUND_ROBIN: lambda: _gqa64(q, k, v, mask, kv_index=[h % n_kv for h in range(n_h)]),
+        GQA_DIVIDED_BY_N_KV:
             lambda: _gqa64(q, k, v, mask, kv_index=[h // n_kv for h in range(n_h)]),
-        _("forgot the 1/sqrt(D_h) scale"): lambda: _gqa64(q, k, v, mask, scale=1.0),
-        _("scaled by 1/D_h instead of 1/sqrt(D_h)"): lambda: _gqa64(q, k, v, mask, scale=1 / d),
+        NO_SCALE: lambda: _gqa64(q, k, v, mask, scale=1.0),
+        SCALE_BY_D: lambda: _gqa64(q, k, v, mask, scale=1 / d),
         # N_h is a product of small primes and D_h a larger prime (or, for MHA, another size),
         # so N_h * D_h is never D_h or D_h squared: this scale is told apart from the others.
-        _(SCALE_BY_H): lambda: _gqa64(q, k, v, mask, scale=1 / math.sqrt(n_h * d)),
-        _("softmax over the query axis; it runs over the keys (last axis)"):
-            lambda: _gqa64(q, k, v, mask, softmax_dim=-2),
+        SCALE_BY_H: lambda: _gqa64(q, k, v, mask, scale=1 / math.sqrt(n_h * d)),
+        SCALE_INT: lambda: _gqa64(q, k, v, mask, scale=1 / math.isqrt(d)),
+        SCALE_BY_D_V: lambda: _gqa64(q, k, v, mask, scale=1 / math.sqrt(d_v)),
+        SCALED_WEIGHTS: lambda: _gqa64(q, k, v, mask, scale=1.0, after=1 / math.sqrt(d)),
+        SOFTMAX_QUERIES: lambda: _gqa64(q, k, v, mask, softmax_dim=-2),
+        SQUEEZED: lambda: _gqa64(q, k, v, mask).squeeze(),
     }
     if mask is not None:
         wrong.update({
-            _("ignored the mask"): lambda: _gqa64(q, k, v, mask, mask_mode="ignore"),
-            _("mask inverted: True means 'may attend'"):
-                lambda: _gqa64(q, k, v, mask, mask_mode="inverted"),
-            _("added the boolean mask to the scores; blocked positions need -inf (masked_fill), "
-              "not +0/+1"): lambda: _gqa64(q, k, v, mask, mask_mode="added"),
-            _("fully masked query rows came out as NaN; they must give zeros (softmax of a row "
-              "of -inf is NaN: zero those rows, as chapter 04's masked_softmax does)"):
-                lambda: _gqa64(q, k, v, mask, masked_rows="nan"),
-            _("fully masked query rows came out as the mean of V: filling blocked scores with a "
-              "large finite negative number gives such rows uniform weights; they must give "
-              "zeros"): lambda: _gqa64(q, k, v, mask, masked_rows="mean"),
+            IGNORED_MASK: lambda: _gqa64(q, k, v, mask, mask_mode="ignore"),
+            MASK_INVERTED: lambda: _gqa64(q, k, v, mask, mask_mode="inverted"),
+            MASK_ADDED: lambda: _gqa64(q, k, v, mask, mask_mode="added"),
+            MASK_AFTER: lambda: _gqa64(q, k, v, mask, mask_mode="after"),
+            NAN_ROWS: lambda: _gqa64(q, k, v, mask, masked_rows="nan"),
+            MEAN_ROWS: lambda: _gqa64(q, k, v, mask, masked_rows="mean"),
         })
     return wrong
-
-
-SCALE_BY_H = N_("scaled by 1/sqrt(H) = 1/sqrt(N_h * D_h), the width of all query heads together, "
-                "instead of 1/sqrt(D_h), one head's width (the last dimension of q)")
 
 
 def _run_gqa(c: Check, watch: _Watch, sizes, *, mask_kind=None, dtype=torch.float32,
@@ -418,26 +520,24 @@ def _run_gqa(c: Check, watch: _Watch, sizes, *, mask_kind=None, dtype=torch.floa
     watch.divisors = tuple({g * s_k * d, g * s_k * d_v}) if g_ok else ()
     watch.sizes_text = (f"B={b}, N_h={n_h}, N_kv={n_kv}, G={g}, S_q={s_q}, S_k={s_k}, D={d}, "
                         f"D_v={d_v}")
-    before = [t.clone() for t in (q, k, v)]
     args = (q, k, v) if mask is None else (q, k, v, mask)
     got = c.call(*args)
     watch.divisors = ()
     if isinstance(got, tuple):
         c.fail(_("returned a tuple of {count} items; return only the output tensor "
-                 "[B, N_h, S_q, D_v].").format(count=len(got)),
-               _("chapter 04's attention returns (out, weights); this function returns out "
-                 "alone"))
-    if not all(torch.equal(t, t0) for t, t0 in zip((q, k, v), before)):
-        c.fail(_("modified q, k or v in place; leave the inputs untouched."))
+                 "[B, N_h, S_q, D_v].").format(count=len(got)), RETURNED_TUPLE)
     shown = _("no mask") if mask is None else _(_MASK_KINDS[mask_kind]).format(
         shape=list(mask.shape))
     want = ref.grouped_query_attention(q, k, v, mask)
     atol = _large_score_atol(q, k, v) if q_scale > 1 else None
     if q_scale > 1:
         _expect_stable(c, got, want, q, k, mask, atol)
-    c.expect_tensor(got, want,
-                    what=_("output for {case} ({sizes}; {dtype}; {mask})").format(
-                        case=_(label), sizes=watch.sizes_text, dtype=dtype, mask=shown),
+    what = _("output for {case} ({sizes}; {dtype}; {mask})").format(
+        case=_(label), sizes=watch.sizes_text, dtype=dtype, mask=shown)
+    if isinstance(got, torch.Tensor) and got.shape == want.shape and got.dtype != want.dtype:
+        c.fail(_("{what} has dtype {got}, expected {want}.").format(
+            what=what, got=got.dtype, want=want.dtype), GQA_DTYPE)
+    c.expect_tensor(got, want, what=what,
                     dims=("B", "N_h", "S_q", "D_v"), wrong=_gqa_mixups(q, k, v, mask), atol=atol)
 
 
@@ -485,15 +585,15 @@ def _expect_stable(c: Check, got, want, q, k, mask, atol: float) -> None:
         c.fail(_("wrong values (inf, NaN or zeros) exactly on the {count} query rows whose "
                  "scores are large enough to overflow exp() (or to underflow it to all zeros); "
                  "every other row is right.").format(count=int((~row_ok).sum())),
-               _("softmax overflowed: exp of a large score is inf. Subtract each row's maximum "
-                 "score before exponentiating (or use chapter 04's masked_softmax)"))
+               UNSTABLE)
 
 
 def check_grouped_query_attention(f, *, seed: int | None = None, thorough: bool = False) -> None:
     # A GQA that looks its KV heads up with the learner's kv_head_index cannot pass before that
     # does: a broken one it calls is named ("fix kv_head_index first").
     with builds_on("grouped_query_attention", {"kv_head_index": check_kv_head_index}), \
-            Check("grouped_query_attention", f, seed=seed, forbid=_FORBID_SDPA) as c:
+            Check("grouped_query_attention", f, seed=seed, forbid=_FORBID_SDPA,
+                  in_place=GQA_IN_PLACE) as c:
         watch = _Watch()
         c.fn = _watched(f, watch)
         # Shown in the pass summary (a failure below stops the check before it is displayed).
@@ -501,7 +601,7 @@ def check_grouped_query_attention(f, *, seed: int | None = None, thorough: bool 
                      _("bottom-right causal, padding and per-head masks; fully masked rows "
                        "give 0"),
                      _("repeated K/V never materialised")):
-            c.note(prop)
+            c.headline(prop)
         _run_gqa(c, watch, _prime_sizes(c, kv_more=True))
         _run_gqa(c, watch, _prime_sizes(c, kv_more=True), mask_kind="causal")
         _run_gqa(c, watch, _prime_sizes(c, n_kv=1), mask_kind="causal", label="MQA (N_kv = 1)")
@@ -511,6 +611,8 @@ def check_grouped_query_attention(f, *, seed: int | None = None, thorough: bool 
                  label="MHA (N_kv = N_h)")
         _run_gqa(c, watch, _prime_sizes(c, s_q=1), mask_kind="causal",
                  label=N_("a decode step (S_q = 1)"))
+        _run_gqa(c, watch, (1, *_prime_sizes(c, s_q=1)[1:]), mask_kind="causal",
+                 label=N_("a decode step of a batch of one (B = 1, S_q = 1)"))
         sizes = list(_prime_sizes(c))
         sizes[3], sizes[4] = max(sizes[3:5]), min(sizes[3:5])  # S_q > S_k: leading rows see nothing
         _run_gqa(c, watch, tuple(sizes), mask_kind="causal",
@@ -530,15 +632,38 @@ def check_grouped_query_attention(f, *, seed: int | None = None, thorough: bool 
 # Exercise 4: kv_cache_bytes
 
 
+NO_FACTOR_2 = Mistake("forgot_k_and_v", N_("forgot the factor 2: the cache holds both K and V"))
+BITS = Mistake("counted_bits", N_("counted bits, not bytes (multiplied by 8)"))
+GIB = Mistake("returned_gib", N_("returned GiB; return the exact number of bytes as an int"))
+MIB = Mistake("returned_mib", N_("returned MiB; return the exact number of bytes as an int"))
+GB = Mistake("returned_gb", N_("returned GB (divided by 10**9); return the exact number of bytes "
+                               "as an int"))
+CACHE_FLOAT = Mistake("returned_a_float", N_(
+    "returned a float; the byte count is an exact int (avoid `/` and float factors)"))
+NO_LAYERS = Mistake("left_out_layers", N_(
+    "left out the number of layers L: every layer keeps its own K and V"))
+NO_BATCH = Mistake("left_out_batch", N_(
+    "left out the batch size B: every sequence keeps its own cache"))
+NO_SEQ_LEN = Mistake("left_out_seq_len", N_(
+    "left out the sequence length S: the cache keeps K and V for every token"))
+ELEMENTS = Mistake("counted_elements", N_(
+    "counted elements, not bytes: multiply by bytes_per_elem (1 for int8, 2 for fp16, 4 for "
+    "fp32)"))
+FP16_BYTES = Mistake("hard_coded_fp16", N_("hard-coded 2 bytes per element (fp16); use "
+                                           "bytes_per_elem"))
+BYTES_TWICE = Mistake("bytes_per_elem_twice", N_("multiplied by bytes_per_elem twice"))
+
+
 def check_kv_cache_bytes(f, *, seed: int | None = None, thorough: bool = False) -> None:
     with Check("kv_cache_bytes", f, seed=seed) as c:
-        c.note(_("2 L B S N_kv D_h s, exact"))
-        c.note(_("the article's LLaMA-2-7B numbers: MHA, GQA 1/4, MQA 1/32"))
+        c.headline(_("2 L B S N_kv D_h s, exact"))
+        c.headline(_("the article's LLaMA-2-7B numbers: MHA, GQA 1/4, MQA 1/32"))
         cases = []
         # 1 byte first (fp8/int8), then 4 (fp32): 2-byte slips then differ from a missing 2.
+        # Distinct odd sizes: leaving out any one factor gives its own number.
         for nbytes in [1, 4] + [c.choice([1, 4]) for _n in range(4 if thorough else 0)]:
-            n_layers, batch, n_kv, head_dim = c.sizes(4, 3, 40)
-            cases.append((n_layers, batch, c.randint(50, 5000), n_kv, head_dim, nbytes))
+            n_layers, batch, n_kv, head_dim = (2 * n + 1 for n in c.sizes(4, 1, 20))
+            cases.append((n_layers, batch, 2 * c.randint(25, 2500) + 1, n_kv, head_dim, nbytes))
         # The article's LLaMA-2-7B shapes in fp16 at 4096 tokens: MHA, GQA (N_kv = 8), MQA.
         cases += [(32, 1, 4096, 32, 128, 2), (32, 1, 4096, 8, 128, 2), (32, 1, 4096, 1, 128, 2)]
         for args in cases:
@@ -552,16 +677,16 @@ def check_kv_cache_bytes(f, *, seed: int | None = None, thorough: bool = False) 
 def _cache_mixups(args, want: int) -> dict:
     n_layers, batch, seq_len, n_kv, head_dim, nbytes = args
     return {
-        _("forgot the factor 2: the cache holds both K and V"): want // 2,
-        _("counted bits, not bytes (multiplied by 8)"): want * 8,
-        _("returned GiB; return the exact number of bytes as an int"): want / 2**30,
-        _("returned MiB; return the exact number of bytes as an int"): want / 2**20,
-        _("returned a float; the byte count is an exact int (avoid `/` and float factors)"):
-            float(want),
-        _("left out the number of layers L: every layer keeps its own K and V"):
-            want // n_layers,
-        _("left out the batch size B: every sequence keeps its own cache"): want // batch,
-        _("hard-coded 2 bytes per element (fp16); use bytes_per_elem"):
-            want // nbytes * 2 if nbytes != 2 else None,
-        _("multiplied by bytes_per_elem twice"): want * nbytes if nbytes != 1 else None,
+        NO_FACTOR_2: want // 2,
+        BITS: want * 8,
+        GIB: want / 2**30,
+        MIB: want / 2**20,
+        GB: want / 10**9,
+        CACHE_FLOAT: float(want),
+        NO_LAYERS: want // n_layers,
+        NO_BATCH: want // batch,
+        NO_SEQ_LEN: want // seq_len,
+        FP16_BYTES: want // nbytes * 2 if nbytes != 2 else None,
+        ELEMENTS: want // nbytes if nbytes != 1 else None,
+        BYTES_TWICE: want * nbytes if nbytes != 1 else None,
     }

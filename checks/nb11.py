@@ -21,8 +21,10 @@ import torch
 
 from . import reference as ref
 from .config import LLAMA2_7B, ModelConfig
-from .engine import Check, builds_on, values_close
+from . import init_check as init
+from .engine import Check, builds_on, is_remote, values_close
 from .i18n import N_, _
+from .mistakes import Mistake
 
 NAMES = ("attn_norm", "wqkv", "wo", "ffn_norm", "w_gate", "w_up", "w_down")
 NORMS = ("attn_norm", "ffn_norm")
@@ -33,68 +35,102 @@ INIT_STD = ref.block.INIT_STD
 # --------------------------------------------------------------------------------------------
 # The mistakes this chapter diagnoses, in the words a failure shows.
 
-ROPE_ON_V = N_("RoPE also rotated V: positions enter through the queries and keys only (they "
-               "decide WHO attends to whom); the values are mixed as they are, so V is not rotated")
-POSITIONS_IGNORED = N_("ignored `positions`: rotated by 0, 1, ..., S-1 (torch.arange(S)) instead "
-                       "of the positions given; a sequence may start anywhere and its positions "
-                       "need not be consecutive")
-ROPE_Q_ONLY = N_("rotated Q but not K: RoPE rotates both, each by its own token's position")
-ROPE_K_ONLY = N_("rotated K but not Q: RoPE rotates both, each by its own token's position")
-NO_ROPE = N_("no RoPE at all: rotate Q and K by their positions after splitting the heads")
-NON_CAUSAL = N_("non-causal attention: without the causal mask every token also reads the tokens "
-                "after it; pass causal_mask(S) to the attention")
-GROUPING = N_("wrong KV grouping: query head h read KV head h % N_kv (as after `k.repeat(1, G, 1, "
-              "1)`); query heads 0..G-1 share KV head 0 (h // G), which grouped_query_attention "
-              "does by itself with the N_kv-head K and V")
-NO_NORM = N_("no RMSNorm before the projections: the attention sublayer normalises its input with "
-             "layer['attn_norm'] first (pre-norm)")
-FFN_NORM_IN_ATTN = N_("normalised with layer['ffn_norm']; the attention sublayer's scale is "
-                      "layer['attn_norm']")
-EPS_IGNORED = N_("ignored cfg.norm_eps: pass eps=cfg.norm_eps to rms_norm")
-BASE_IGNORED = N_("ignored cfg.rope_base: pass base=cfg.rope_base to apply_rope")
-ROTARY_DIM_IGNORED = N_("ignored cfg.rotary_dim: only the first rotary_dim features of each head "
-                        "rotate; pass rotary_dim=cfg.rotary_dim to apply_rope")
-HALF_PAIRING = N_("rotated with the 'half' pairing (interleaved=False); the course's weights use "
-                  "the default interleaved pairing (2i, 2i+1)")
-MERGE_NO_TRANSPOSE = N_("merged the heads with a plain reshape of [B, N_h, S, D_h]: move the head "
-                        "axis back next to D_h first ([B, S, N_h, D_h]), as merge_heads does")
-KV_SWAPPED = N_("took K and V from the wrong column blocks: wqkv's columns are Q | K | V, in this "
-                "order")
-WITH_RESIDUAL = N_("added the residual x: attention_sublayer returns the sublayer's output only; "
-                   "decoder_block adds x")
-NO_WO = N_("forgot the output projection W_O (layer['wo']) after merging the heads")
-SCALE_BY_H = N_("scaled the scores by 1/sqrt(H), the model width (cfg.hidden_size); each head "
-                "scales its scores by 1/sqrt(D_h), its own width (cfg.head_dim)")
-SCALE_BY_HEADS = N_("scaled the scores by 1/sqrt(N_h * D_h), the width of all heads together; "
-                    "each head scales its scores by 1/sqrt(D_h), its own width (cfg.head_dim)")
-SCALE_BY_H_HEADS = N_("scaled the scores by 1/sqrt(H) = 1/sqrt(N_h * D_h), the width of all heads "
-                      "together; each head scales its scores by 1/sqrt(D_h), its own width "
-                      "(cfg.head_dim)")
+ROPE_ON_V = Mistake("rope_on_v", N_(
+    "RoPE also rotated V: positions enter through the queries and keys only (they decide WHO "
+    "attends to whom); the values are mixed as they are, so V is not rotated"))
+POSITIONS_IGNORED = Mistake("positions_ignored", N_(
+    "ignored `positions`: rotated by 0, 1, ..., S-1 (torch.arange(S)) instead of the positions "
+    "given; a sequence may start anywhere and its positions need not be consecutive"))
+ROPE_Q_ONLY = Mistake("rope_on_q_only", N_(
+    "rotated Q but not K: RoPE rotates both, each by its own token's position"))
+ROPE_K_ONLY = Mistake("rope_on_k_only", N_(
+    "rotated K but not Q: RoPE rotates both, each by its own token's position"))
+NO_ROPE = Mistake("no_rope", N_(
+    "no RoPE at all: rotate Q and K by their positions after splitting the heads"))
+NON_CAUSAL = Mistake("no_causal_mask", N_(
+    "non-causal attention: without the causal mask every token also reads the tokens after it; "
+    "pass causal_mask(S) to the attention"))
+GROUPING = Mistake("kv_heads_tiled", N_(
+    "wrong KV grouping: query head h read KV head h % N_kv (as after `k.repeat(1, G, 1, 1)`); "
+    "query heads 0..G-1 share KV head 0 (h // G), which grouped_query_attention does by itself "
+    "with the N_kv-head K and V"))
+NO_NORM = Mistake("no_attn_norm", N_(
+    "no RMSNorm before the projections: the attention sublayer normalises its input with "
+    "layer['attn_norm'] first (pre-norm)"))
+FFN_NORM_IN_ATTN = Mistake("ffn_norm_in_attention", N_(
+    "normalised with layer['ffn_norm']; the attention sublayer's scale is layer['attn_norm']"))
+EPS_IGNORED = Mistake("norm_eps_ignored", N_(
+    "ignored cfg.norm_eps: pass eps=cfg.norm_eps to rms_norm"))
+BASE_IGNORED = Mistake("rope_base_ignored", N_(
+    "ignored cfg.rope_base: pass base=cfg.rope_base to apply_rope"))
+ROTARY_DIM_IGNORED = Mistake("rotary_dim_ignored", N_(
+    "ignored cfg.rotary_dim: only the first rotary_dim features of each head rotate; pass "
+    "rotary_dim=cfg.rotary_dim to apply_rope"))
+HALF_PAIRING = Mistake("half_pairing", N_(
+    "rotated with the 'half' pairing (interleaved=False); the course's weights use the default "
+    "interleaved pairing (2i, 2i+1)"))
+MERGE_NO_TRANSPOSE = Mistake("merged_without_transpose", N_(
+    "merged the heads with a plain reshape of [B, N_h, S, D_h]: move the head axis back next to "
+    "D_h first ([B, S, N_h, D_h]), as merge_heads does"))
+KV_SWAPPED = Mistake("k_and_v_swapped", N_(
+    "took K and V from the wrong column blocks: wqkv's columns are Q | K | V, in this order"))
+WITH_RESIDUAL = Mistake("residual_in_sublayer", N_(
+    "added the residual x: attention_sublayer returns the sublayer's output only; decoder_block "
+    "adds x"))
+NO_WO = Mistake("no_output_projection", N_(
+    "forgot the output projection W_O (layer['wo']) after merging the heads"))
+SCALE_BY_H = Mistake("scaled_by_sqrt_h", N_(
+    "scaled the scores by 1/sqrt(H), the model width (cfg.hidden_size); each head scales its "
+    "scores by 1/sqrt(D_h), its own width (cfg.head_dim)"))
+SCALE_BY_HEADS = Mistake("scaled_by_sqrt_heads_width", N_(
+    "scaled the scores by 1/sqrt(N_h * D_h), the width of all heads together; each head scales its"
+    " scores by 1/sqrt(D_h), its own width (cfg.head_dim)"))
+SCALE_BY_H_OVER_N_H = Mistake("scaled_by_sqrt_h_over_n_h", N_(
+    "scaled the scores by 1/sqrt(H // N_h): that is a head's width only when D_h = H / N_h; each "
+    "head scales its scores by 1/sqrt(D_h), its own width (cfg.head_dim)"))
+SCALE_BY_H_HEADS = Mistake("scaled_by_sqrt_h", N_(
+    "scaled the scores by 1/sqrt(H) = 1/sqrt(N_h * D_h), the width of all heads together; each "
+    "head scales its scores by 1/sqrt(D_h), its own width (cfg.head_dim)"))
 
-NO_ATTN_RESIDUAL = N_("missing residual around attention: U = X + Attention(RMSNorm(X)), the "
-                      "sublayer's output is ADDED to X")
-NO_FFN_RESIDUAL = N_("missing residual around the FFN: the block returns U + SwiGLU(RMSNorm(U)), "
-                     "not the FFN's output alone")
-NO_RESIDUALS = N_("missing residuals: both sublayers add their output to their input, "
-                  "U = X + Attention(...) and X' = U + SwiGLU(...)")
-POST_NORM = N_("post-norm: normalised AFTER the residual add, Norm(X + Sublayer(X)); LLaMA is "
-               "pre-norm, X + Sublayer(Norm(X)), and the residual path never passes through a norm")
-POST_NORM_TOO = N_("post-norm on top of pre-norm: normalised the sum after each residual add as "
-                   "well; in a pre-norm block the residual path never passes through a norm, the "
-                   "block returns U + SwiGLU(RMSNorm(U)) as it is")
-PARALLEL = N_("ran the FFN on X in parallel with attention (X + Attn(X) + FFN(X), GPT-J style); in "
-              "LLaMA the FFN reads U, the output of the attention step")
-FFN_RESIDUAL_FROM_X = N_("the second residual adds X; it adds U, the FFN's own input: "
-                         "X' = U + SwiGLU(RMSNorm(U))")
-FFN_NO_NORM = N_("no RMSNorm before the FFN: X' = U + SwiGLU(RMSNorm(U)), with layer['ffn_norm']")
-ATTN_NORM_IN_FFN = N_("normalised the FFN's input with layer['attn_norm']; each sublayer has its "
-                      "own scale: the FFN's is layer['ffn_norm']")
-NO_FFN = N_("left out the FFN sublayer: after U = X + Attention(...), add SwiGLU(RMSNorm(U))")
-GATE_UP_SWAPPED = N_("swapped w_gate and w_up: SwiGLU is (silu(x @ w_gate) * (x @ w_up)) @ w_down, "
-                     "the SiLU goes on the gate")
+NO_ATTN_RESIDUAL = Mistake("no_attention_residual", N_(
+    "missing residual around attention: U = X + Attention(RMSNorm(X)), the sublayer's output is "
+    "ADDED to X"))
+NO_FFN_RESIDUAL = Mistake("no_ffn_residual", N_(
+    "missing residual around the FFN: the block returns U + SwiGLU(RMSNorm(U)), not the FFN's "
+    "output alone"))
+NO_RESIDUALS = Mistake("no_residuals", N_(
+    "missing residuals: both sublayers add their output to their input, U = X + Attention(...) and"
+    " X' = U + SwiGLU(...)"))
+POST_NORM = Mistake("post_norm", N_(
+    "post-norm: normalised AFTER the residual add, Norm(X + Sublayer(X)); LLaMA is pre-norm, X + "
+    "Sublayer(Norm(X)), and the residual path never passes through a norm"))
+POST_NORM_TOO = Mistake("post_norm_on_top", N_(
+    "post-norm on top of pre-norm: normalised the sum after each residual add as well; in a "
+    "pre-norm block the residual path never passes through a norm, the block returns U + "
+    "SwiGLU(RMSNorm(U)) as it is"))
+PARALLEL = Mistake("ffn_parallel_to_attention", N_(
+    "ran the FFN on X in parallel with attention (X + Attn(X) + FFN(X), GPT-J style); in LLaMA the"
+    " FFN reads U, the output of the attention step"))
+FFN_RESIDUAL_FROM_X = Mistake("second_residual_adds_x", N_(
+    "the second residual adds X; it adds U, the FFN's own input: X' = U + SwiGLU(RMSNorm(U))"))
+FFN_NO_NORM = Mistake("no_ffn_norm", N_(
+    "no RMSNorm before the FFN: X' = U + SwiGLU(RMSNorm(U)), with layer['ffn_norm']"))
+ATTN_NORM_IN_FFN = Mistake("attn_norm_in_ffn", N_(
+    "normalised the FFN's input with layer['attn_norm']; each sublayer has its own scale: the "
+    "FFN's is layer['ffn_norm']"))
+NO_FFN = Mistake("no_ffn", N_(
+    "left out the FFN sublayer: after U = X + Attention(...), add SwiGLU(RMSNorm(U))"))
+GATE_UP_SWAPPED = Mistake("gate_and_up_swapped", N_(
+    "swapped w_gate and w_up: SwiGLU is (silu(x @ w_gate) * (x @ w_up)) @ w_down, the SiLU goes on"
+    " the gate"))
 AND_POSITIONS_IGNORED = N_("{mistake}; and ignored `positions` (used torch.arange(S))")
-IN_PLACE = N_("changed x in place (`x += ...` or `x.add_(...)`): the caller still needs x; build "
-              "the residual sums as new tensors (`u = x + ...`)")
+IN_SUBLAYER = N_("in the attention sublayer: {mistake}")
+RESIDUAL_TWICE = Mistake("residual_in_sublayer", N_(
+    "the attention sublayer added the residual x: attention_sublayer returns the sublayer's "
+    "output only; so x was added twice"))
+IN_PLACE = Mistake("residual_added_in_place", N_(
+    "changed x in place (`x += ...` or `x.add_(...)`): the caller still needs x; build the "
+    "residual sums as new tensors (`u = x + ...`)"))
 
 # --------------------------------------------------------------------------------------------
 # The course's own block is not an answer: calling checks.reference's version of the exercise
@@ -118,7 +154,9 @@ def _no_reference(c: Check, *names: str) -> None:
 
 def _cfg(c: Check, kind: str = "gqa", *, decoupled: bool = False, partial: bool = False,
          base: float = 10000.0, eps: float = 1e-5) -> ModelConfig:
-    """A small config; with `decoupled`, head_dim != hidden_size // n_heads."""
+    """A small config; with `decoupled`, head_dim != hidden_size // n_heads (so that scaling by
+    sqrt(H // N_h) shows), and H - N_h * D_h is never -2, -1, 1 or 2 (so that counting W_O as
+    H x H is no count of norms)."""
     if kind == "gqa":
         n_kv, g = c.sizes(2, 2, 4)                 # {2, 3} in some order: h % N_kv != h // G
     elif kind == "mqa":
@@ -128,7 +166,7 @@ def _cfg(c: Check, kind: str = "gqa", *, decoupled: bool = False, partial: bool 
     n_h = n_kv * g
     d = c.choice([4, 6, 8])
     if decoupled:
-        h = n_h * d + c.choice([-2, 2, 4, 6])
+        h = n_h * d + c.choice([-4, 6, 8])
         h = h if h >= 8 else n_h * d + 4
     else:
         h = n_h * d
@@ -218,10 +256,8 @@ def _attention_mixups(x, layer, cfg, positions) -> dict:
         MERGE_NO_TRANSPOSE: v(merge_transposed=False),
         KV_SWAPPED: v(swap_kv=True),
         NO_WO: v(wo=False),
-        _(AND_POSITIONS_IGNORED).format(mistake=_(ROPE_ON_V)):
-            v(rope=("q", "k", "v"), arange=True),
-        _(AND_POSITIONS_IGNORED).format(mistake=_(NON_CAUSAL)):
-            v(causal=False, arange=True),
+        _and_positions_ignored(ROPE_ON_V): v(rope=("q", "k", "v"), arange=True),
+        _and_positions_ignored(NON_CAUSAL): v(causal=False, arange=True),
     }
     if 1 < cfg.n_kv_heads < cfg.n_heads:
         wrong[GROUPING] = v(tile=True)
@@ -236,11 +272,18 @@ def _attention_mixups(x, layer, cfg, positions) -> dict:
     return wrong
 
 
-def _scale_mistakes(cfg: ModelConfig) -> list[tuple[str, int]]:
-    """Scores scaled by the width of the model, or of all heads, instead of one head's: in these
-    configs neither is D_h; the two differ when D_h != H / N_h."""
+def _and_positions_ignored(mistake: Mistake) -> Mistake:
+    """Two mistakes at once: `mistake`, and the positions given ignored."""
+    return Mistake(f"{mistake.key}_and_positions_ignored",
+                   _(AND_POSITIONS_IGNORED).format(mistake=_(mistake)))
+
+
+def _scale_mistakes(cfg: ModelConfig) -> list[tuple[Mistake, int]]:
+    """Scores scaled by the width of the model, or of all heads, or H // N_h, instead of one
+    head's: in these configs none is D_h when D_h != H / N_h (H // N_h is not D_h either)."""
     h, heads = cfg.hidden_size, cfg.n_heads * cfg.head_dim
-    widths = {SCALE_BY_H_HEADS: h} if h == heads else {SCALE_BY_H: h, SCALE_BY_HEADS: heads}
+    widths = {SCALE_BY_H_HEADS: h} if h == heads else {
+        SCALE_BY_H: h, SCALE_BY_HEADS: heads, SCALE_BY_H_OVER_N_H: h // cfg.n_heads}
     return [(m, w) for m, w in widths.items() if w != cfg.head_dim]
 
 
@@ -297,12 +340,10 @@ def _block_mixups(x, layer, cfg, positions) -> dict:
         NO_FFN: v(structure="no_ffn"),
         GATE_UP_SWAPPED: v(structure="gate_up_swapped"),
         # The sublayer's mistakes, seen through the whole block.
-        _("the attention sublayer added the residual x: attention_sublayer returns the "
-          "sublayer's output only; so x was added twice"): v(residual=True),
+        RESIDUAL_TWICE: v(residual=True),
     }
     for mistake, attn in (_attention_mistakes(cfg)):
-        wrong.setdefault(_("in the attention sublayer: {mistake}").format(mistake=_(mistake)),
-                         v(**attn))
+        wrong.setdefault(mistake.with_text(_(IN_SUBLAYER).format(mistake=_(mistake))), v(**attn))
     return wrong
 
 
@@ -351,15 +392,7 @@ def _run(c: Check, cfg: ModelConfig, *, b: int, s: int, batched: bool, want_fn, 
     x = c.randn(b, s, cfg.hidden_size, scale=2.5)
     layer = random_layer(c, cfg)
     positions = random_positions(c, b, s, batched=batched)
-    before = (x.clone(), {k: t.clone() for k, t in layer.items()}, positions.clone())
-    got = c.call(x, layer, cfg, positions)
-    if not torch.equal(x, before[0]):
-        c.fail(_("changed its input x in place ({case}).").format(
-            case=_label(cfg, b, s, positions)), IN_PLACE)
-    if any(not torch.equal(layer[k], before[1][k]) for k in layer) or \
-            not torch.equal(positions, before[2]):
-        c.fail(_("changed the layer's weights or the positions it was given; leave its inputs "
-                 "untouched."))
+    got = c.call(x, layer, cfg, positions)  # an input changed in place: Check(in_place=...)
     with torch.no_grad():
         want = want_fn(x, layer, cfg, positions)
     shown = f"{what} ({_label(cfg, b, s, positions, extra)})"
@@ -391,7 +424,31 @@ def _cases(c: Check, thorough: bool):
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 1: init_block_params
+# Exercise 1: init_block_params (the random-initialisation rules: checks.init_check)
+
+TRANSPOSED = Mistake("transposed_weights", N_(
+    "transposed: the course's weights are [in_features, out_features] and applied as x @ W "
+    "(nn.Linear's own weight is [out, in])"))
+KV_WITH_N_H = Mistake("kv_with_n_h_heads", N_(
+    "K and V have only N_kv heads: wqkv has (N_h + 2 * N_kv) * D_h columns, Q | K | V"))
+HEAD_WIDTH_FROM_H = Mistake("head_width_from_h", N_(
+    "used H // N_h for the head width; read cfg.head_dim"))
+WO_H_BY_H = Mistake("wo_as_h_by_h", N_(
+    "W_O takes the N_h * D_h features of the concatenated heads: [N_h * D_h, H] (which is [H, H] "
+    "only when D_h = H / N_h)"))
+NORM_NOT_VECTOR = Mistake("norm_not_a_vector", N_(
+    "a norm's scale is one number per hidden feature: shape [H]"))
+SEPARATE_QKV = Mistake("separate_q_k_v", N_(
+    "the layout fuses the three projections into one matrix: wqkv = [W_Q | W_K | W_V], [H, (N_h "
+    "+ 2 * N_kv) * D_h]"))
+NORM_NAMES = Mistake("norm_names", N_(
+    "name the two norm scales attn_norm (before attention) and ffn_norm"))
+OTHER_NAMES = Mistake("other_names", N_("use the names of the parameter layout exactly"))
+DTYPE_IGNORED = Mistake("dtype_ignored", N_(
+    "create every tensor with dtype=dtype (the norms too)"))
+NORM_NOT_ONE = Mistake("norm_not_one", N_(
+    "a norm's scale starts at exactly one, so that the norm starts out as the plain "
+    "normalisation (torch.ones)"))
 
 
 def _init_cfgs(c: Check) -> list[ModelConfig]:
@@ -413,22 +470,19 @@ def _cfg_text(cfg: ModelConfig) -> str:
             f"D_h={cfg.head_dim}, H_ff={cfg.ffn_hidden_size}")
 
 
-def _shape_hint(name: str, got: tuple, want: tuple, cfg: ModelConfig) -> str | None:
+def _shape_hint(name: str, got: tuple, want: tuple, cfg: ModelConfig) -> Mistake | None:
     h, d, n_h, n_kv = cfg.hidden_size, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
     if len(want) == 2 and got == want[::-1]:
-        return _("transposed: the course's weights are [in_features, out_features] and applied "
-                 "as x @ W (nn.Linear's own weight is [out, in])")
+        return TRANSPOSED
     if name == "wqkv" and len(got) == 2 and got[0] == h:
         if got[1] == 3 * h or got[1] == 3 * n_h * d:
-            return _("K and V have only N_kv heads: wqkv has (N_h + 2 * N_kv) * D_h columns, "
-                     "Q | K | V")
+            return KV_WITH_N_H
         if got[1] == (n_h + 2 * n_kv) * (h // n_h):
-            return _("used H // N_h for the head width; read cfg.head_dim")
+            return HEAD_WIDTH_FROM_H
     if name == "wo" and got == (h, h):
-        return _("W_O takes the N_h * D_h features of the concatenated heads: [N_h * D_h, H] "
-                 "(which is [H, H] only when D_h = H / N_h)")
+        return WO_H_BY_H
     if name in NORMS and len(got) != 1:
-        return _("a norm's scale is one number per hidden feature: shape [H]")
+        return NORM_NOT_VECTOR
     return None
 
 
@@ -440,20 +494,18 @@ def _expect_layout(c: Check, got, cfg: ModelConfig, dtype: torch.dtype, label: s
     missing = [n for n in NAMES if n not in keys]
     extra = sorted(str(k) for k in keys - set(NAMES))
     if missing or extra:
-        hint = None
+        hint = OTHER_NAMES
         if {"wq", "wk", "wv"} & keys or {"w_q", "w_k", "w_v"} & keys:
-            hint = _("the layout fuses the three projections into one matrix: wqkv = "
-                     "[W_Q | W_K | W_V], [H, (N_h + 2 * N_kv) * D_h]")
+            hint = SEPARATE_QKV
         elif keys & {"gamma", "norm", "norm1", "norm2", "ln_1", "ln_2"}:
-            hint = _("name the two norm scales attn_norm (before attention) and ffn_norm")
+            hint = NORM_NAMES
         text = []
         if missing:
             text.append(_("missing {names}").format(names=", ".join(missing)))
         if extra:
             text.append(_("unexpected {names}").format(names=", ".join(extra)))
         c.fail(_("the dict's keys are not the layout's ({problems}); expected exactly {names}.")
-               .format(problems="; ".join(text), names=", ".join(NAMES)),
-               hint or _("use the names of the parameter layout exactly"))
+               .format(problems="; ".join(text), names=", ".join(NAMES)), hint)
     shapes = ref.block.block_shapes(cfg)
     for name in NAMES:
         t = got[name]
@@ -467,97 +519,37 @@ def _expect_layout(c: Check, got, cfg: ModelConfig, dtype: torch.dtype, label: s
         if t.dtype != dtype:
             c.fail(_("{name} has dtype {got}, expected {want} ({case}).").format(
                 name=name, got=t.dtype, want=dtype, case=label),
-                   _("create every tensor with dtype=dtype (the norms too)") if
-                   dtype != torch.float32 else None)
+                   DTYPE_IGNORED if dtype != torch.float32 else None)
     c.note(_("the layout's 7 tensors, shapes [in, out]"))
 
 
 def _expect_values(c: Check, got: dict, label: str) -> None:
     for name in NORMS:
-        t = got[name].detach()
-        if not bool((t == 1).all()):
-            hint = (_("initialised to zeros: a zero scale wipes out the sublayer's input") if
-                    bool((t == 0).all()) else
-                    _("a norm's scale starts at exactly one, so that the norm starts out as the "
-                      "plain normalisation (torch.ones)"))
-            c.fail(_("{name} should be all ones ({case}).").format(name=name, case=label), hint)
+        init.expect_ones(c, got[name], name, label, NORM_NOT_ONE)
     for name in MATRICES:
-        t = got[name].detach().double()
-        if not bool(t.isfinite().all()):
-            c.fail(_("{name} holds NaN or inf ({case}).").format(name=name, case=label),
-                   _("torch.empty leaves memory uninitialised: fill it (normal_) or use "
-                     "torch.randn"))
-        mean, std, n = float(t.mean()), float(t.std()), t.numel()
-        if std == 0:
-            c.fail(_("every entry of {name} is {value} ({case}).").format(
-                name=name, value=f"{float(t.flatten()[0]):g}", case=label),
-                   _("draw the weight matrices at random: torch.randn(..., "
-                     "generator=generator) * 0.02"))
-        rows_equal = t.shape[0] > 1 and bool((t[0] == t[1]).all())
-        cols_equal = t.shape[1] > 1 and bool((t[:, 0] == t[:, 1]).all())
-        if rows_equal or cols_equal:
-            repeats = (_("{name} repeats the same row ({case}).") if rows_equal else
-                       _("{name} repeats the same column ({case})."))
-            c.fail(repeats.format(name=name, case=label),
-                   _("draw the whole matrix at once, one random number per entry (expand() "
-                     "repeats one draw)"))
-        # Seven standard errors of a sample std (about std / sqrt(2n)): never fails a correct draw.
-        band = max(0.15, 7 / math.sqrt(2 * n))
-        if not ((1 - band) * INIT_STD <= std <= (1 + band) * INIT_STD):
-            if 0.85 <= std <= 1.15:
-                hint = _("std 1: multiply torch.randn(...) by 0.02")
-            elif abs(std * math.sqrt(t.shape[0]) - 1) < 0.2:
-                hint = _("scaled by 1 / sqrt(fan_in); this course draws every matrix with std "
-                         "0.02 (the default initializer_range of Hugging Face's LlamaConfig)")
-            elif abs(std - INIT_STD / math.sqrt(3)) < 0.1 * INIT_STD:
-                hint = _("uniform in [-0.02, 0.02] has std 0.0115: draw from a normal with std "
-                         "0.02")
-            else:
-                hint = _("draw from a normal distribution with mean 0 and std 0.02")
-            c.fail(_("{name} has standard deviation {std}, expected about {want} ({case}).")
-                   .format(name=name, std=f"{std:.4g}", want=INIT_STD, case=label), hint)
-        if abs(mean) > 7 * INIT_STD / math.sqrt(n):
-            c.fail(_("{name} has mean {mean}, expected about 0 ({case}).").format(
-                name=name, mean=f"{mean:.4g}", case=label),
-                   _("draw from a normal with mean 0 (torch.rand is uniform on [0, 1))"))
-    for a, b in (("w_gate", "w_up"),):
-        if torch.equal(got[a], got[b]):
-            c.fail(_("{a} and {b} hold the same numbers ({case}).").format(a=a, b=b, case=label),
-                   _("draw each matrix separately: the same draw used twice (or one tensor "
-                     "under two names) makes the two projections identical"))
+        init.expect_random_matrix(c, got[name], name, label)
+    if torch.equal(got["w_gate"], got["w_up"]):
+        c.fail(_("{a} and {b} hold the same numbers ({case}).").format(
+            a="w_gate", b="w_up", case=label), init.SAME_DRAW)
+    init.expect_own_tensors(c, _tensors(got), label)
     c.note(_("norms at one; weights N(0, 0.02^2), all different"))
 
 
-def _same(a: dict, b: dict) -> bool:
-    return all(torch.equal(a[n], b[n]) for n in NAMES)
+def _tensors(p: dict) -> list[tuple[str, torch.Tensor]]:
+    return [(n, p[n]) for n in NAMES]
 
 
 def check_init_block_params(f, *, seed: int | None = None, thorough: bool = False) -> None:
     with Check("init_block_params", f, seed=seed) as c:
         _no_reference(c, "init_block_params")
-        for cfg in _init_cfgs(c) + ([_init_cfgs(c)[0]] if thorough else []):
-            label = _cfg_text(cfg)
-            s = c.randint(0, 2**31 - 1)
-            got = c.call(cfg, generator=torch.Generator().manual_seed(s))
-            _expect_layout(c, got, cfg, torch.float32, label)
-            _expect_values(c, got, label)
-            again = c.call(cfg, generator=torch.Generator().manual_seed(s))
-            _expect_layout(c, again, cfg, torch.float32, label)
-            if not _same(got, again):
-                c.fail(_("two generators seeded alike ({seeded}) gave different weights "
-                         "({case}).").format(seeded=f"torch.Generator().manual_seed({s})",
-                                             case=label),
-                       _("draw every random number from the `generator` argument: "
-                         "torch.randn(..., generator=generator)"))
-            other = c.call(cfg, generator=torch.Generator().manual_seed(s + 1))
-            _expect_layout(c, other, cfg, torch.float32, label)
-            same = [n for n in MATRICES if torch.equal(got[n], other[n])]
-            if same:
-                c.fail(_("generators with different seeds gave the same {names} ({case}).")
-                       .format(names=", ".join(same), case=label),
-                       _("the weights must come from the `generator` argument; a fixed seed "
-                         "(torch.manual_seed) inside the function makes them constant"))
-        c.note(_("reproducible from a seeded generator"))
+        cfgs = _init_cfgs(c) + ([_init_cfgs(c)[0]] if thorough else [])
+        rules = {"values": lambda p, label: _expect_values(c, p, label), "tensors": _tensors,
+                 "randoms": lambda p: [(n, p[n]) for n in MATRICES], "local": not is_remote(f)}
+        for cfg in cfgs:
+            init.expect_generator_use(
+                c, cfg, _cfg_text(cfg), layout=lambda p, label, cfg=cfg: _expect_layout(
+                    c, p, cfg, torch.float32, label), **rules)
+        c.headline(_("reproducible from a seeded generator"))
         cfg = _init_cfgs(c)[0]
         for dtype in ((torch.float64, torch.bfloat16, torch.float16) if thorough
                       else (torch.float64, torch.bfloat16)):
@@ -566,33 +558,13 @@ def check_init_block_params(f, *, seed: int | None = None, thorough: bool = Fals
                          dtype=dtype)
             _expect_layout(c, got, cfg, dtype, label)
             _expect_values(c, got, label)
-        c.note(_("float64 and bfloat16"))
-        # generator=None: torch's global generator, so torch.manual_seed makes it reproducible.
-        state = torch.get_rng_state()
-        try:
-            s = c.randint(0, 2**31 - 1)
-            torch.manual_seed(s)
-            first = c.call(cfg)
-            torch.manual_seed(s)
-            second = c.call(cfg)
-            third = c.call(cfg)
-        finally:
-            torch.set_rng_state(state)
-        _expect_layout(c, first, cfg, torch.float32, _cfg_text(cfg) + ", generator=None")
-        _expect_values(c, first, _cfg_text(cfg) + ", generator=None")
-        _expect_layout(c, third, cfg, torch.float32, _cfg_text(cfg) + ", generator=None")
-        if not _same(first, second):
-            c.fail(_("with generator=None, two calls after the same torch.manual_seed gave "
-                     "different weights."),
-                   _("with generator=None draw from torch's global generator (torch.randn(..., "
-                     "generator=None) does)"))
-        if any(torch.equal(second[n], third[n]) for n in MATRICES):
-            c.fail(_("with generator=None, two calls in a row gave the same weights: every "
-                     "block of a model would start out identical."),
-                   _("with generator=None draw from torch's global generator, which moves on "
-                     "after every draw; a new torch.Generator() (or a fixed seed) starts from "
-                     "the same state every time"))
-        c.note(_("generator=None uses torch's global generator"))
+        c.headline(_("the layout's 7 tensors, shapes [in, out]"))
+        c.headline(_("norms at one; weights N(0, 0.02^2), all different"))
+        c.headline(_("float64 and bfloat16"))
+        init.expect_global_generator(
+            c, cfg, _cfg_text(cfg) + ", generator=None",
+            layout=lambda p, label: _expect_layout(c, p, cfg, torch.float32, label), **rules)
+        c.headline(_("generator=None uses torch's global generator"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -631,7 +603,7 @@ def check_attention_sublayer(f, *, seed: int | None = None, thorough: bool = Fal
 
 def check_decoder_block(f, *, seed: int | None = None, thorough: bool = False) -> None:
     with builds_on("decoder_block", {"attention_sublayer": check_attention_sublayer}), \
-            Check("decoder_block", f, seed=seed) as c:
+            Check("decoder_block", f, seed=seed, in_place=IN_PLACE) as c:
         _no_reference(c, "decoder_block")
         for cfg, b, s, batched in _cases(c, thorough):
             _run(c, cfg, b=b, s=s, batched=batched, want_fn=ref.decoder_block,
@@ -659,29 +631,51 @@ def check_decoder_block(f, *, seed: int | None = None, thorough: bool = False) -
 # Exercise 4: block_param_count
 
 
+COUNT_FLOAT = Mistake("returned_float", N_(
+    "returned a float; a parameter count is an exact int (avoid `/`)"))
+NORMS_LEFT_OUT = Mistake("norms_left_out", N_(
+    "left out the two RMSNorm scales (2 * H: one per sublayer)"))
+ONE_NORM = Mistake("one_norm_counted", N_(
+    "counted only one RMSNorm scale; the block has two (attn_norm and ffn_norm)"))
+LAYERNORM = Mistake("layernorm_gamma_and_beta", N_(
+    "counted each norm as gamma and beta (LayerNorm); RMSNorm has only a scale, H numbers"))
+FOUR_H_BY_H = Mistake("four_h_by_h_attention", N_(
+    "counted four H x H attention matrices as in MHA: with GQA W_K and W_V have only N_kv * D_h "
+    "columns"))
+KV_COUNT_N_H = Mistake("kv_with_n_h_heads", N_(
+    "counted W_K and W_V with N_h heads: they have N_kv heads (N_kv * D_h columns each)"))
+H_AS_HEADS_WIDTH = Mistake("h_as_heads_width", N_(
+    "used H for the width of the heads (N_h * D_h): with D_h != H / N_h, W_Q is [H, N_h * D_h] "
+    "and W_O is [N_h * D_h, H]"))
+WO_COUNT_H_BY_H = Mistake("wo_as_h_by_h", N_(
+    "counted W_O as H x H: it takes the N_h * D_h features of the concatenated heads, "
+    "[N_h * D_h, H] (H x H only when D_h = H / N_h)"))
+TWO_FFN = Mistake("two_ffn_matrices", N_(
+    "counted two FFN matrices; SwiGLU has three (W_gate, W_up, W_down)"))
+NO_WO_COUNT = Mistake("wo_left_out", N_("forgot W_O (the output projection, N_h * D_h x H)"))
+WITH_EMBEDDING = Mistake("embedding_included", N_(
+    "added the embedding table (|V| x H): it belongs to the model, not to a block"))
+
+
 def _count_mixups(cfg: ModelConfig, want: int) -> dict:
+    """The counts of known mistakes. The random configs have H - N_h * D_h outside -2..2, so
+    that W_O counted as H x H (H * (H - N_h * D_h) off) is never a count of norms."""
     h, d, n_h, n_kv, h_ff = (cfg.hidden_size, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads,
                              cfg.ffn_hidden_size)
     attention = h * (n_h + 2 * n_kv) * d + n_h * d * h
     ffn = 3 * h * h_ff
     return {
-        _("returned a float; a parameter count is an exact int (avoid `/`)"): float(want),
-        _("left out the two RMSNorm scales (2 * H: one per sublayer)"): want - 2 * h,
-        _("counted only one RMSNorm scale; the block has two (attn_norm and ffn_norm)"): want - h,
-        _("counted each norm as gamma and beta (LayerNorm); RMSNorm has only a scale, H numbers"):
-            want + 2 * h,
-        _("counted four H x H attention matrices as in MHA: with GQA W_K and W_V have only "
-          "N_kv * D_h columns"): 4 * h * h + ffn + 2 * h,
-        _("counted W_K and W_V with N_h heads: they have N_kv heads (N_kv * D_h columns each)"):
-            4 * h * n_h * d + ffn + 2 * h,
-        _("used H for the width of the heads (N_h * D_h): with D_h != H / N_h, W_Q is "
-          "[H, N_h * D_h] and W_O is [N_h * D_h, H]"):
-            h * (h + 2 * n_kv * d) + h * h + ffn + 2 * h,
-        _("counted two FFN matrices; SwiGLU has three (W_gate, W_up, W_down)"):
-            attention + 2 * h * h_ff + 2 * h,
-        _("forgot W_O (the output projection, N_h * D_h x H)"): want - n_h * d * h,
-        _("added the embedding table (|V| x H): it belongs to the model, not to a block"):
-            want + cfg.vocab_size * h,
+        COUNT_FLOAT: float(want),
+        WO_COUNT_H_BY_H: want - n_h * d * h + h * h,
+        NORMS_LEFT_OUT: want - 2 * h,
+        ONE_NORM: want - h,
+        LAYERNORM: want + 2 * h,
+        FOUR_H_BY_H: 4 * h * h + ffn + 2 * h,
+        KV_COUNT_N_H: 4 * h * n_h * d + ffn + 2 * h,
+        H_AS_HEADS_WIDTH: h * (h + 2 * n_kv * d) + h * h + ffn + 2 * h,
+        TWO_FFN: attention + 2 * h * h_ff + 2 * h,
+        NO_WO_COUNT: want - n_h * d * h,
+        WITH_EMBEDDING: want + cfg.vocab_size * h,
     }
 
 
@@ -691,10 +685,13 @@ def check_block_param_count(f, *, seed: int | None = None, thorough: bool = Fals
             Check("block_param_count", f, seed=seed) as c:
         _no_reference(c, "block_param_count", "init_block_params")
         gqa_7b = ModelConfig(n_kv_heads=8)
-        cases = [(LLAMA2_7B, "LLaMA-2-7B"), (gqa_7b, _("LLaMA-2-7B shapes with GQA, N_kv = 8"))]
+        cases = [(LLAMA2_7B, "LLaMA-2-7B")]
+        # D_h != H / N_h before LLaMA-2-7B with GQA, where 4 H x H matrices and W_K, W_V with
+        # N_h heads are the same count
         for _n in range(4 if thorough else 2):
             cfg = _cfg(c, c.choice(["gqa", "mqa"]), decoupled=True)
             cases.append((cfg, _cfg_text(cfg)))
+        cases.append((gqa_7b, _("LLaMA-2-7B shapes with GQA, N_kv = 8")))
         cfg = _cfg(c, "mha")
         cases.append((cfg, _cfg_text(cfg)))
         for cfg, label in cases:
@@ -702,5 +699,5 @@ def check_block_param_count(f, *, seed: int | None = None, thorough: bool = Fals
             what = f"block_param_count ({label})"
             c.expect_equal(c.call(cfg), want, what=what, wrong=_count_mixups(cfg, want))
             c.properties.remove(what)  # the pass summary lists the properties, not every case
-        c.note(_("the article's 202,383,360 for LLaMA-2-7B"))
-        c.note("GQA, MQA, D_h != H / N_h")
+        c.headline(_("the article's 202,383,360 for LLaMA-2-7B"))
+        c.headline("GQA, MQA, D_h != H / N_h")

@@ -24,14 +24,17 @@ from .grading import grade_notebook
 from .isolation import make_undumpable, python_startup_files
 from .limits import Limits, cores
 from .report import progress_line, report_problem
-from .results import GradingError, GradingIncident, NotebookResult
+from .options import GradeOptions
+from .results import (Graded, GradingError, GradingIncident, Incident, NotebookResult,
+                      NotGraded, Outcome)
 from .tripwire import Tripwire, course_files, short_path
 
 
-def grade_each(paths: list[Path], args, show: Callable[[NotebookResult], None], *,
-               progress: bool = True
+def grade_each(paths: list[Path], options: GradeOptions, show: Callable[[NotebookResult], None],
+               *, roots: list[Path] = (), progress: bool = True
                ) -> tuple[list[NotebookResult], list[GradingError], GradingIncident | None]:
-    """Grade notebooks, `args.jobs` at a time, showing each result in the order of `paths` as
+    """Grade notebooks, `options.jobs` at a time (`roots`: the folders or files given, which
+    the workers must not see), showing each result in the order of `paths` as
     soon as it and those before it are done, and a progress line on stderr as each finishes.
     One that cannot be graded is reported in one line and skipped. A notebook that hangs,
     crashes or misbehaves scores zero where it must and never stops the others.
@@ -39,32 +42,32 @@ def grade_each(paths: list[Path], args, show: Callable[[NotebookResult], None], 
     The course's code, the sources and every notebook in `paths` are hashed first and compared
     after each notebook: a change stops grading (no notebook starts after it) and is returned
     as the incident, naming the notebooks that were being graded."""
-    tripwire = Tripwire([*course_files(args.source), *python_startup_files(), *paths])
-    jobs = max(1, min(args.jobs, len(paths)))
-    options = _options(args, paths, threads=max(1, cores() // jobs))
-    outcomes: dict[int, tuple] = {}
+    tripwire = Tripwire([*course_files(options.source), *python_startup_files(), *paths])
+    jobs = max(1, min(options.jobs, len(paths)))
+    plan = _plan(options, list(roots) or paths, threads=max(1, cores() // jobs))
+    outcomes: dict[int, Outcome] = {}
     results: list[NotebookResult] = []
     problems: list[GradingError] = []
     shown = 0
 
-    def finished(index: int, outcome: tuple, running: list[Path]) -> GradingIncident | None:
+    def finished(index: int, outcome: Outcome, running: list[Path]) -> GradingIncident | None:
         nonlocal shown
         outcomes[index] = outcome
         changed = tripwire.changed()
-        if outcome[0] == "incident":
-            return GradingIncident([*outcome[1], *map(str, running)], outcome[2], outcome[3])
+        if isinstance(outcome, Incident):
+            return outcome.with_running(running)
         if changed:
             return GradingIncident([str(paths[index]), *map(str, running)],
                                    [short_path(p) for p in changed])
         if progress:
             progress_line(len(outcomes), len(paths), paths[index], outcome)
         while shown in outcomes:
-            kind, *rest = outcomes[shown]
-            if kind == "result":
-                results.append(rest[0])
-                show(rest[0])
+            outcome = outcomes[shown]
+            if isinstance(outcome, Graded):
+                results.append(outcome.result)
+                show(outcome.result)
             else:
-                problem = GradingError(paths[shown], rest[0])
+                problem = GradingError(paths[shown], outcome.problem)
                 report_problem(problem)
                 problems.append(problem)
             shown += 1
@@ -72,11 +75,11 @@ def grade_each(paths: list[Path], args, show: Callable[[NotebookResult], None], 
 
     if jobs == 1:
         for index, path in enumerate(paths):
-            incident = finished(index, _grade_one(path, options), [])
+            incident = finished(index, _grade_one(path, plan), [])
             if incident:
                 return results, problems, incident
         return results, problems, None
-    return _grade_in_parallel(paths, options, jobs, finished, results, problems)
+    return _grade_in_parallel(paths, plan, jobs, finished, results, problems)
 
 
 class Terminated(KeyboardInterrupt):
@@ -145,7 +148,7 @@ def _grade_in_parallel(paths, options, jobs, finished, results, problems, work=N
                     "could not be graded: the grader's grading processes do not start (its "
                     "environment is at fault, not the submissions)"))
             if (alone.in_flight or alone.unsent) and incident is None:
-                incident = finished(index, ("problem", _(
+                incident = finished(index, NotGraded(_(
                     "could not be graded: its grading process was killed while it was graded "
                     "alone (a submission that signals the grader's processes? grade as root, "
                     "with walls)")), [])
@@ -156,7 +159,7 @@ def _give_up(indices: list[int], finished, why: str) -> GradingIncident | None:
     """Each of `indices` ends with the problem `why` (so that the table goes on in order)."""
     incident = None
     for index in indices:
-        incident = incident or finished(index, ("problem", why), [])
+        incident = incident or finished(index, NotGraded(why), [])
     return incident
 
 
@@ -195,7 +198,7 @@ def _pool_round(paths, indices: list[int], options, jobs: int, finished, work, *
                     broken = True
                     continue
                 except Exception as exc:  # noqa: BLE001 - a grading process that failed
-                    outcome = ("problem", _("could not be graded ({error}: {why})").format(
+                    outcome = NotGraded(_("could not be graded ({error}: {why})").format(
                         error=type(exc).__name__, why=exc))
                 now = [paths[i] for i in futures.values()]
                 done_round.incident = done_round.incident or finished(index, outcome, now)
@@ -264,21 +267,22 @@ def _end_this_grading_process(signum, frame) -> None:
     raise Terminated()
 
 
-def _options(args, paths: list[Path], threads: int) -> dict:
-    roots = list(getattr(args, "paths", None) or [getattr(args, "dir", Path("."))])
-    hide = [p if p.is_dir() else p.parent for p in roots] + list(args.hide)
-    return {"source": args.source, "threads": threads, "hide": [p.resolve() for p in hide],
-            "limits": Limits(cell_timeout=args.timeout, memory=args.memory, cpu=args.cpu_time,
-                             output=args.max_output, threads=threads,
-                             memory_by=args.memory_by, notebook_time=args.notebook_timeout)}
+def _plan(options: GradeOptions, roots: list[Path], threads: int) -> dict:
+    """What each grading process needs (plain data: it crosses to --jobs' processes)."""
+    hide = [p if p.is_dir() else p.parent for p in roots] + list(options.hide)
+    return {"source": options.source, "threads": threads, "hide": [p.resolve() for p in hide],
+            "limits": Limits(cell_timeout=options.timeout, memory=options.memory,
+                             cpu=options.cpu_time, output=options.max_output, threads=threads,
+                             memory_by=options.memory_by,
+                             notebook_time=options.notebook_timeout)}
 
 
-def _grade_one(path: Path, options: dict) -> tuple:
-    """("result", NotebookResult) | ("problem", text) | ("incident", notebooks, files, what)."""
+def _grade_one(path: Path, options: dict) -> Outcome:
+    """Grade one notebook: its result, why it could not be graded, or an incident."""
     global _grading_now
     _grading_now = True
     try:
-        return ("result", grade_notebook(
+        return Graded(grade_notebook(
             path, source_dir=options["source"], limits=options["limits"], hide=options["hide"],
             tripwire=Tripwire([*course_files(options["source"]), *python_startup_files(),
                                path])))
@@ -287,11 +291,11 @@ def _grade_one(path: Path, options: dict) -> tuple:
             os._exit(143)
         raise
     except GradingError as problem:
-        return ("problem", problem.problem)
+        return NotGraded(problem.problem)
     except GradingIncident as incident:
-        return ("incident", incident.notebooks, incident.changed, incident.what)
+        return Incident(incident.notebooks, incident.changed, incident.what)
     except Exception as exc:  # noqa: BLE001 - a bug of ours must not stop a class's grading
-        return ("problem", _("could not be graded ({error}: {why})").format(
+        return NotGraded(_("could not be graded ({error}: {why})").format(
             error=type(exc).__name__, why=exc))
     finally:
         _grading_now = False

@@ -26,6 +26,7 @@ from pathlib import Path
 from ..context import GRADING_ENV
 from ..i18n import _
 from .batch import Terminated, grade_each, sigterm_as_interrupt
+from .options import GradeOptions, OutputOptions, from_namespace
 from .grading import DEFAULT_CELL_TIMEOUT
 from .identify import SOURCE_DIR, find_submissions
 from .isolation import make_undumpable
@@ -172,6 +173,10 @@ def _parser() -> argparse.ArgumentParser:
                             "chapter's total, submission time and lateness")
     grade.add_argument("--feedback", type=Path, metavar="DIR",
                        help="also write feedback for students: DIR/<student>/<chapter>.html")
+    grade.add_argument("--report", type=Path, metavar="FILE",
+                       help="also write the class report: one HTML page with each exercise's "
+                            "pass rate, the mistakes most students made (and who), the score "
+                            "distribution and lateness, with charts")
     grade.add_argument("--due", type=due_argument, metavar="TIME",
                        help="deadline (ISO 8601; no zone: UTC): submissions whose nbgrader "
                             "timestamp.txt is later are marked late in every output")
@@ -217,7 +222,8 @@ def _status(args) -> int:
     width = max(len(status_label(p)) for p in paths) + 2
     print(status_header(width), flush=True)
     results, problems, incident = grade_each(  # each row is printed as soon as it is known
-        paths, args, lambda r: print(status_row(r, width), flush=True), progress=False)
+        paths, from_namespace(GradeOptions, args),
+        lambda r: print(status_row(r, width), flush=True), roots=[args.dir], progress=False)
     if incident is not None:
         report_incident(incident, len(results) + len(problems), len(paths))
         return 3
@@ -235,7 +241,8 @@ def _grade(args) -> int:
     found = find_submissions(args.paths, Caps(args.max_size, args.max_cells, args.max_notebooks),
                              args.source)  # links, special files, caps: one line each, here
     paths = found.paths
-    outputs = GradeOutputs(args, paths)  # unwritable outputs are refused here, before grading
+    # unwritable outputs are refused here, before grading
+    outputs = GradeOutputs(from_namespace(OutputOptions, args), paths)
     for refusal in found.refused:
         report_problem(refusal)
     todo = outputs.to_grade(paths)
@@ -262,8 +269,9 @@ def _grade(args) -> int:
 
     progress = Progress(todo, args.jobs, on_result=save).start()
     try:
-        results, problems, incident = (grade_each(todo, args, show) if todo
-                                       else ([], [], None))
+        results, problems, incident = (
+            grade_each(todo, from_namespace(GradeOptions, args), show, roots=args.paths)
+            if todo else ([], [], None))
     finally:
         progress.stop()
     outputs.write(found.refused + problems, incident)

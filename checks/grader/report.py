@@ -90,11 +90,11 @@ class Progress:
 _progress: Progress | None = None
 
 
-def progress_line(done: int, total: int, path: Path, outcome: tuple) -> None:
+def progress_line(done: int, total: int, path: Path, outcome) -> None:
     """One line on stderr per graded notebook (one that cannot be graded gets its error line)."""
     eta = _progress.finish(path) if _progress is not None else ""
-    if outcome[0] == "result":
-        r = outcome[1]
+    r = getattr(outcome, "result", None)  # a results.Graded
+    if r is not None:
         if _progress is not None and _progress.on_result is not None:
             _progress.on_result(r)
         print(f"[{done}/{total}] {shown_path(path)}: " + _(
@@ -175,6 +175,17 @@ def grade_table(result: NotebookResult, late: str = "") -> str:
                                       "namespaces): its code could read the course's files"),
                            width))
     return "\n".join(lines) + "\n"
+
+
+def replay_text(exercise: dict) -> str:
+    """How a student sees the failing case again, from an exercise's record: its check with the
+    seed of the random inputs it failed on ("" when the failure had none)."""
+    seed = exercise.get("seed")
+    if seed is None or exercise.get("status") == "passed":
+        return ""
+    name = exercise["name"]
+    return _("To see the same inputs again, run in your notebook: check_{name}({name}, "
+             "seed={seed})").format(name=name, seed=seed)
 
 
 def status_word(status: str) -> str:

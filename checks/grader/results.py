@@ -173,3 +173,39 @@ class NotebookResult:
                     counted=self.counted,
                     grader_memory_mib=round(self.grader_memory_mib, 1))
         return data
+
+
+# --------------------------------------------------------------------------------------------
+# What grading one notebook gave: exactly one of these (they cross from a grading process of
+# --jobs to the grader, so plain dataclasses).
+
+
+@dataclass(frozen=True)
+class Graded:
+    """The notebook was graded."""
+
+    result: NotebookResult
+
+
+@dataclass(frozen=True)
+class NotGraded:
+    """The notebook could not be graded: why, in one line."""
+
+    problem: str
+
+
+@dataclass(frozen=True)
+class Incident:
+    """Something no notebook may do happened while grading (a course file changed, a process
+    outlived its worker): grading stops."""
+
+    notebooks: list[str]
+    changed: list[str]
+    what: str
+
+    def with_running(self, running) -> GradingIncident:
+        """The incident, naming also the notebooks being graded at the time."""
+        return GradingIncident([*self.notebooks, *map(str, running)], self.changed, self.what)
+
+
+Outcome = Graded | NotGraded | Incident

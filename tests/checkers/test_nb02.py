@@ -349,6 +349,32 @@ def encode_leftmost_first(text, merges):
     return ids
 
 
+def encode_in_order(text, merges, order):
+    ids = list(text.encode("utf-8"))
+    for pair in order:
+        ids = merge_while_loop(ids, pair, merges[pair])
+    return ids
+
+
+def encode_rank_without_default(text, merges):
+    ids = list(text.encode("utf-8"))
+    while len(ids) >= 2:
+        pair = min(zip(ids, ids[1:]), key=lambda p: merges.get(p))  # None for unknown pairs
+        if pair not in merges:
+            break
+        ids = merge_while_loop(ids, pair, merges[pair])
+    return ids
+
+
+def encode_popping(text, merges):
+    ids = list(text.encode("utf-8"))
+    while merges:
+        pair, new_id = next(iter(merges.items()))
+        merges.pop(pair)
+        ids = merge_while_loop(ids, pair, new_id)
+    return ids
+
+
 def encode_with_ord(text, merges):
     ids = [ord(ch) for ch in text]
     for pair, new_id in merges.items():
@@ -416,102 +442,153 @@ def one_hot_from_max(token_ids, vocab_size):
 
 WRONG = {
     nb02.check_utf8_bytes: [
-        Wrong("ord per character", lambda text: [ord(ch) for ch in text], "ord()"),
-        Wrong("bytes object", lambda text: text.encode("utf-8"), "bytes object"),
-        Wrong("UTF-16", lambda text: list(text.encode("utf-16-le")), "UTF-16"),
-        Wrong("BOM", lambda text: list(text.encode("utf-8-sig")), "byte-order mark"),
-        Wrong("characters", lambda text: list(text), "characters"),
-        Wrong("tuple", lambda text: tuple(text.encode("utf-8")), "list of ints"),
+        Wrong("ord per character", lambda text: [ord(ch) for ch in text],
+              '02.utf8_bytes.ord_per_character'),
+        Wrong("GBK", lambda text: list(text.encode("gbk")), '02.utf8_bytes.encoded_gbk'),
+        Wrong("bytes object", lambda text: text.encode("utf-8"),
+              '02.utf8_bytes.returned_bytes_object'),
+        Wrong("UTF-16", lambda text: list(text.encode("utf-16-le")), '02.utf8_bytes.encoded_utf16'),
+        Wrong("BOM", lambda text: list(text.encode("utf-8-sig")),
+              '02.utf8_bytes.added_byte_order_mark'),
+        Wrong("characters", lambda text: list(text), '02.utf8_bytes.returned_characters'),
+        Wrong("tuple", lambda text: tuple(text.encode("utf-8")),
+              '02.utf8_bytes.not_a_list_of_ints'),
     ],
     nb02.check_bpe_merge: [
-        Wrong("overlapping", merge_overlapping, "overlapping"),
-        Wrong("moves on by one", merge_step_one, "move on by 2"),
-        Wrong("right to left", merge_right_to_left, "from the right"),
-        Wrong("first occurrence only", merge_first_only, "every occurrence"),
-        Wrong("drops the last id", merge_drops_last, "last id"),
-        Wrong("edits the input", merge_in_place, "in place"),
+        Wrong("overlapping", merge_overlapping, '02.bpe_merge.overlapping_occurrences'),
+        Wrong("moves on by one", merge_step_one, '02.bpe_merge.moves_on_by_one'),
+        Wrong("right to left", merge_right_to_left, '02.bpe_merge.merged_from_the_right'),
+        Wrong("first occurrence only", merge_first_only, '02.bpe_merge.first_occurrence_only'),
+        Wrong("drops the last id", merge_drops_last, '02.bpe_merge.dropped_last_id'),
+        Wrong("edits the input", merge_in_place, '02.bpe_merge.changed_ids_in_place'),
         Wrong("tuple", lambda ids, pair, new_id: tuple(merge_while_loop(ids, pair, new_id)),
-              "return a list"),
+              '02.bpe_merge.returned_tuple'),
+        Wrong("tensor", lambda ids, pair, new_id: torch.tensor(merge_while_loop(ids, pair, new_id),
+                                                               dtype=torch.long),
+              '02.bpe_merge.returned_tensor'),
     ],
     nb02.check_bpe_train: [
         Wrong("ties to the smallest pair", _trainer(
-            pick=lambda c: min(p for p in c if c[p] == max(c.values()))), "smallest pair"),
+            pick=lambda c: min(p for p in c if c[p] == max(c.values()))),
+              '02.bpe_train.ties_to_smallest_pair'),
         Wrong("ties to the largest pair", _trainer(
-            pick=lambda c: max(c.items(), key=lambda kv: (kv[1], kv[0]))[0]), "largest pair"),
+            pick=lambda c: max(c.items(), key=lambda kv: (kv[1], kv[0]))[0]),
+              '02.bpe_train.ties_to_largest_pair'),
         Wrong("ties to the last pair", _trainer(pick=lambda c: sorted(c, key=c.get)[-1]),
-              "occurs last"),
-        Wrong("ids from 255", _trainer(start=255), "start at 256"),
-        Wrong("ids from 0", _trainer(start=0), "start at 256"),
-        Wrong("sequence never updated", _trainer(update=False), "before counting again"),
+              '02.bpe_train.ties_to_last_pair'),
+        Wrong("ids from 255", _trainer(start=255), '02.bpe_train.ids_from_255'),
+        Wrong("ids from 0", _trainer(start=0), '02.bpe_train.ids_from_0'),
+        Wrong("sequence never updated", _trainer(update=False),
+              '02.bpe_train.sequence_not_updated'),
         Wrong("non-overlapping counts", _trainer(count=_count_non_overlapping),
-              "overlapping ones included"),
-        Wrong("overlapping merge", _trainer(merge=merge_overlapping), "overlapping occurrences"),
-        Wrong("right-to-left merge", _trainer(merge=merge_right_to_left), "from the right"),
-        Wrong("ord code points", _trainer(codes=lambda t: [ord(ch) for ch in t]), "UTF-8 bytes"),
-        Wrong("stops at count 1", _trainer(min_count=2), "occurs only once"),
-        Wrong("crashes without pairs", _train_crashes_without_pairs, "no pair left"),
-        Wrong("sorted dict", _trainer(order=lambda m: dict(sorted(m.items()))), "merge order"),
+              '02.bpe_train.counted_non_overlapping'),
+        Wrong("overlapping merge", _trainer(merge=merge_overlapping),
+              '02.bpe_train.merged_overlapping'),
+        Wrong("right-to-left merge", _trainer(merge=merge_right_to_left),
+              '02.bpe_train.merged_from_the_right'),
+        Wrong("ord code points", _trainer(codes=lambda t: [ord(ch) for ch in t]),
+              '02.bpe_train.ord_code_points'),
+        Wrong("least frequent pair", _trainer(pick=lambda c: min(c, key=c.get)),
+              '02.bpe_train.least_frequent_pair'),
+        Wrong("max of the pairs", _trainer(pick=max), '02.bpe_train.max_of_pairs_not_counts'),
+        Wrong("one merge too few", lambda text, n: _trainer()(text, n - 1),
+              '02.bpe_train.one_merge_too_few'),
+        Wrong("one merge too many", lambda text, n: _trainer()(text, n + 1),
+              '02.bpe_train.one_merge_too_many'),
+        Wrong("stops at count 1", _trainer(min_count=2), '02.bpe_train.stops_at_count_one'),
+        Wrong("crashes without pairs", _train_crashes_without_pairs,
+              '02.bpe_train.no_stop_without_pairs'),
+        Wrong("sorted dict", _trainer(order=lambda m: dict(sorted(m.items()))),
+              '02.bpe_train.merges_out_of_order'),
         Wrong("id -> pair", _trainer(order=lambda m: {v: k for k, v in m.items()}),
-              "not new id -> pair"),
+              '02.bpe_train.mapped_id_to_pair'),
     ],
     nb02.check_bpe_encode: [
-        Wrong("reverse order", encode_reverse_order, "reverse order"),
-        Wrong("most frequent first", encode_most_frequent_first, "how often"),
-        Wrong("leftmost first", encode_leftmost_first, "leftmost"),
-        Wrong("ord code points", encode_with_ord, "UTF-8 bytes"),
-        Wrong("first occurrences", encode_first_occurrences, "every occurrence"),
+        Wrong("reverse order", encode_reverse_order, '02.bpe_encode.reverse_order'),
+        Wrong("most frequent first", encode_most_frequent_first,
+              '02.bpe_encode.most_frequent_pair_first'),
+        Wrong("leftmost first", encode_leftmost_first, '02.bpe_encode.leftmost_pair_first'),
+        Wrong("ord code points", encode_with_ord, '02.bpe_encode.ord_code_points'),
+        Wrong("sorted merges", lambda text, merges: encode_in_order(text, merges, sorted(merges)),
+              '02.bpe_encode.merges_sorted_by_pair'),
+        Wrong("byte pairs only", lambda text, merges: encode_in_order(
+            text, merges, [p for p in merges if max(p) < 256]), '02.bpe_encode.byte_pairs_only'),
+        Wrong("rank without a default", encode_rank_without_default,
+              '02.bpe_encode.rank_lookup_without_default'),
+        Wrong("pops the merges", encode_popping, '02.bpe_encode.changed_merges'),
+        Wrong("first occurrences", encode_first_occurrences, '02.bpe_encode.first_occurrence_only'),
         Wrong("merges ignored", lambda text, merges: list(text.encode("utf-8")),
-              "without applying the merges"),
+              '02.bpe_encode.merges_not_applied'),
     ],
     nb02.check_bpe_decode: [
-        Wrong("each token, replace", decode_each_token, "each token separately"),
+        Wrong("each token, replace", decode_each_token, '02.bpe_decode.decoded_each_token'),
         Wrong("each token, strict", lambda ids, m: decode_each_token(ids, m, "strict"),
-              "each token separately"),
+              '02.bpe_decode.decoded_each_token'),
         Wrong("errors='ignore'", lambda ids, m: b"".join(_vocab(m)[i] for i in ids).decode(
-            "utf-8", errors="ignore"), "errors='replace'"),
+            "utf-8", errors="ignore"), '02.bpe_decode.errors_ignore'),
         Wrong("strict", lambda ids, m: b"".join(_vocab(m)[i] for i in ids).decode("utf-8"),
-              "errors='replace'"),
+              '02.bpe_decode.strict_decoding'),
         Wrong("Latin-1", lambda ids, m: b"".join(_vocab(m)[i] for i in ids).decode("latin-1"),
-              "as UTF-8"),
+              '02.bpe_decode.decoded_latin1'),
         Wrong("merges ignored", lambda ids, m: bytes(ids).decode("utf-8", errors="replace"),
-              "through the merges"),
-        Wrong("one level of unmerging", decode_one_level, "recursively"),
+              '02.bpe_decode.merged_ids_not_expanded'),
+        Wrong("returns bytes", lambda ids, m: b"".join(_vocab(m)[i] for i in ids),
+              '02.bpe_decode.returned_bytes'),
+        Wrong("one level of unmerging", decode_one_level, '02.bpe_decode.merged_ids_not_expanded'),
     ],
     nb02.check_pad_batch: [
-        Wrong("left padding", _pad(left=True), "pads on the right"),
-        Wrong("mask inverted", _pad(mask_fn=lambda m, ids, p: ~m), "true at padding"),
-        Wrong("mask as 0/1 ints", _pad(mask_fn=lambda m, ids, p: m.long()), "torch.bool"),
-        Wrong("mask from pad_id", _pad(mask_fn=lambda m, ids, p: ids != p), "lengths"),
-        Wrong("int32 ids", _pad(ids_dtype=torch.int32), "torch.long"),
-        Wrong("pads with 0", _pad(fill=0), "instead of pad_id"),
-        Wrong("extends the input lists", pad_extends_inputs, "in place"),
+        Wrong("left padding", _pad(left=True), '02.pad_batch.left_padding'),
+        Wrong("mask inverted", _pad(mask_fn=lambda m, ids, p: ~m), '02.pad_batch.mask_inverted'),
+        Wrong("mask as 0/1 ints", _pad(mask_fn=lambda m, ids, p: m.long()),
+              '02.pad_batch.mask_not_bool'),
+        Wrong("mask from pad_id", _pad(mask_fn=lambda m, ids, p: ids != p),
+              '02.pad_batch.mask_from_pad_id'),
+        Wrong("mask as floats", _pad(mask_fn=lambda m, ids, p: m.float()),
+              '02.pad_batch.mask_not_bool'),
+        Wrong("int32 ids", _pad(ids_dtype=torch.int32), '02.pad_batch.ids_not_long'),
+        Wrong("pads with 0", _pad(fill=0), '02.pad_batch.padded_with_zero'),
+        Wrong("extends the input lists", pad_extends_inputs, '02.pad_batch.extended_input_lists'),
         Wrong("lists, not tensors", lambda seqs, pad_id: tuple(
-            x.tolist() for x in pad_with_loop(seqs, pad_id)), "torch.tensor"),
+            x.tolist() for x in pad_with_loop(seqs, pad_id)), '02.pad_batch.returned_lists'),
     ],
     nb02.check_embed: [
-        Wrong("columns", lambda ids, table: table[:, ids], "columns"),
-        Wrong("transposed table", lambda ids, table: table.T[ids], "transposed table"),
-        Wrong("batch dropped", lambda ids, table: table[ids[0]], "batch axis"),
-        Wrong("B and S swapped", lambda ids, table: table[ids.T], "swapped b and s"),
-        Wrong("flattened", lambda ids, table: table[ids.flatten()], "flattened"),
-        Wrong("cast to float32", lambda ids, table: table[ids].float(), "table's dtype"),
-        Wrong("bag of words", lambda ids, table: table[ids].sum(1), "summed over the sequence"),
+        Wrong("columns", lambda ids, table: table[:, ids], '02.embed.selected_columns'),
+        Wrong("transposed table", lambda ids, table: table.T[ids], '02.embed.transposed_table'),
+        Wrong("batch dropped", lambda ids, table: table[ids[0]], '02.embed.dropped_batch_axis'),
+        Wrong("B and S swapped", lambda ids, table: table[ids.T],
+              '02.embed.swapped_batch_and_sequence'),
+        Wrong("flattened", lambda ids, table: table[ids.flatten()], '02.embed.flattened_ids'),
+        Wrong("cast to float32", lambda ids, table: table[ids].float(), '02.embed.changed_dtype'),
+        Wrong("squeezed", lambda ids, table: table[ids].squeeze(),
+              '02.embed.dropped_batch_axis'),
+        Wrong("bag of words", lambda ids, table: table[ids].sum(1),
+              '02.embed.summed_over_sequence'),
     ],
     nb02.check_one_hot: [
-        Wrong("int64", lambda ids, v: (ids[..., None] == torch.arange(v)).long(), "float32"),
-        Wrong("bool", lambda ids, v: ids[..., None] == torch.arange(v), "float32"),
+        Wrong("int64", lambda ids, v: (ids[..., None] == torch.arange(v)).long(),
+              '02.one_hot.not_float32'),
+        Wrong("bool", lambda ids, v: ids[..., None] == torch.arange(v), '02.one_hot.not_float32'),
         Wrong("float64", lambda ids, v: (ids[..., None] == torch.arange(v)).double(),
-              "float32"),
-        Wrong("axis 1", one_hot_axis_1, "last axis"),
-        Wrong("size from ids.max()", one_hot_from_max, "max() + 1"),
+              '02.one_hot.not_float32'),
+        Wrong("axis 1", one_hot_axis_1, '02.one_hot.one_hot_axis_in_middle'),
+        Wrong("arange(V - 1)", lambda ids, v: (ids[..., None] == torch.arange(v - 1)).float(),
+              '02.one_hot.vocab_size_minus_one'),
+        Wrong("size from ids.max()", one_hot_from_max, '02.one_hot.vocab_size_from_max_id'),
     ],
     nb02.check_embedding_table_bytes: [
-        Wrong("parameters, not bytes", lambda v, h, b: v * h, "forgot bytes_per_param"),
-        Wrong("float", lambda v, h, b: v * h * b / 1, "float"),
-        Wrong("bits", lambda v, h, b: v * h * b * 8, "bits"),
-        Wrong("MiB", lambda v, h, b: v * h * b / 1024 / 1024, "MiB"),
-        Wrong("divides", lambda v, h, b: v * h // b, "divided by bytes_per_param"),
-        Wrong("sum of sizes", lambda v, h, b: (v + h) * b, "|V| * H entries"),
+        Wrong("parameters, not bytes", lambda v, h, b: v * h,
+              '02.embedding_table_bytes.forgot_bytes_per_param'),
+        Wrong("float", lambda v, h, b: v * h * b / 1, '02.embedding_table_bytes.returned_float'),
+        Wrong("bits", lambda v, h, b: v * h * b * 8, '02.embedding_table_bytes.counted_bits'),
+        Wrong("MiB", lambda v, h, b: v * h * b / 1024 / 1024,
+              '02.embedding_table_bytes.converted_to_mib'),
+        Wrong("divides", lambda v, h, b: v * h // b,
+              '02.embedding_table_bytes.divided_by_bytes_per_param'),
+        Wrong("GiB", lambda v, h, b: v * h * b / 2**30,
+              '02.embedding_table_bytes.converted_to_gib'),
+        Wrong("divides by 8", lambda v, h, b: v * h * b // 8,
+              '02.embedding_table_bytes.divided_by_8'),
+        Wrong("sum of sizes", lambda v, h, b: (v + h) * b, '02.embedding_table_bytes.added_sizes'),
     ],
 }
 
@@ -565,10 +642,9 @@ def _learner_cell(source: str) -> dict:
 @pytest.mark.parametrize("exercise", ["bpe_train", "bpe_encode"])
 def test_a_broken_bpe_merge_is_named_fix_it_first(exercise):
     ns = _learner_cell(_LEARNER_CELL)
-    text = failure_text(getattr(nb02, f"check_{exercise}"), ns[exercise])
-    assert "your bpe_merge does not pass its own check (merged only the first occurrence" \
-        in text
-    assert f"{exercise} is built on it, so fix bpe_merge first" in text
+    with pytest.raises(CheckFailure) as info:
+        getattr(nb02, f"check_{exercise}")(ns[exercise], seed=0)
+    assert info.value.mistake == f"02.{exercise}.fix_bpe_merge_first"
 
 
 def test_a_broken_bpe_merge_that_is_not_called_is_not_blamed():
@@ -576,6 +652,7 @@ def test_a_broken_bpe_merge_that_is_not_called_is_not_blamed():
     ns = _learner_cell(cell)
     with pytest.raises(CheckFailure) as info:
         nb02.check_bpe_encode(ns["bpe_encode"], seed=0)
+    assert info.value.mistake != "02.bpe_encode.fix_bpe_merge_first"
     assert "bpe_merge" not in str(info.value).split("likely mistake")[-1]
 
 

@@ -272,6 +272,53 @@ def gqa_query_axis_softmax(q, k, v, mask=None):
     return (w.reshape(b, n_kv, -1, s_k) @ v).view(b, n_h, s_q, -1)
 
 
+def gqa_int_sqrt_scale(q, k, v, mask=None):
+    """Scales by 1/int(sqrt(D)): right only when D is a perfect square."""
+    d = q.shape[-1]
+    return gqa_folded(q * math.sqrt(d) / int(math.sqrt(d)), k, v, mask)
+
+
+def gqa_value_width_scale(q, k, v, mask=None):
+    """Scales by 1/sqrt(D_v), v's width."""
+    return gqa_folded(q * math.sqrt(q.shape[-1]) / math.sqrt(v.shape[-1]), k, v, mask)
+
+
+def _gqa_weights(q, k, mask, *, scale=True, mask_after=False):
+    b, n_h, s_q, d = q.shape
+    n_kv, s_k = k.shape[1], k.shape[2]
+    scores = (q.reshape(b, n_kv, -1, d) @ k.transpose(-2, -1)).view(b, n_h, s_q, s_k)
+    if scale:
+        scores = scores / math.sqrt(d)
+    if mask_after:
+        w = torch.softmax(scores, dim=-1)
+        return w if mask is None else w * mask
+    return _softmax_zero_rows(scores, mask)
+
+
+def _gqa_out(w, v):
+    b, n_h, s_q, s_k = w.shape
+    return (w.reshape(b, v.shape[1], -1, s_k) @ v).view(b, n_h, s_q, v.shape[-1])
+
+
+def gqa_scaled_after_softmax(q, k, v, mask=None):
+    return _gqa_out(_gqa_weights(q, k, mask, scale=False) / math.sqrt(q.shape[-1]), v)
+
+
+def gqa_mask_after_softmax(q, k, v, mask=None):
+    """Softmax over every key, then the blocked weights zeroed (no renormalisation)."""
+    return _gqa_out(_gqa_weights(q, k, mask, mask_after=True), v)
+
+
+def gqa_scales_q_in_place(q, k, v, mask=None):
+    q /= math.sqrt(q.shape[-1])
+    return _gqa_out(_gqa_weights(q, k, mask, scale=False), v)
+
+
+def gqa_squeezed(q, k, v, mask=None):
+    """Squeezes the output (meaning to drop a group axis of one): a batch of one goes too."""
+    return gqa_folded(q, k, v, mask).squeeze()
+
+
 def _index_float(h, n_h, n_kv):
     return h / (n_h // n_kv)
 
@@ -293,62 +340,88 @@ def _repeat_tiled_cat(x, n_rep):
 
 WRONG = {
     nb06.check_kv_head_index: [
-        Wrong("h % N_kv", lambda h, n_h, n_kv: h % n_kv, "h % N_kv"),
-        Wrong("h // N_kv", lambda h, n_h, n_kv: h // n_kv, "h // N_kv"),
-        Wrong("N_h instead of N_kv (identity)", lambda h, n_h, n_kv: h, "as if N_kv were N_h"),
-        Wrong("divides by N_h", lambda h, n_h, n_kv: h // n_h, "divided by N_h"),
-        Wrong("1-based", lambda h, n_h, n_kv: h // (n_h // n_kv) + 1, "counted heads from 1"),
-        Wrong("float", _index_float, "integer (floor) division"),
-        Wrong("rounded", lambda h, n_h, n_kv: round(h / (n_h // n_kv)), "floor division"),
-        Wrong("tensor", lambda h, n_h, n_kv: torch.tensor(h // (n_h // n_kv)), "python int"),
+        Wrong("h % N_kv", lambda h, n_h, n_kv: h % n_kv, "06.kv_head_index.round_robin_groups"),
+        Wrong("h // N_kv", lambda h, n_h, n_kv: h // n_kv, "06.kv_head_index.divided_by_n_kv_heads"),
+        Wrong("N_h instead of N_kv (identity)", lambda h, n_h, n_kv: h, "06.kv_head_index.returned_the_query_head"),
+        Wrong("divides by N_h", lambda h, n_h, n_kv: h // n_h, "06.kv_head_index.divided_by_n_heads"),
+        Wrong("1-based", lambda h, n_h, n_kv: h // (n_h // n_kv) + 1, "06.kv_head_index.counted_heads_from_1"),
+        Wrong("float", _index_float, "06.kv_head_index.float_division"),
+        Wrong("rounded", lambda h, n_h, n_kv: round(h / (n_h // n_kv)), "06.kv_head_index.rounded_to_nearest"),
+        Wrong("tensor", lambda h, n_h, n_kv: torch.tensor(h // (n_h // n_kv)), "06.kv_head_index.returned_a_tensor"),
+        Wrong("ceil", lambda h, n_h, n_kv: math.ceil(h / (n_h // n_kv)),
+              "06.kv_head_index.rounded_up"),
+        Wrong("group size N_kv // N_h", lambda h, n_h, n_kv: h // (n_kv // n_h),
+              "06.kv_head_index.group_size_inverted"),
     ],
     nb06.check_repeat_kv: [
-        Wrong("tiling with repeat", lambda x, n: x.repeat(1, n, 1, 1), "tiling"),
-        Wrong("tiling with cat", _repeat_tiled_cat, "tiling"),
+        Wrong("tiling with repeat", lambda x, n: x.repeat(1, n, 1, 1), "06.repeat_kv.tiled_instead_of_interleaved"),
+        Wrong("tiling with cat", _repeat_tiled_cat, "06.repeat_kv.tiled_instead_of_interleaved"),
         Wrong("tiling with expand", lambda x, n: x[:, None].expand(
-            x.shape[0], n, *x.shape[1:]).reshape(x.shape[0], -1, *x.shape[2:]), "tiling"),
-        Wrong("sequence axis", lambda x, n: x.repeat_interleave(n, dim=2), "sequence axis"),
-        Wrong("feature axis", lambda x, n: x.repeat_interleave(n, dim=-1), "feature axis"),
-        Wrong("no dim", lambda x, n: x.repeat_interleave(n), "without `dim=`"),
-        Wrong("unchanged", lambda x, n: x, "unchanged"),
-        Wrong("float32", lambda x, n: repeat_kv_expand(x, n).float(), "dtype"),
-        Wrong("in place", lambda x, n: repeat_kv_expand(x.mul_(1.5), n), "in place"),
+            x.shape[0], n, *x.shape[1:]).reshape(x.shape[0], -1, *x.shape[2:]), "06.repeat_kv.tiled_instead_of_interleaved"),
+        Wrong("sequence axis", lambda x, n: x.repeat_interleave(n, dim=2), "06.repeat_kv.repeated_sequence_axis"),
+        Wrong("feature axis", lambda x, n: x.repeat_interleave(n, dim=-1), "06.repeat_kv.repeated_feature_axis"),
+        Wrong("no dim", lambda x, n: x.repeat_interleave(n), "06.repeat_kv.repeat_interleave_without_dim"),
+        Wrong("unchanged", lambda x, n: x, "06.repeat_kv.returned_x_unchanged"),
+        Wrong("float32", lambda x, n: repeat_kv_expand(x, n).float(), "06.repeat_kv.changed_the_dtype"),
+        Wrong("in place", lambda x, n: repeat_kv_expand(x.mul_(1.5), n), "06.repeat_kv.changed_x_in_place"),
+        Wrong("expand without reshape", lambda x, n: x[:, :, None].expand(
+            x.shape[0], x.shape[1], n, *x.shape[2:]), "06.repeat_kv.kept_the_repeat_axis"),
+        Wrong(".view of an expanded x", lambda x, n: x[:, :, None].expand(
+            x.shape[0], x.shape[1], n, *x.shape[2:]).view(x.shape[0], -1, *x.shape[2:]),
+              "06.repeat_kv.viewed_an_expanded_tensor"),
+        Wrong("batch tiled", lambda x, n: x.repeat(n, 1, 1, 1), "06.repeat_kv.repeated_batch_axis"),
     ],
     nb06.check_grouped_query_attention: [
-        Wrong("repeat_interleave", gqa_repeat_interleave, "calls `repeat_interleave`"),
-        Wrong("expand + reshape", gqa_expand_reshape, "materialises the repeated K/V"),
-        Wrong("broadcast matmul", gqa_broadcast_matmul, "torch.matmul implements broadcast"),
+        Wrong("repeat_interleave", gqa_repeat_interleave, "06.grouped_query_attention.copied_kv_per_query_head"),
+        Wrong("expand + reshape", gqa_expand_reshape, "06.grouped_query_attention.made_expanded_kv_contiguous"),
+        Wrong("broadcast matmul", gqa_broadcast_matmul, "06.grouped_query_attention.broadcast_kv_in_matmul"),
         Wrong("per-group broadcast matmul", gqa_group_loop_broadcast,
-              "torch.matmul implements broadcast"),
-        Wrong("advanced indexing", gqa_index, "materialises the repeated K/V"),
-        Wrong("cat of slices", gqa_loop_cat, "calls `cat`"),
-        Wrong("preallocated buffer", gqa_preallocated, "materialises the repeated K/V"),
-        Wrong("SDPA", gqa_sdpa, "scaled_dot_product_attention"),
+              "06.grouped_query_attention.broadcast_kv_in_matmul"),
+        Wrong("advanced indexing", gqa_index, "06.grouped_query_attention.indexed_kv_heads"),
+        Wrong("cat of slices", gqa_loop_cat, "06.grouped_query_attention.copied_kv_per_query_head"),
+        Wrong("preallocated buffer", gqa_preallocated, "06.grouped_query_attention.filled_a_repeated_kv_tensor"),
+        Wrong("SDPA", gqa_sdpa, "06.grouped_query_attention.calls_scaled_dot_product_attention"),
         Wrong("tiling order (h % N_kv)", _gqa_with_map(lambda h, n_h, n_kv: h % n_kv),
-              "h % N_kv"),
-        Wrong("q viewed as [B, G, N_kv]", gqa_group_view_swapped, "h % N_kv"),
-        Wrong("h // N_kv", _gqa_with_map(lambda h, n_h, n_kv: h // n_kv), "h // N_kv"),
-        Wrong("no scale", gqa_no_scale, "1/sqrt(D_h) scale"),
-        Wrong("scaled by sqrt(H)", gqa_scaled_by_h, "scaled by 1/sqrt(H) = 1/sqrt(N_h * D_h), "
-              "the width of all query heads together, instead of 1/sqrt(D_h)"),
-        Wrong("softmax over queries", gqa_query_axis_softmax, "query axis"),
-        Wrong("unstable softmax", gqa_unstable_softmax, "subtract each row's maximum"),
-        Wrong("ignores the mask", gqa_ignores_mask, "ignored the mask"),
-        Wrong("NaN rows", gqa_nan_rows, "NaN"),
-        Wrong("finite fill", gqa_finite_fill, "mean of V"),
-        Wrong("float32 for float64", gqa_float32, "dtype"),
+              "06.grouped_query_attention.round_robin_groups"),
+        Wrong("q viewed as [B, G, N_kv]", gqa_group_view_swapped, "06.grouped_query_attention.round_robin_groups"),
+        Wrong("h // N_kv", _gqa_with_map(lambda h, n_h, n_kv: h // n_kv),
+              "06.grouped_query_attention.divided_by_n_kv_heads"),
+        Wrong("no scale", gqa_no_scale, "06.grouped_query_attention.missing_scale"),
+        Wrong("scaled by sqrt(H)", gqa_scaled_by_h, "06.grouped_query_attention.scaled_by_sqrt_h"),
+        Wrong("softmax over queries", gqa_query_axis_softmax, "06.grouped_query_attention.softmax_over_queries"),
+        Wrong("unstable softmax", gqa_unstable_softmax, "06.grouped_query_attention.unstable_softmax"),
+        Wrong("ignores the mask", gqa_ignores_mask, "06.grouped_query_attention.ignored_the_mask"),
+        Wrong("NaN rows", gqa_nan_rows, "06.grouped_query_attention.fully_masked_rows_nan"),
+        Wrong("finite fill", gqa_finite_fill, "06.grouped_query_attention.fully_masked_rows_mean_of_v"),
+        Wrong("float32 for float64", gqa_float32, "06.grouped_query_attention.changed_the_dtype"),
         Wrong("returns (out, weights)", lambda q, k, v, mask=None: (gqa_folded(q, k, v, mask),
-                                                                    None), "out alone"),
+                                                                    None),
+              "06.grouped_query_attention.returned_out_and_weights"),
+        Wrong("scaled by 1/int(sqrt(D))", gqa_int_sqrt_scale,
+              "06.grouped_query_attention.scale_rounded_to_int"),
+        Wrong("scaled by sqrt(D_v)", gqa_value_width_scale,
+              "06.grouped_query_attention.scaled_by_value_width"),
+        Wrong("scale after the softmax", gqa_scaled_after_softmax,
+              "06.grouped_query_attention.scaled_after_softmax"),
+        Wrong("mask applied after the softmax", gqa_mask_after_softmax,
+              "06.grouped_query_attention.masked_after_softmax"),
+        Wrong("q scaled in place", gqa_scales_q_in_place,
+              "06.grouped_query_attention.changed_inputs_in_place"),
+        Wrong("squeezed output", gqa_squeezed, "06.grouped_query_attention.squeezed_size_one_axes"),
     ],
     nb06.check_kv_cache_bytes: [
-        Wrong("no factor 2", _cache(drop="two"), "factor 2"),
-        Wrong("bits", _cache(8), "bits"),
-        Wrong("GiB", lambda *a: ref.kv_cache_bytes(*a) / 2**30, "GiB"),
-        Wrong("float", _cache(as_float=True), "float"),
-        Wrong("no layers", _cache(drop="n_layers"), "number of layers"),
-        Wrong("no batch", _cache(drop="batch"), "batch size"),
+        Wrong("no factor 2", _cache(drop="two"), "06.kv_cache_bytes.forgot_k_and_v"),
+        Wrong("bits", _cache(8), "06.kv_cache_bytes.counted_bits"),
+        Wrong("GiB", lambda *a: ref.kv_cache_bytes(*a) / 2**30, "06.kv_cache_bytes.returned_gib"),
+        Wrong("float", _cache(as_float=True), "06.kv_cache_bytes.returned_a_float"),
+        Wrong("no layers", _cache(drop="n_layers"), "06.kv_cache_bytes.left_out_layers"),
+        Wrong("no batch", _cache(drop="batch"), "06.kv_cache_bytes.left_out_batch"),
         Wrong("hard-coded fp16", lambda L, B, S, n, d, s: 2 * L * B * S * n * d * 2,
-              "hard-coded 2 bytes"),
+              "06.kv_cache_bytes.hard_coded_fp16"),
+        Wrong("elements, not bytes", _cache(drop="bytes_per_elem"),
+              "06.kv_cache_bytes.counted_elements"),
+        Wrong("no sequence length", _cache(drop="seq_len"), "06.kv_cache_bytes.left_out_seq_len"),
+        Wrong("GB", lambda *a: ref.kv_cache_bytes(*a) / 10**9, "06.kv_cache_bytes.returned_gb"),
     ],
 }
 
@@ -402,9 +475,9 @@ def _learner_cell(source: str, **names) -> dict:
 
 def test_a_broken_kv_head_index_that_gqa_calls_is_named_fix_it_first():
     ns = _learner_cell(_KV_INDEX_CELL)
-    text = failure_text(nb06.check_grouped_query_attention, ns["grouped_query_attention"])
-    assert "your kv_head_index does not pass its own check (used h % N_kv" in text, text
-    assert "grouped_query_attention is built on it, so fix kv_head_index first" in text
+    with pytest.raises(CheckFailure) as info:
+        nb06.check_grouped_query_attention(ns["grouped_query_attention"], seed=0)
+    assert info.value.mistake == "06.grouped_query_attention.fix_kv_head_index_first", info.value
 
 
 def test_gqa_built_on_a_right_kv_head_index_passes():

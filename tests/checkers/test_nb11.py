@@ -71,7 +71,7 @@ _SHAPES = ref.block.block_shapes
 
 
 def _init_with(draw=None, norms=torch.ones, shapes=_SHAPES, skip_generator=False,
-               ignore_dtype=False, same_gate_up=False):
+               ignore_dtype=False, same_gate_up=False, same_norms=False):
     """A learner-style init_block_params with one thing changed."""
     def init_block_params(cfg, generator=None, dtype=torch.float32):
         gen = None if skip_generator else generator
@@ -84,6 +84,8 @@ def _init_with(draw=None, norms=torch.ones, shapes=_SHAPES, skip_generator=False
                 out[name] = draw(shape, gen, dt)
             else:
                 out[name] = torch.randn(shape, generator=gen, dtype=dt) * 0.02
+        if same_norms:
+            out["ffn_norm"] = out["attn_norm"]
         if same_gate_up:
             out["w_up"] = out["w_gate"]
         return out
@@ -139,19 +141,23 @@ def _expanded_row(shape, gen, dt):
 
 def _sublayer(*, rope_v=False, rope_k=True, arange=False, causal=True, tile=False,
               residual=False, norm=True, base=True, rotary_dim=True, eps=True, merge=True,
-              interleaved=True, swap_kv=False):
+              interleaved=True, swap_kv=False, rope_q=True, wo=True, norm_name="attn_norm",
+              scale=None):
     """A learner-style attention_sublayer from the reference pieces, with one thing changed."""
     def attention_sublayer(x, layer, cfg, positions):
         b, s, _ = x.shape
         n_h, n_kv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        h = ref.rms_norm(x, layer["attn_norm"], cfg.norm_eps if eps else 1e-5) if norm else x
+        h = ref.rms_norm(x, layer[norm_name], cfg.norm_eps if eps else 1e-5) if norm else x
         q, k, v = ref.split_qkv(h @ layer["wqkv"], n_h, n_kv, d)
         if swap_kv:
             k, v = v, k
         pos = torch.arange(s) if arange else positions
         kw = {"base": cfg.rope_base if base else 10000.0, "interleaved": interleaved,
               "rotary_dim": cfg.rotary_dim if rotary_dim else None}
-        q = ref.apply_rope(q, pos, **kw)
+        if rope_q:
+            q = ref.apply_rope(q, pos, **kw)
+        if scale is not None:   # the scores divided by sqrt(scale(cfg)) instead of sqrt(D_h)
+            q = q * math.sqrt(d / scale(cfg))
         if rope_k:
             k = ref.apply_rope(k, pos, **kw)
         if rope_v:
@@ -160,7 +166,7 @@ def _sublayer(*, rope_v=False, rope_k=True, arange=False, causal=True, tile=Fals
             k, v = k.repeat(1, n_h // n_kv, 1, 1), v.repeat(1, n_h // n_kv, 1, 1)
         out = ref.grouped_query_attention(q, k, v, ref.causal_mask(s) if causal else None)
         merged = ref.merge_heads(out) if merge else out.reshape(b, s, n_h * d)
-        o = merged @ layer["wo"]
+        o = merged @ layer["wo"] if wo else merged
         return x + o if residual else o
     return attention_sublayer
 
@@ -216,6 +222,8 @@ def _block(structure, attention=ref.attention_sublayer):
         u = att(x) if structure in ("no_attn_res", "no_res") else x + att(x)
         if structure == "ffn_no_norm":
             return u + _ffn(u, layer)
+        if structure == "no_ffn":
+            return u
         mid = _ffn(norm(u, "attn_norm" if structure == "attn_norm_in_ffn" else "ffn_norm"), layer,
                    swap=structure == "swap")
         if structure in ("no_ffn_res", "no_res"):
@@ -228,15 +236,17 @@ def _block(structure, attention=ref.attention_sublayer):
 
 # ---- block_param_count ------------------------------------------------------------------------
 
-def _count(attention="ok", ffn_mats=3, norms=2, as_float=False, embed=False):
+def _count(attention="ok", ffn_mats=3, norms=2, as_float=False, embed=False, wo="ok"):
     def block_param_count(cfg):
         h, d, n_h, n_kv = cfg.hidden_size, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
         if attention == "4h2":
             att = 4 * h * h
         elif attention == "width_h":
             att = h * (h + 2 * n_kv * d) + h * h
+        elif attention == "kv_n_h":
+            att = h * 3 * n_h * d + n_h * d * h
         else:
-            att = h * (n_h + 2 * n_kv) * d + n_h * d * h
+            att = h * (n_h + 2 * n_kv) * d + {"ok": n_h * d * h, "hh": h * h, "none": 0}[wo]
         total = att + ffn_mats * h * cfg.ffn_hidden_size + norms * h
         total += cfg.vocab_size * h if embed else 0
         return total / 1 if as_float else total
@@ -246,71 +256,92 @@ def _count(attention="ok", ffn_mats=3, norms=2, as_float=False, embed=False):
 WRONG = {
     nb11.check_init_block_params: [
         Wrong("std 1 (torch.randn unscaled)", _init_with(
-            draw=lambda shape, g, dt: torch.randn(shape, generator=g, dtype=dt)), "std 1"),
-        Wrong("1/sqrt(fan_in)", _init_with(draw=_fan_in), "fan_in"),
-        Wrong("uniform in [-0.02, 0.02]", _init_with(draw=_uniform), "uniform"),
+            draw=lambda shape, g, dt: torch.randn(shape, generator=g, dtype=dt)), '11.init_block_params.std_one'),
+        Wrong("1/sqrt(fan_in)", _init_with(draw=_fan_in), '11.init_block_params.fan_in_scale'),
+        Wrong("uniform in [-0.02, 0.02]", _init_with(draw=_uniform), '11.init_block_params.uniform_draw'),
         Wrong("zeros", _init_with(draw=lambda shape, g, dt: torch.zeros(shape, dtype=dt)),
-              "at random"),
-        Wrong("one row expanded", _init_with(draw=_expanded_row), "same row"),
-        Wrong("[out, in] weights", _init_with(shapes=_transposed), "transposed"),
-        Wrong("wqkv with 3H columns under GQA", _init_with(shapes=_wqkv_3h), "n_kv heads"),
-        Wrong("wo [H, H] with D_h != H/N_h", _init_with(shapes=_wo_hh), "n_h * d_h features"),
-        Wrong("norms at zero", _init_with(norms=torch.zeros), "zeros"),
+              '11.init_block_params.constant_weights'),
+        Wrong("one row expanded", _init_with(draw=_expanded_row), '11.init_block_params.one_draw_repeated'),
+        Wrong("[out, in] weights", _init_with(shapes=_transposed), '11.init_block_params.transposed_weights'),
+        Wrong("wqkv with 3H columns under GQA", _init_with(shapes=_wqkv_3h), '11.init_block_params.kv_with_n_h_heads'),
+        Wrong("wo [H, H] with D_h != H/N_h", _init_with(shapes=_wo_hh), '11.init_block_params.wo_as_h_by_h'),
+        Wrong("norms at zero", _init_with(norms=torch.zeros), '11.init_block_params.norm_at_zero'),
         Wrong("norms random", _init_with(norms=lambda shape, dtype: torch.rand(shape, dtype=dtype)),
-              "should be all ones"),
-        Wrong("generator ignored", _init_with(skip_generator=True), "generator"),
-        Wrong("dtype ignored", _init_with(ignore_dtype=True), "dtype=dtype"),
-        Wrong("w_up is w_gate", _init_with(same_gate_up=True), "same numbers"),
-        Wrong("separate wq, wk, wv", _separate_qkv, "fuses the three projections"),
-        Wrong("fixed seed inside", _fixed_seed, "fixed seed"),
-        Wrong("new Generator() when None", _fresh_generator_when_none, "global generator"),
+              '11.init_block_params.norm_not_one'),
+        Wrong("generator ignored", _init_with(skip_generator=True), '11.init_block_params.generator_ignored'),
+        Wrong("dtype ignored", _init_with(ignore_dtype=True), '11.init_block_params.dtype_ignored'),
+        Wrong("w_up is w_gate", _init_with(same_gate_up=True), '11.init_block_params.same_draw_twice'),
+        Wrong("one tensor for both norms", _init_with(same_norms=True),
+              "11.init_block_params.one_tensor_two_names"),
+        Wrong("norms of torch.empty", _init_with(norms=torch.empty),
+              "11.init_block_params.norm_not_one"),
+        Wrong("separate wq, wk, wv", _separate_qkv, '11.init_block_params.separate_q_k_v'),
+        Wrong("fixed seed inside", _fixed_seed, '11.init_block_params.fixed_seed_inside'),
+        Wrong("new Generator() when None", _fresh_generator_when_none, '11.init_block_params.new_generator_when_none'),
     ],
     nb11.check_attention_sublayer: [
-        Wrong("RoPE on V too", _sublayer(rope_v=True), "rope also rotated v"),
-        Wrong("positions from arange", _sublayer(arange=True), "ignored `positions`"),
-        Wrong("no causal mask", _sublayer(causal=False), "non-causal"),
-        Wrong("K/V tiled (repeat)", _sublayer(tile=True), "wrong kv grouping"),
-        Wrong("RoPE on Q only", _sublayer(rope_k=False), "rotated q but not k"),
-        Wrong("residual included", _sublayer(residual=True), "added the residual"),
-        Wrong("no RMSNorm", _sublayer(norm=False), "no rmsnorm"),
-        Wrong("rope_base ignored", _sublayer(base=False), "cfg.rope_base"),
-        Wrong("rotary_dim ignored", _sublayer(rotary_dim=False), "cfg.rotary_dim"),
-        Wrong("norm_eps ignored", _sublayer(eps=False), "cfg.norm_eps"),
-        Wrong("merge without transpose", _sublayer(merge=False), "merged the heads"),
-        Wrong("half pairing", _sublayer(interleaved=False), "'half' pairing"),
-        Wrong("K and V swapped", _sublayer(swap_kv=True), "wrong column blocks"),
+        Wrong("RoPE on V too", _sublayer(rope_v=True), '11.attention_sublayer.rope_on_v'),
+        Wrong("positions from arange", _sublayer(arange=True), '11.attention_sublayer.positions_ignored'),
+        Wrong("no causal mask", _sublayer(causal=False), '11.attention_sublayer.no_causal_mask'),
+        Wrong("K/V tiled (repeat)", _sublayer(tile=True), '11.attention_sublayer.kv_heads_tiled'),
+        Wrong("RoPE on Q only", _sublayer(rope_k=False), '11.attention_sublayer.rope_on_q_only'),
+        Wrong("residual included", _sublayer(residual=True), '11.attention_sublayer.residual_in_sublayer'),
+        Wrong("no RMSNorm", _sublayer(norm=False), '11.attention_sublayer.no_attn_norm'),
+        Wrong("rope_base ignored", _sublayer(base=False), '11.attention_sublayer.rope_base_ignored'),
+        Wrong("rotary_dim ignored", _sublayer(rotary_dim=False), '11.attention_sublayer.rotary_dim_ignored'),
+        Wrong("norm_eps ignored", _sublayer(eps=False), '11.attention_sublayer.norm_eps_ignored'),
+        Wrong("merge without transpose", _sublayer(merge=False), '11.attention_sublayer.merged_without_transpose'),
+        Wrong("half pairing", _sublayer(interleaved=False), '11.attention_sublayer.half_pairing'),
+        Wrong("K and V swapped", _sublayer(swap_kv=True), '11.attention_sublayer.k_and_v_swapped'),
+        Wrong("RoPE on K only", _sublayer(rope_q=False), "11.attention_sublayer.rope_on_k_only"),
+        Wrong("no RoPE", _sublayer(rope_q=False, rope_k=False), "11.attention_sublayer.no_rope"),
+        Wrong("no W_O", _sublayer(wo=False), "11.attention_sublayer.no_output_projection"),
+        Wrong("ffn_norm in attention", _sublayer(norm_name="ffn_norm"),
+              "11.attention_sublayer.ffn_norm_in_attention"),
+        Wrong("scaled by sqrt(H // N_h)", _sublayer(scale=lambda cfg: cfg.hidden_size // cfg.n_heads),
+              "11.attention_sublayer.scaled_by_sqrt_h_over_n_h"),
     ],
     nb11.check_decoder_block: [
-        Wrong("no attention residual", _block("no_attn_res"), "missing residual around attention"),
-        Wrong("no FFN residual", _block("no_ffn_res"), "missing residual around the ffn"),
-        Wrong("no residuals", _block("no_res"), "missing residuals"),
-        Wrong("post-norm", _block("post"), "post-norm"),
-        Wrong("post-norm on top of pre-norm", _block("post_too"), "post-norm"),
-        Wrong("parallel attention and FFN", _block("parallel"), "in parallel"),
-        Wrong("second residual adds X", _block("from_x"), "the second residual adds x"),
-        Wrong("no FFN norm", _block("ffn_no_norm"), "no rmsnorm before the ffn"),
-        Wrong("attn_norm reused for the FFN", _block("attn_norm_in_ffn"), "layer['attn_norm']"),
-        Wrong("gate and up swapped", _block("swap"), "swapped w_gate and w_up"),
-        Wrong("residual added in place", _block("in_place"), "in place"),
+        Wrong("no attention residual", _block("no_attn_res"), '11.decoder_block.no_attention_residual'),
+        Wrong("no FFN residual", _block("no_ffn_res"), '11.decoder_block.no_ffn_residual'),
+        Wrong("no residuals", _block("no_res"), '11.decoder_block.no_residuals'),
+        Wrong("post-norm", _block("post"), '11.decoder_block.post_norm'),
+        Wrong("post-norm on top of pre-norm", _block("post_too"), '11.decoder_block.post_norm_on_top'),
+        Wrong("parallel attention and FFN", _block("parallel"), '11.decoder_block.ffn_parallel_to_attention'),
+        Wrong("second residual adds X", _block("from_x"), '11.decoder_block.second_residual_adds_x'),
+        Wrong("no FFN norm", _block("ffn_no_norm"), '11.decoder_block.no_ffn_norm'),
+        Wrong("attn_norm reused for the FFN", _block("attn_norm_in_ffn"), '11.decoder_block.attn_norm_in_ffn'),
+        Wrong("gate and up swapped", _block("swap"), '11.decoder_block.gate_and_up_swapped'),
+        Wrong("residual added in place", _block("in_place"), '11.decoder_block.residual_added_in_place'),
         Wrong("attention with RoPE on V", _block("pre", _sublayer(rope_v=True)),
-              "rope also rotated v"),
+              '11.decoder_block.rope_on_v'),
         Wrong("attention with arange positions", _block("pre", _sublayer(arange=True)),
-              "ignored `positions`"),
-        Wrong("non-causal attention", _block("pre", _sublayer(causal=False)), "non-causal"),
+              '11.decoder_block.positions_ignored'),
+        Wrong("non-causal attention", _block("pre", _sublayer(causal=False)), '11.decoder_block.no_causal_mask'),
         Wrong("attention with tiled K/V", _block("pre", _sublayer(tile=True)),
-              "wrong kv grouping"),
+              '11.decoder_block.kv_heads_tiled'),
         Wrong("attention with its own residual", _block("pre", _sublayer(residual=True)),
-              "added twice"),
+              '11.decoder_block.residual_in_sublayer'),
+        Wrong("no FFN", _block("no_ffn"), "11.decoder_block.no_ffn"),
+        Wrong("attention without its norm", _block("pre", _sublayer(norm=False)),
+              "11.decoder_block.no_attn_norm"),
+        Wrong("attention scaled by sqrt(H // N_h)",
+              _block("pre", _sublayer(scale=lambda cfg: cfg.hidden_size // cfg.n_heads)),
+              "11.decoder_block.scaled_by_sqrt_h_over_n_h"),
     ],
     nb11.check_block_param_count: [
-        Wrong("norms left out", _count(norms=0), "left out the two rmsnorm"),
-        Wrong("one norm", _count(norms=1), "only one rmsnorm"),
-        Wrong("LayerNorm gamma and beta", _count(norms=4), "layernorm"),
-        Wrong("4 H^2 attention", _count(attention="4h2"), "four h x h"),
-        Wrong("H as the heads' width", _count(attention="width_h"), "width of the heads"),
-        Wrong("two FFN matrices", _count(ffn_mats=2), "two ffn matrices"),
-        Wrong("float", _count(as_float=True), "float"),
-        Wrong("embedding included", _count(embed=True), "embedding table"),
+        Wrong("norms left out", _count(norms=0), '11.block_param_count.norms_left_out'),
+        Wrong("one norm", _count(norms=1), '11.block_param_count.one_norm_counted'),
+        Wrong("LayerNorm gamma and beta", _count(norms=4), '11.block_param_count.layernorm_gamma_and_beta'),
+        Wrong("4 H^2 attention", _count(attention="4h2"), '11.block_param_count.four_h_by_h_attention'),
+        Wrong("H as the heads' width", _count(attention="width_h"), '11.block_param_count.h_as_heads_width'),
+        Wrong("two FFN matrices", _count(ffn_mats=2), '11.block_param_count.two_ffn_matrices'),
+        Wrong("float", _count(as_float=True), '11.block_param_count.returned_float'),
+        Wrong("embedding included", _count(embed=True), '11.block_param_count.embedding_included'),
+        Wrong("W_O as H x H", _count(wo="hh"), "11.block_param_count.wo_as_h_by_h"),
+        Wrong("W_O left out", _count(wo="none"), "11.block_param_count.wo_left_out"),
+        Wrong("W_K and W_V with N_h heads", _count(attention="kv_n_h"),
+              "11.block_param_count.kv_with_n_h_heads"),
     ],
 }
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from checks import ModelConfig, nb13
+from checks import ModelConfig, nb13, nb13_cache, nb13_generate
 from checks import reference as ref
 from checks.engine import ForbiddenCall
 from checks.reference import generation as gen
@@ -329,25 +329,85 @@ class SubclassedReference(ref.KVCache):
     pass
 
 
+class SharedKVCache(ListCache):
+    """K and V in one buffer per layer: writing V overwrites the keys just written."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.v = self.k
+
+
+class ContiguousCache(ListCache):
+    """Returns `.contiguous()` slices: copies, since a slice of the position axis is not."""
+
+    def update(self, layer_idx, k, v, start_pos):
+        k_all, v_all = super().update(layer_idx, k, v, start_pos)
+        return k_all.contiguous(), v_all.contiguous()
+
+
+class CatReturnCache(ListCache):
+    """Writes in place, but returns the cached part and the new K/V glued by torch.cat."""
+
+    def update(self, layer_idx, k, v, start_pos):
+        super().update(layer_idx, k, v, start_pos)
+        return (torch.cat([self.k[layer_idx][:, :, :start_pos], k], 2),
+                torch.cat([self.v[layer_idx][:, :, :start_pos], v], 2))
+
+
+class RepeatedReturnCache(ListCache):
+    """Stores the N_kv heads, but returns them repeated for the N_h query heads."""
+
+    def __init__(self, cfg, *args, **kwargs):
+        super().__init__(cfg, *args, **kwargs)
+        self.groups = cfg.n_heads // cfg.n_kv_heads
+
+    def update(self, layer_idx, k, v, start_pos):
+        k_all, v_all = super().update(layer_idx, k, v, start_pos)
+        return (k_all.repeat_interleave(self.groups, 1),
+                v_all.repeat_interleave(self.groups, 1))
+
+
+class KOnlyWrittenCache(ListCache):
+    def write(self, layer_idx, k, v, start_pos, end):
+        self.k[layer_idx][:, :, start_pos:end] = k
+
+
+class OverflowStartOnlyCache(ListCache):
+    """Tests only where a chunk starts: one that runs past the end meets a slice too short."""
+
+    def _span(self, k, start_pos):
+        if start_pos >= self.max_seq_len:
+            raise ValueError("cache full")
+        return start_pos + k.shape[2]
+
+
 KV_WRONG = [
-    Wrong("grows with torch.cat", CatCache, "allocated no tensors"),
-    Wrong("returns clones", CloneCache, "not a view"),
-    Wrong("stores N_h repeated heads", RepeatedHeadsCache, "holds n_h heads"),
-    Wrong("writes at start_pos + 1", OffByOneWriteCache, "one position too far"),
-    Wrong("writes at 0", AtZeroCache, "position 0 every time"),
-    Wrong("own length counter", OwnCounterCache, "length counter of its own"),
-    Wrong("one counter for all layers", SharedCounterCache, "one position counter"),
-    Wrong("one buffer for all layers", OneLayerCache, "one layer only"),
-    Wrong("returns the new K/V only", NewOnlyCache, "only the new k/v"),
-    Wrong("returns the whole buffer", WholeBufferCache, "whole preallocated buffer"),
-    Wrong("returns (v, k)", SwappedCache, "(values, keys)"),
-    Wrong("no overflow check", NoOverflowCheckCache, "without raising"),
-    Wrong("IndexError on overflow", RuntimeErrorCache, "raised indexerror"),
-    Wrong(">= instead of >", GreaterEqualCache, "exactly up to the last position"),
-    Wrong("ignores dtype", IgnoresDtypeCache, "ignored the dtype"),
-    Wrong("sized by cfg.max_seq_len", CfgLengthCache, "cfg.max_seq_len"),
-    Wrong("reallocates in update", ReallocatingCache, "replaced its buffers"),
-    Wrong("subclasses the reference", SubclassedReference, "reference"),
+    Wrong("grows with torch.cat", CatCache, "13.KVCache.nothing_preallocated"),
+    Wrong("returns clones", CloneCache, "13.KVCache.returns_copies"),
+    Wrong("stores N_h repeated heads", RepeatedHeadsCache, "13.KVCache.stores_repeated_heads"),
+    Wrong("writes at start_pos + 1", OffByOneWriteCache, "13.KVCache.writes_one_position_too_far"),
+    Wrong("writes at 0", AtZeroCache, "13.KVCache.writes_at_position_zero"),
+    Wrong("own length counter", OwnCounterCache, "13.KVCache.own_length_counter"),
+    Wrong("one counter for all layers", SharedCounterCache,
+          "13.KVCache.one_counter_for_all_layers"),
+    Wrong("one buffer for all layers", OneLayerCache, "13.KVCache.allocated_one_layer_only"),
+    Wrong("returns the new K/V only", NewOnlyCache, "13.KVCache.returns_new_kv_only"),
+    Wrong("returns the whole buffer", WholeBufferCache, "13.KVCache.returns_whole_buffer"),
+    Wrong("returns (v, k)", SwappedCache, "13.KVCache.returns_values_and_keys_swapped"),
+    Wrong("no overflow check", NoOverflowCheckCache, "13.KVCache.no_overflow_check"),
+    Wrong("IndexError on overflow", RuntimeErrorCache, "13.KVCache.wrong_overflow_error"),
+    Wrong(">= instead of >", GreaterEqualCache, "13.KVCache.raises_when_exactly_full"),
+    Wrong("ignores dtype", IgnoresDtypeCache, "13.KVCache.ignores_dtype"),
+    Wrong("sized by cfg.max_seq_len", CfgLengthCache, "13.KVCache.sized_by_cfg_max_seq_len"),
+    Wrong("reallocates in update", ReallocatingCache, "13.KVCache.replaces_buffers_in_update"),
+    Wrong("subclasses the reference", SubclassedReference, "13.KVCache.subclasses_reference"),
+    Wrong("K and V share one buffer", SharedKVCache, "13.KVCache.k_and_v_share_one_buffer"),
+    Wrong("returns .contiguous() copies", ContiguousCache, "13.KVCache.returns_copies"),
+    Wrong("returns torch.cat of cached and new", CatReturnCache, "13.KVCache.returns_copies"),
+    Wrong("returns repeated KV heads", RepeatedReturnCache, "13.KVCache.returns_repeated_heads"),
+    Wrong("writes K only", KOnlyWrittenCache, "13.KVCache.v_not_written"),
+    Wrong("overflow test on start_pos only", OverflowStartOnlyCache,
+          "13.KVCache.overflow_check_ignores_t"),
 ]
 
 
@@ -356,10 +416,11 @@ KV_WRONG = [
 
 def _forward(token_ids, params, cfg, cache, start_pos, *, offset=True, mask="bottom_right",
              store="rotated", use_returned=True, repeat=False, update_start=None,
-             only_layer=None):
+             only_layer=None, scale_h=False, first_position=0):
     t = token_ids.shape[1]
     end = start_pos + t
     positions = torch.arange(start_pos, end) if offset else torch.arange(t)
+    positions = positions + first_position   # 1: positions counted from 1
     rope = dict(base=cfg.rope_base, rotary_dim=cfg.rotary_dim)
     x = ref.embed(token_ids, params["embed"])
     for i, layer in enumerate(params["layers"]):
@@ -385,6 +446,8 @@ def _forward(token_ids, params, cfg, cache, start_pos, *, offset=True, mask="bot
              "square_new": ref.causal_mask(t),
              "square_all": ref.causal_mask(keys),
              "none": None}[mask]
+        if scale_h:   # scores / sqrt(H): attention's own 1/sqrt(D_h) times sqrt(D_h / H)
+            q = q * math.sqrt(cfg.head_dim / cfg.hidden_size)
         out = ref.grouped_query_attention(q, k_all, v_all, m)
         x = x + ref.merge_heads(out) @ layer["wo"]
         x = x + ref.swiglu_ffn(ref.rms_norm(x, layer["ffn_norm"], cfg.norm_eps),
@@ -403,20 +466,33 @@ def _calls_reference(token_ids, params, cfg, cache, start_pos):
 
 
 FORWARD_WRONG = [
-    Wrong("positions 0..T-1", _fwd(offset=False), "decode positions not offset"),
-    Wrong("top-left mask", _fwd(mask="top_left"), "top-left aligned"),
-    Wrong("top-left mask for chunks only", _fwd(mask="top_left_chunks"), "top-left aligned"),
-    Wrong("no mask", _fwd(mask="none"), "no causal mask"),
-    Wrong("square causal_mask(T)", _fwd(mask="square_new"), "built the mask with causal_mask(t)"),
+    Wrong("positions 0..T-1", _fwd(offset=False),
+          "13.forward_with_cache.decode_positions_not_offset"),
+    Wrong("top-left mask", _fwd(mask="top_left"), "13.forward_with_cache.top_left_mask"),
+    Wrong("top-left mask for chunks only", _fwd(mask="top_left_chunks"),
+          "13.forward_with_cache.top_left_mask"),
+    Wrong("no mask", _fwd(mask="none"), "13.forward_with_cache.no_causal_mask"),
+    Wrong("square causal_mask(T)", _fwd(mask="square_new"),
+          "13.forward_with_cache.square_mask_of_new_tokens"),
     Wrong("square causal_mask(start_pos + T)", _fwd(mask="square_all"),
-          "causal_mask(start_pos + t): one row per key"),
-    Wrong("ignores the cache", _fwd(use_returned=False), "ignored the cache"),
-    Wrong("stores K before RoPE", _fwd(store="raw"), "stores k before rope"),
-    Wrong("stores K before RoPE, re-rotates", _fwd(store="rerotate"), "rotated again"),
-    Wrong("repeated heads into the cache", _fwd(repeat=True), "repeated for every query head"),
-    Wrong("update at start_pos 0", _fwd(update_start=0), "pass the start_pos you were given"),
-    Wrong("only layer 0 cached", _fwd(only_layer=0), "never reached the cache"),
-    Wrong("calls the reference", _calls_reference, "course's own answer"),
+          "13.forward_with_cache.square_mask_of_all_keys"),
+    Wrong("ignores the cache", _fwd(use_returned=False),
+          "13.forward_with_cache.ignores_the_cache"),
+    Wrong("stores K before RoPE", _fwd(store="raw"),
+          "13.forward_with_cache.cache_stores_k_before_rope"),
+    Wrong("stores K before RoPE, re-rotates", _fwd(store="rerotate"),
+          "13.forward_with_cache.cache_stores_k_before_rope_rotates_again"),
+    Wrong("repeated heads into the cache", _fwd(repeat=True),
+          "13.forward_with_cache.cache_gets_repeated_heads"),
+    Wrong("update at start_pos 0", _fwd(update_start=0),
+          "13.forward_with_cache.update_at_wrong_start_pos"),
+    Wrong("only layer 0 cached", _fwd(only_layer=0), "13.forward_with_cache.layer_not_cached"),
+    Wrong("calls the reference", _calls_reference,
+          "13.forward_with_cache.calls_course_reference"),
+    Wrong("scores scaled by sqrt(H)", _fwd(scale_h=True),
+          "13.forward_with_cache.scaled_by_sqrt_h"),
+    Wrong("positions counted from 1", _fwd(first_position=1),
+          "13.forward_with_cache.positions_one_too_far"),
 ]
 
 
@@ -426,6 +502,7 @@ FORWARD_WRONG = [
 def _generate(params, cfg, prompt_ids, max_new_tokens, *, use_cache=True, temperature=0.0,
               generator=None, mistake=None, forward=None):
     forward = forward or ref.forward_with_cache
+    use_cache = use_cache or mistake == "uncached uses cache"
     b, p = prompt_ids.shape
     tokens = prompt_ids.clone()
     n = max_new_tokens + (mistake == "one too many")
@@ -487,29 +564,56 @@ def _late_last_token(params, cfg, prompt_ids, max_new_tokens, *, use_cache=True,
     return tokens
 
 
+def _uncached_by_fresh_caches(params, cfg, prompt_ids, max_new_tokens, *, use_cache=True,
+                              temperature=0.0, generator=None):
+    """Correct too: without the cache, each step runs forward_with_cache over the whole sequence
+    with a fresh cache (the same work as model_forward)."""
+    if use_cache:
+        return _generate(params, cfg, prompt_ids, max_new_tokens, temperature=temperature,
+                         generator=generator)
+    tokens = prompt_ids.clone()
+    with torch.no_grad():
+        for _step in range(max_new_tokens):
+            cache = ref.KVCache(cfg, tokens.shape[0], tokens.shape[1])
+            logits = ref.forward_with_cache(tokens, params, cfg, cache, 0)
+            nxt = sample_next_token(logits[:, -1], temperature=temperature, generator=generator)
+            tokens = torch.cat([tokens, nxt[:, None]], 1)
+    return tokens
+
+
 def _calls_reference_generate(params, cfg, prompt_ids, max_new_tokens, **kwargs):
     return ref.generate(params, cfg, prompt_ids, max_new_tokens, **kwargs)
 
 
 GENERATE_WRONG = [
-    Wrong("whole sequence every step", _gen("recompute"), "recomputed the whole sequence"),
-    Wrong("start_pos stuck at P", _gen("not advanced"), "cache not advanced"),
-    Wrong("start_pos one too far", _gen("skip"), "one too far"),
-    Wrong("logits of position 0", _gen("first position"), "first position"),
-    Wrong("returns new tokens only", _gen("new only"), "only the new tokens"),
-    Wrong("one token too many", _gen("one too many"), "max_new_tokens + 1"),
+    Wrong("whole sequence every step", _gen("recompute"), "13.generate.recomputes_whole_sequence"),
+    Wrong("start_pos stuck at P", _gen("not advanced"), "13.generate.start_pos_not_advanced"),
+    Wrong("start_pos one too far", _gen("skip"), "13.generate.start_pos_one_too_far"),
+    Wrong("logits of position 0", _gen("first position"), "13.generate.logits_of_first_position"),
+    Wrong("returns new tokens only", _gen("new only"), "13.generate.returns_new_tokens_only"),
+    Wrong("one token too many", _gen("one too many"), "13.generate.one_token_too_many"),
     Wrong("feeds the last token back (wasted forward)", _gen("wasted forward"),
-          "fed the last new token back"),
+          "13.generate.forward_after_last_token"),
     Wrong("wasted forward without the cache", _gen("wasted forward uncached"),
-          "fed the last new token back"),
-    Wrong("prefill for max_new_tokens=0", _gen("prefill anyway"), "no forward pass is needed"),
-    Wrong("prompt one token at a time", _gen("prefill by token"), "one token at a time"),
-    Wrong("always greedy", _gen("greedy always"), "pass `temperature`"),
-    Wrong("global RNG", _gen("global rng"), "pass `generator`"),
+          "13.generate.uncached_forward_after_last_token"),
+    Wrong("prefill for max_new_tokens=0", _gen("prefill anyway"),
+          "13.generate.forward_for_zero_tokens"),
+    Wrong("prompt one token at a time", _gen("prefill by token"),
+          "13.generate.prefill_one_token_at_a_time"),
+    Wrong("always greedy", _gen("greedy always"), "13.generate.temperature_not_passed_on"),
+    Wrong("global RNG", _gen("global rng"), "13.generate.generator_not_passed_on"),
     Wrong("forward without offset", _gen(forward=_fwd(offset=False)),
-          "decode positions not offset"),
-    Wrong("forward with top-left mask", _gen(forward=_fwd(mask="top_left")), "top-left"),
-    Wrong("calls the reference", _calls_reference_generate, "course's own answer"),
+          "13.generate.decode_positions_not_offset"),
+    Wrong("forward with top-left mask", _gen(forward=_fwd(mask="top_left")),
+          "13.generate.top_left_mask"),
+    Wrong("calls the reference", _calls_reference_generate,
+          "13.generate.calls_course_reference"),
+    Wrong("use_cache=False uses the cache anyway", _gen("uncached uses cache"),
+          "13.generate.uncached_path_uses_the_cache"),
+    Wrong("forward stores K before RoPE", _gen(forward=_fwd(store="raw")),
+          "13.generate.cache_stores_k_before_rope"),
+    Wrong("forward ignores the cache", _gen(forward=_fwd(use_returned=False)),
+          "13.generate.ignores_the_cache"),
 ]
 
 # ------------------------------------------------------------------------------------------------
@@ -555,17 +659,27 @@ def _learner_decode(mistake=None):
             weights -= (2 * cfg.n_layers + 1) * cfg.hidden_size
         if mistake == "weights per sequence":
             weights *= batch
-        positions = context_len if mistake == "no cache write" else context_len + 1
+        if mistake == "one layer's weights":
+            per_layer = (model_param_count(cfg) - 2 * cfg.vocab_size * cfg.hidden_size
+                         - cfg.hidden_size) // cfg.n_layers
+            weights -= (cfg.n_layers - 1) * per_layer
+        positions = {"no cache write": context_len,
+                     "new position twice": context_len + 2}.get(mistake, context_len + 1)
         heads = cfg.n_heads if mistake == "repeated KV heads" else cfg.n_kv_heads
         b = 1 if mistake == "cache without batch" else batch
-        cache = ref.kv_cache_bytes(cfg.n_layers, b, positions, heads, cfg.head_dim, 1)
+        layers = 1 if mistake == "one layer's cache" else cfg.n_layers
+        cache = ref.kv_cache_bytes(layers, b, positions, heads, cfg.head_dim, 1)
         if mistake == "K only":
             cache //= 2
         if mistake == "elements":
             return weights + cache
+        if mistake == "bytes for the weights only":
+            return weights * s + cache
         total = (weights + cache) * s
         if mistake == "GiB":
             return total / 2**30
+        if mistake == "GB":
+            return total / 1e9
         return total * 8 if mistake == "bits" else total
     return decode_step_bytes
 
@@ -576,6 +690,10 @@ def _learner_intensity(mistake=None):
             return num_bytes / flops
         if mistake == "floor division":
             return flops // num_bytes
+        if mistake == "floor division, then float":
+            return float(flops // num_bytes)
+        if mistake == "bits":
+            return flops / (8 * num_bytes)
         if mistake == "doubled":
             return 2 * flops / num_bytes
         return flops / num_bytes
@@ -583,51 +701,74 @@ def _learner_intensity(mistake=None):
 
 
 PREFILL_WRONG = [
-    Wrong("no factor 2", _learner_prefill("no factor 2"), "multiply-add as 1 flop"),
-    Wrong("no attention", _learner_prefill("no attention"), "left out attention's own"),
+    Wrong("no factor 2", _learner_prefill("no factor 2"),
+          "13.prefill_flops.multiply_add_as_one_flop"),
+    Wrong("no attention", _learner_prefill("no attention"),
+          "13.prefill_flops.no_attention_products"),
     Wrong("full square, not the causal triangle", _learner_prefill("square"),
-          "full p x p score matrix"),
-    Wrong("scores only", _learner_prefill("scores only"), "counted only q k"),
+          "13.prefill_flops.full_square_of_scores"),
+    Wrong("scores only", _learner_prefill("scores only"), "13.prefill_flops.scores_only"),
     Wrong("attention on the KV heads", _learner_prefill("attention on KV heads"),
-          "for the n_kv kv heads"),
+          "13.prefill_flops.attention_on_kv_heads"),
     Wrong("repeated KV heads", _learner_prefill("repeated KV heads"),
-          "k and v projections for n_h heads"),
-    Wrong("H for N_h·D_h", _learner_prefill("H for N_h D_h"), "used h where n_h·d_h"),
+          "13.prefill_flops.kv_projections_for_n_h_heads"),
+    Wrong("H for N_h·D_h", _learner_prefill("H for N_h D_h"),
+          "13.prefill_flops.h_for_n_h_times_d_h"),
     Wrong("LM head on every position", _learner_prefill("LM head everywhere"),
-          "lm head on every prompt position"),
-    Wrong("no LM head", _learner_prefill("no LM head"), "left out the lm head"),
-    Wrong("no batch", _learner_prefill("no batch"), "left out the batch"),
-    Wrong("one layer", _learner_prefill("one layer"), "counted one layer"),
-    Wrong("two FFN matrices", _learner_prefill("two FFN matrices"), "two ffn matrices"),
-    Wrong("no W_O", _learner_prefill("no W_O"), "left out w_o"),
+          "13.prefill_flops.lm_head_on_every_position"),
+    Wrong("no LM head", _learner_prefill("no LM head"), "13.prefill_flops.no_lm_head"),
+    Wrong("no batch", _learner_prefill("no batch"), "13.prefill_flops.no_batch"),
+    Wrong("one layer", _learner_prefill("one layer"), "13.prefill_flops.one_layer"),
+    Wrong("two FFN matrices", _learner_prefill("two FFN matrices"),
+          "13.prefill_flops.two_ffn_matrices"),
+    Wrong("no W_O", _learner_prefill("no W_O"), "13.prefill_flops.no_w_o"),
     Wrong("embedding as a product", _learner_prefill("embedding as a product"),
-          "embedding lookup as a product"),
-    Wrong("returns a float", _learner_prefill("float"), "returned a float"),
+          "13.prefill_flops.embedding_as_a_product"),
+    Wrong("returns a float", _learner_prefill("float"), "13.prefill_flops.returns_float"),
 ]
 
 DECODE_WRONG = [
-    Wrong("K only in the cache", _learner_decode("K only"), "it holds k and v"),
+    Wrong("K only in the cache", _learner_decode("K only"), "13.decode_step_bytes.cache_k_only"),
     Wrong("forgot the cache write", _learner_decode("no cache write"),
-          "left out the cache write"),
-    Wrong("repeated KV heads", _learner_decode("repeated KV heads"), "counted n_h heads"),
-    Wrong("elements, not bytes", _learner_decode("elements"), "counted elements, not bytes"),
-    Wrong("bits", _learner_decode("bits"), "counted bits"),
+          "13.decode_step_bytes.no_cache_write"),
+    Wrong("repeated KV heads", _learner_decode("repeated KV heads"),
+          "13.decode_step_bytes.cache_with_n_h_heads"),
+    Wrong("elements, not bytes", _learner_decode("elements"),
+          "13.decode_step_bytes.elements_not_bytes"),
+    Wrong("bits", _learner_decode("bits"), "13.decode_step_bytes.bits_not_bytes"),
     Wrong("whole embedding table", _learner_decode("whole embedding table"),
-          "whole embedding table"),
-    Wrong("no LM head", _learner_decode("no LM head"), "left out the lm head"),
-    Wrong("no norm scales", _learner_decode("no norms"), "norm scales"),
+          "13.decode_step_bytes.whole_embedding_table"),
+    Wrong("no LM head", _learner_decode("no LM head"), "13.decode_step_bytes.no_lm_head"),
+    Wrong("no norm scales", _learner_decode("no norms"), "13.decode_step_bytes.no_norm_scales"),
     Wrong("weights once per sequence", _learner_decode("weights per sequence"),
-          "once per sequence"),
+          "13.decode_step_bytes.weights_once_per_sequence"),
     Wrong("cache without the batch", _learner_decode("cache without batch"),
-          "left out the batch b in the cache"),
-    Wrong("hard-coded 2 bytes", _learner_decode("hard-coded 2 bytes"), "hard-coded 2 bytes"),
-    Wrong("returns GiB", _learner_decode("GiB"), "returned gib"),
+          "13.decode_step_bytes.cache_without_batch"),
+    Wrong("hard-coded 2 bytes", _learner_decode("hard-coded 2 bytes"),
+          "13.decode_step_bytes.hard_coded_2_bytes"),
+    Wrong("returns GiB", _learner_decode("GiB"), "13.decode_step_bytes.returns_gib"),
+    Wrong("returns GB", _learner_decode("GB"), "13.decode_step_bytes.returns_gb"),
+    Wrong("one layer's cache", _learner_decode("one layer's cache"),
+          "13.decode_step_bytes.one_layer_of_cache"),
+    Wrong("one layer's weights", _learner_decode("one layer's weights"),
+          "13.decode_step_bytes.one_layer_of_weights"),
+    Wrong("bytes_per_elem for the weights only", _learner_decode("bytes for the weights only"),
+          "13.decode_step_bytes.bytes_per_elem_for_weights_only"),
+    Wrong("new position counted twice", _learner_decode("new position twice"),
+          "13.decode_step_bytes.new_position_twice"),
 ]
 
 INTENSITY_WRONG = [
-    Wrong("bytes per FLOP", _learner_intensity("inverted"), "divided bytes by flops"),
-    Wrong("floor division", _learner_intensity("floor division"), "return a float"),
-    Wrong("FLOPs doubled", _learner_intensity("doubled"), "counted each flop twice"),
+    Wrong("bytes per FLOP", _learner_intensity("inverted"),
+          "13.arithmetic_intensity.bytes_per_flop"),
+    Wrong("floor division", _learner_intensity("floor division"),
+          "13.arithmetic_intensity.returns_int"),
+    Wrong("FLOPs doubled", _learner_intensity("doubled"),
+          "13.arithmetic_intensity.flops_counted_twice"),
+    Wrong("floor division, then float", _learner_intensity("floor division, then float"),
+          "13.arithmetic_intensity.floor_division"),
+    Wrong("divided by bits", _learner_intensity("bits"),
+          "13.arithmetic_intensity.divided_by_bits"),
 ]
 
 
@@ -683,7 +824,8 @@ CORRECT = {
     nb13.check_forward_with_cache: {"reference": _correct(nb13.check_forward_with_cache),
                                     "solution_style": _fwd()},
     nb13.check_generate: {"reference": _correct(nb13.check_generate),
-                          "solution_style": _gen(), "late_token": _late_last_token},
+                          "solution_style": _gen(), "late_token": _late_last_token,
+                          "uncached_by_fresh_caches": _uncached_by_fresh_caches},
     nb13.check_prefill_flops: {"reference": _correct(nb13.check_prefill_flops),
                                "learner_style": _learner_prefill()},
     nb13.check_decode_step_bytes: {"reference": _correct(nb13.check_decode_step_bytes),
@@ -702,7 +844,7 @@ def test_calling_the_reference_is_a_forbidden_call():
 
 
 def test_counting_table_sees_every_kind_of_lookup():
-    recorder = nb13._Recorder()
+    recorder = nb13_generate._Recorder()
     log = recorder.items
     table = nb13._CountingTable.wrap(torch.randn(10, 4), recorder)
     ids = torch.tensor([[1, 2, 3], [4, 5, 6]])
@@ -739,9 +881,9 @@ def test_recorders_stay_in_the_grading_process():
     worker = types.SimpleNamespace(library=Library(), session=Session())
     worker._stays_here = lambda obj: sandbox.Worker._stays_here(worker, obj)
     cfg = CFGS[0]
-    cache = nb13._RecordingCache(None, cfg, 2, 5)
-    handle = nb13._CacheHandle(cache)
-    recorder = nb13._Recorder()
+    cache = nb13_cache._RecordingCache(None, cfg, 2, 5)
+    handle = nb13_cache._CacheHandle(cache)
+    recorder = nb13_generate._Recorder()
     table = nb13._CountingTable.wrap(torch.randn(4, 3), recorder)
     with torch._C.DisableTorchFunction():
         sandbox._ArgPickler(io.BytesIO(), worker, False).dump(((handle, {"embed": table}), {}))
@@ -756,10 +898,12 @@ def test_chapter_13_reads_in_chinese(monkeypatch):
     with pytest.raises(CheckFailure) as info:
         nb13.check_KVCache(GreaterEqualCache, seed=1)
     text = str(info.value)
-    assert "update 抛出了 ValueError" in text and "恰好写到最后一个位置时报错了" in text, text
+    assert info.value.mistake == "13.KVCache.raises_when_exactly_full"
+    assert "引发了 ValueError" in text and "恰好写到最后一个位置时报错了" in text, text
     assert "likely mistake" not in text and "raised" not in text
     wrong = {w.name: w for w in GENERATE_WRONG}
     failure = next(w for name, w in wrong.items() if "stuck" in name)
     with pytest.raises(CheckFailure) as info:
         nb13.check_generate(failure.fn, seed=1)
+    assert info.value.mistake == "13.generate.start_pos_not_advanced"
     assert "缓存没有前进" in str(info.value), str(info.value)

@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 
 from checks.grader import batch
-from checks.grader.results import GradingIncident
+from checks.grader.results import GradingIncident, Incident, NotGraded
 
 pytestmark = pytest.mark.slow  # each pool starts its processes afresh: about 10 s a test
 
 KILLED_ALONE = "its grading process was killed while it was graded alone"
 
 
-def stand_in(path: Path, options: dict) -> tuple:
+def stand_in(path: Path, options: dict):
     """A notebook's grading, by its name: `kill*` kills its grading process every time (`late*`
     after 2 s), `once*` the first time only (a marker beside it remembers), `incident*` reports an incident; any
     other takes a moment and is fine."""
@@ -32,9 +32,9 @@ def stand_in(path: Path, options: dict) -> tuple:
         marker.write_text("seen")
         os.kill(os.getpid(), signal.SIGKILL)
     if name.startswith("incident"):
-        return ("incident", [str(path)], ["checks/nb01.py"], "changed")
+        return Incident([str(path)], ["checks/nb01.py"], "changed")
     time.sleep(0.3)
-    return ("problem", f"fine: {name}")
+    return NotGraded(f"fine: {name}")
 
 
 def grade(tmp_path, names: list[str], jobs: int = 2):
@@ -44,8 +44,8 @@ def grade(tmp_path, names: list[str], jobs: int = 2):
 
     def finished(index, outcome, running):
         outcomes.setdefault(index, []).append(outcome)
-        if outcome[0] == "incident":
-            return GradingIncident([*outcome[1], *map(str, running)], outcome[2], outcome[3])
+        if isinstance(outcome, Incident):
+            return outcome.with_running(running)
         return None
 
     _results, _problems, incident = batch._grade_in_parallel(
@@ -66,9 +66,9 @@ def test_a_notebook_that_kills_its_grading_process_is_the_only_one_given_up(tmp_
     assert incident is None
     assert sorted(outcomes) == list(range(len(names)))
     assert all(len(o) == 1 for o in outcomes.values()), outcomes  # one outcome each
-    assert KILLED_ALONE in outcomes[2][0][1]
+    assert KILLED_ALONE in outcomes[2][0].problem
     assert [outcomes[i][0] for i in (0, 1, 3, 4, 5)] == \
-        [("problem", f"fine: {names[i]}") for i in (0, 1, 3, 4, 5)]
+        [NotGraded(f"fine: {names[i]}") for i in (0, 1, 3, 4, 5)]
     err = capfd.readouterr().err
     again = graded_again(err)
     # only what was being graded when it died (kill2 and one other, of two processes)
@@ -79,7 +79,7 @@ def test_an_idle_grading_process_of_a_broken_pool_ends_quietly(tmp_path, capfd):
     """a0 is done long before late1 kills its grading process: the other one is idle, waiting
     for a notebook, when the broken pool ends it (SIGTERM), and says nothing."""
     outcomes, _incident = grade(tmp_path, ["a0", "late1"])
-    assert outcomes[0] == [("problem", "fine: a0")] and KILLED_ALONE in outcomes[1][0][1]
+    assert outcomes[0] == [NotGraded("fine: a0")] and KILLED_ALONE in outcomes[1][0].problem
     err = capfd.readouterr().err
     assert "Traceback" not in err and "Terminated" not in err, err
 
@@ -88,7 +88,7 @@ def test_a_notebook_killed_once_is_graded_the_second_time(tmp_path, capfd):
     names = ["a0", "once1", "a2", "a3", "a4"]
     outcomes, incident = grade(tmp_path, names)
     assert incident is None and all(len(o) == 1 for o in outcomes.values())
-    assert [outcomes[i][0] for i in range(5)] == [("problem", f"fine: {n}") for n in names]
+    assert [outcomes[i][0] for i in range(5)] == [NotGraded(f"fine: {n}") for n in names]
     assert len(graded_again(capfd.readouterr().err)) <= 2
 
 

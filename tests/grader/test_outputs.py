@@ -105,7 +105,7 @@ def graded(tmp_path_factory):
     out = root / "out"
     done = grade(base, "--json", out / "grades.json", "--csv", out / "gradebook.csv",
                  "--csv-exercises", out / "exercises.csv", "--feedback", out / "feedback",
-                 "--due", DUE, "--jobs", "2")
+                 "--report", out / "report.html", "--due", DUE, "--jobs", "2")
     assert done.returncode == 0, done.stderr
     return base, out, done
 
@@ -127,8 +127,22 @@ def test_json_has_every_student_lateness_and_the_summary(graded):
         assert (summary[exercise]["passed"], summary[exercise]["graded"]) == (passed, 5)
     diagnoses = summary["head_dim"]["diagnoses"]
     assert diagnoses[0]["count"] == 2 and "has no attribute 'dim'" in diagnoses[0]["message"]
-    assert diagnoses[1] == {"status": "not started", "count": 1,
-                            "message": "still raises NotImplementedError"}
+    assert diagnoses[0]["students"] == sorted(["wrong", HOSTILE])
+    assert diagnoses[1] == {"mistake": None, "status": "not started", "count": 1,
+                            "students": ["blank"], "message": "still raises NotImplementedError"}
+    # every exercise has the two new fields; a failure without a declared mistake has none
+    assert all({"mistake", "seed"} <= set(e) for r in data["notebooks"] for e in r["exercises"])
+    assert by_student["wrong"]["exercises"][0]["mistake"] is None
+
+
+def test_class_report_is_one_static_page(graded):
+    """--report: one HTML page, charts inline as SVG, no script, the students' names escaped."""
+    _, out, _ = graded
+    page = (out / "report.html").read_text(encoding="utf-8")
+    assert page.startswith("<!DOCTYPE html>") and "<script" not in page.lower()
+    assert page.count("<svg") == 2  # one chapter: its pass rates and its scores
+    assert "head_dim: 2 of 5 passed (40%)" in page
+    assert "onerror=alert(1)" not in page.replace("&lt;img src=x onerror=alert(1)&gt;", "")
 
 
 def test_table_is_whole_when_redirected_and_ends_with_the_summary(graded):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ...i18n import N_, _, using
 from ..read import is_test_cell, read_notebook
-from ..report import status_word
+from ..report import replay_text, status_word
 from ..score import exercise_name
 
 CONFIG = "gradescope.json"  # in source/course/: the chapters, the grader's options
@@ -122,6 +122,8 @@ def _chapter_tests(chapter: str, record: dict | None, course: Path, before: int)
             score = float(exercise["points"])
             status = PASSED if exercise["status"] == PASSED else "failed"
             output = exercise["message"] or status_word(exercise["status"])
+            if replay_text(exercise):
+                output += "\n" + replay_text(exercise)
         tests.append({"name": f"{chapter}: {name}", "number": f"{chapter[:2]}.{number}",
                       "score": score, "max_score": float(max_points), "status": status,
                       "output": output, "visibility": "visible"})

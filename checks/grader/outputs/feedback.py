@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 from ...i18n import _, language, using
-from ..report import status_word
+from ..report import replay_text, status_word
 from .gradebook import student_label
 from .late import late_text
 from .store import atomic_write
@@ -79,7 +79,8 @@ def _page(record: dict) -> str:
         parts.append(f"<tr><td>{e(exercise['name'])}</td><td class=\"points\">"
                      f"{_pts(exercise['points'])} / {_pts(exercise['max_points'])}</td>"
                      f'<td class="{css}">{e(word)}</td>'
-                     f'<td class="message">{e(exercise.get("message") or "")}</td></tr>')
+                     f'<td class="message">{e(exercise.get("message") or "")}'
+                     f'{_replay(exercise)}</td></tr>')
     parts.append("</tbody></table>")
     for skipped in record.get("skipped") or []:
         line = _("Skipped: {cell}: {why}").format(cell=str(skipped.get("cell", "")),
@@ -89,6 +90,11 @@ def _page(record: dict) -> str:
         parts.append(f'<p class="note">{e(record["error"])}</p>')
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
+
+
+def _replay(exercise: dict) -> str:
+    text = replay_text(exercise)
+    return f'<br><span class="note">{html.escape(text)}</span>' if text else ""
 
 
 def _submission_lines(record: dict) -> list[str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from ...i18n import _
 from ...mistakes import declared
 from ..report import status_word
-from .gradebook import counted, student_label
+from .gradebook import counted
 
 COMMON = 3  # diagnoses shown per exercise in the terminal
 
@@ -22,7 +22,7 @@ def class_summary(records: list[dict]) -> list[dict]:
     rows: dict[tuple[str, str], dict] = {}
     groups: dict[tuple[str, str], dict[tuple, dict]] = {}
     for record in sorted(counted(records), key=lambda r: r["chapter"]):
-        student = student_label(record)
+        student = record.get("student") or record.get("path") or "?"
         for exercise in record["exercises"]:
             key = (record["chapter"], exercise["name"])
             row = rows.setdefault(key, {"chapter": key[0], "exercise": key[1], "passed": 0,

@@ -1,4 +1,4 @@
-"""`GradeOutputs`: every file `checks grade` writes (--json, --csv, --csv-exercises,
+"""`GradeOutputs`: every file `checks grade` writes (--json, --csv, --csv-exercises, --report,
 --feedback), checked before grading starts and brought up to date after each notebook, so that
 an interrupted run keeps every result it finished. With --json, the report of an earlier run is
 merged: its records stay, those graded again are replaced, and a submission whose file has not
@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..grading import peak_memory_mib
 from ...i18n import _
 from ..identify import SOURCE_DIR
 from ..results import GradingError, GradingIncident, NotebookResult
+from ..options import OutputOptions
+from .class_report import class_report_html
 from .feedback import write_feedback
 from .gradebook import counted, exercises_csv, gradebook_csv
 from .late import lateness
@@ -22,15 +26,35 @@ from .store import (atomic_write, check_writable_file, check_writable_folder, fi
 from .summary import class_summary
 
 
+@dataclass(frozen=True)
+class FileOutput:
+    """One output file made from all the records, rewritten whole (atomically) after each
+    notebook: `option` names its OutputOptions field, `what` names it in a refusal."""
+
+    option: str
+    what: str
+    render: Callable[[list[dict]], str]
+    as_each_finishes: bool = True  # else only once grading ends (drawing charts takes a while)
+
+
+# Every output that is one file made from the records, in the order they are written. The JSON
+# report (merged with an earlier run's, or on stdout) and the feedback pages (one per record)
+# are written by GradeOutputs itself.
+FILE_OUTPUTS = (
+    FileOutput("csv", "CSV", gradebook_csv),
+    FileOutput("csv_exercises", "CSV", exercises_csv),
+    FileOutput("report", "HTML", class_report_html, as_each_finishes=False),
+)
+
+
 class GradeOutputs:
-    def __init__(self, args, paths: list[Path]):
-        self.json = args.json
-        self.csv = getattr(args, "csv", None)
-        self.csv_exercises = getattr(args, "csv_exercises", None)
-        self.feedback = getattr(args, "feedback", None)
-        self.due = getattr(args, "due", None)
-        self.regrade = getattr(args, "regrade", False)
-        self.source = Path(getattr(args, "source", SOURCE_DIR)).resolve()
+    def __init__(self, options: OutputOptions, paths: list[Path]):
+        self.options = options
+        self.json = options.json
+        self.feedback = options.feedback
+        self.due = options.due
+        self.regrade = options.regrade
+        self.source = Path(options.source or SOURCE_DIR).resolve()
         self.regraded: list[Path] = []  # unchanged submissions graded again: the grader changed
         self._refuse_overwriting_inputs(paths)
         self._check_writable()
@@ -45,7 +69,8 @@ class GradeOutputs:
         return self.json is not None and self.json != Path("-")
 
     def _files(self) -> list[tuple[Path, str]]:
-        files = [(self.json, "JSON"), (self.csv, "CSV"), (self.csv_exercises, "CSV")]
+        files = [(self.json, "JSON")] + [(getattr(self.options, out.option), out.what)
+                                         for out in FILE_OUTPUTS]
         return [(path, what) for path, what in files if path is not None and path != Path("-")]
 
     def _refuse_overwriting_inputs(self, paths: list[Path]) -> None:
@@ -125,10 +150,10 @@ class GradeOutputs:
                 sys.stdout.write(text)
             else:
                 atomic_write(self.json, text)
-        if self.csv is not None:
-            atomic_write(self.csv, gradebook_csv(records))
-        if self.csv_exercises is not None:
-            atomic_write(self.csv_exercises, exercises_csv(records))
+        for output in FILE_OUTPUTS:
+            target = getattr(self.options, output.option)
+            if target is not None and (final or output.as_each_finishes):
+                atomic_write(target, output.render(records))
 
     def write_kept_feedback(self) -> None:
         """Feedback pages for the records kept from the earlier run (they may be new here)."""

@@ -1,0 +1,435 @@
+"""Chapter 14 checkers: correct implementations (the reference and the way a learner writes them)
+pass at every seed; each plausible mistake is named by its id at every seed
+(tests/checkers/test_contract.py runs the catalogue below)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from checks import nb14
+from checks.reference import training as tr
+from checks.reference.model import model_forward, next_token_loss
+
+from ..support.catalogue import Wrong, exercises
+
+
+# --------------------------------------------------------------------------------------------
+# get_batch
+
+def batch_solution(data, batch_size, context_len, *, generator=None):
+    starts = torch.randint(0, len(data) - context_len, (batch_size,), generator=generator)
+    x = torch.stack([data[i:i + context_len] for i in starts])
+    y = torch.stack([data[i + 1:i + context_len + 1] for i in starts])
+    return x, y
+
+
+def _batch(kind):
+    def get_batch(data, batch_size, context_len, *, generator=None):
+        high = {"past_end": len(data) - context_len + 1, "way_past": len(data)}.get(
+            kind, len(data) - context_len)
+        if kind == "same_window":
+            i = int(torch.randint(0, high, (1,), generator=generator))
+            starts = torch.full((batch_size,), i)
+        elif kind == "ignored_generator":
+            starts = torch.randint(0, high, (batch_size,))
+        elif kind == "one_at_a_time_reversed":
+            starts = torch.randint(0, high, (batch_size,), generator=generator).flip(0)
+        else:
+            starts = torch.randint(0, high, (batch_size,), generator=generator)
+        x = torch.stack([data[i:i + context_len] for i in starts])
+        if kind == "not_shifted":
+            y = x.clone()
+        elif kind == "shifted_back":
+            y = torch.stack([data[max(i - 1, 0):max(i - 1, 0) + context_len] for i in starts])
+        else:
+            y = torch.stack([data[i + 1:i + context_len + 1] for i in starts])
+        return (y, x) if kind == "swapped" else (x, y)
+    return get_batch
+
+
+GET_BATCH_WRONG = [
+    Wrong("targets not shifted", _batch("not_shifted"), "14.get_batch.targets_not_shifted"),
+    Wrong("targets shifted back", _batch("shifted_back"), "14.get_batch.targets_shifted_back"),
+    Wrong("x and y swapped", _batch("swapped"), "14.get_batch.x_and_y_swapped"),
+    Wrong("same window every row", _batch("same_window"), "14.get_batch.same_window_every_row"),
+    Wrong("windows one past the end", _batch("past_end"), "14.get_batch.windows_past_the_end"),
+    Wrong("windows anywhere", _batch("way_past"), "14.get_batch.windows_past_the_end"),
+    Wrong("global generator", _batch("ignored_generator"), "14.get_batch.ignored_generator"),
+    Wrong("starts reversed", _batch("one_at_a_time_reversed"),
+          "14.get_batch.starts_not_as_specified"),
+]
+
+
+# --------------------------------------------------------------------------------------------
+# lr_at
+
+def lr_solution(step, *, max_lr, min_lr, warmup_steps, total_steps):
+    if step < warmup_steps:
+        return max_lr * (step + 1) / warmup_steps
+    if step > total_steps:
+        return min_lr
+    ratio = (step - warmup_steps) / (total_steps - warmup_steps)
+    coeff = 0.5 * (1.0 + math.cos(math.pi * ratio))
+    return min_lr + coeff * (max_lr - min_lr)
+
+
+def _lr(kind):
+    def lr_at(step, *, max_lr, min_lr, warmup_steps, total_steps):
+        w, total = warmup_steps, total_steps
+        if kind == "warmup_from_zero" and step < w:
+            return max_lr * step / w
+        if kind == "warmup_le" and step <= w:
+            return max_lr * (step + 1) / w
+        if step < w:
+            return max_lr * (step + 1) / w
+        lo = 0.0 if kind == "to_zero" else min_lr
+        if step >= total and kind != "past_total":
+            return lo
+        start, span = (0, total) if kind == "from_zero" else (w, total - w)
+        p = (step - start) / span
+        if kind == "linear":
+            return max_lr - (max_lr - min_lr) * p
+        if kind == "tensor":
+            return torch.tensor(lo + 0.5 * (max_lr - lo) * (1 + math.cos(math.pi * p)))
+        return lo + 0.5 * (max_lr - lo) * (1 + math.cos(math.pi * p))
+    return lr_at
+
+
+LR_WRONG = [
+    Wrong("warmup from zero", _lr("warmup_from_zero"), "14.lr_at.warmup_off_by_one"),
+    Wrong("warmup one step long", _lr("warmup_le"), "14.lr_at.warmup_off_by_one"),
+    Wrong("cosine to zero", _lr("to_zero"), "14.lr_at.cosine_ends_at_zero"),
+    Wrong("cosine past total", _lr("past_total"), "14.lr_at.cosine_past_total_steps"),
+    Wrong("cosine from step 0", _lr("from_zero"), "14.lr_at.cosine_ignores_warmup"),
+    Wrong("linear decay", _lr("linear"), "14.lr_at.linear_decay"),
+    Wrong("returns a tensor", _lr("tensor"), "14.lr_at.returned_tensor"),
+]
+
+
+# --------------------------------------------------------------------------------------------
+# clip_grad_norm
+
+def clip_solution(grads, max_norm):
+    total = math.sqrt(sum(float((g ** 2).sum()) for g in grads))
+    if total > max_norm:
+        for g in grads:
+            g.mul_(max_norm / (total + 1e-6))
+    return total
+
+
+def _clip(kind):
+    def clip_grad_norm(grads, max_norm):
+        total = math.sqrt(sum(float((g ** 2).sum()) for g in grads))
+        if kind == "per_tensor":
+            for g in grads:
+                n = float(g.norm())
+                if n > max_norm:
+                    g.mul_(max_norm / (n + 1e-6))
+            return total
+        if kind == "not_in_place":
+            if total > max_norm:
+                grads = [g * (max_norm / (total + 1e-6)) for g in grads]
+            return total
+        if kind == "always" or total > max_norm:
+            for g in grads:
+                g.mul_(max_norm / (total + 1e-6))
+        if kind == "after":
+            return math.sqrt(sum(float((g ** 2).sum()) for g in grads))
+        if kind == "squared":
+            return total ** 2
+        if kind == "tensor":
+            return torch.tensor(total)
+        return total
+    return clip_grad_norm
+
+
+CLIP_WRONG = [
+    Wrong("norm after clipping", _clip("after"), "14.clip_grad_norm.norm_after_clipping"),
+    Wrong("per-tensor clip", _clip("per_tensor"), "14.clip_grad_norm.per_tensor_clip"),
+    Wrong("not in place", _clip("not_in_place"), "14.clip_grad_norm.not_in_place"),
+    Wrong("always scales", _clip("always"), "14.clip_grad_norm.scaled_up_small_gradients"),
+    Wrong("sum of squares", _clip("squared"), "14.clip_grad_norm.forgot_square_root"),
+    Wrong("returns a tensor", _clip("tensor"), "14.clip_grad_norm.returned_tensor"),
+]
+
+
+# --------------------------------------------------------------------------------------------
+# adamw_step
+
+def adamw_solution(params, grads, state, *, lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1):
+    beta1, beta2 = betas
+    if not state:
+        state["t"] = 0
+        state["m"] = [torch.zeros_like(p) for p in params]
+        state["v"] = [torch.zeros_like(p) for p in params]
+    state["t"] += 1
+    t = state["t"]
+    for p, g, m, v in zip(params, grads, state["m"], state["v"]):
+        p -= lr * weight_decay * p
+        m.mul_(beta1).add_((1 - beta1) * g)
+        v.mul_(beta2).add_((1 - beta2) * g * g)
+        m_hat = m / (1 - beta1 ** t)
+        v_hat = v / (1 - beta2 ** t)
+        p -= lr * m_hat / (v_hat.sqrt() + eps)
+
+
+def _adamw(kind):
+    def adamw_step(params, grads, state, *, lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1):
+        beta1, beta2 = (betas[1], betas[0]) if kind == "swapped" else betas
+        if not state or kind == "moments":
+            state["t"] = state.get("t", 0) if kind == "moments" else 0
+            state["m"] = [torch.zeros_like(p) for p in params]
+            state["v"] = [torch.zeros_like(p) for p in params]
+        if kind != "step":
+            state["t"] += 1
+        t = 1 if kind in ("step", "moments") else state["t"]
+        for i, (p, g) in enumerate(zip(params, grads)):
+            m, v = state["m"][i], state["v"][i]
+            if kind == "coupled":
+                g = g + weight_decay * p
+            elif kind == "decay_no_lr":
+                p.mul_(1 - weight_decay)
+            else:
+                p.mul_(1 - lr * weight_decay)
+            m.mul_(beta1).add_((1 - beta1) * g)
+            v.mul_(beta2).add_((1 - beta2) * g * g)
+            if kind == "no_bias":
+                m_hat, v_hat = m, v
+            else:
+                m_hat, v_hat = m / (1 - beta1 ** t), v / (1 - beta2 ** t)
+            if kind == "eps_inside":
+                denom = (v_hat + eps).sqrt()
+            elif kind == "sqrt_bias":
+                denom = v.sqrt() / (1 - beta2 ** t) + eps
+            else:
+                denom = v_hat.sqrt() + eps
+            if kind == "not_in_place":
+                p = p - lr * m_hat / denom
+            else:
+                p.sub_(lr * m_hat / denom)
+    return adamw_step
+
+
+def _no_decay_on_not_in_place(params, grads, state, **kw):
+    """Rebinds every parameter: nothing changes for the caller."""
+    new = [p.clone() for p in params]
+    adamw_solution(new, grads, state, **kw)
+
+
+ADAMW_WRONG = [
+    Wrong("coupled L2 decay", _adamw("coupled"), "14.adamw_step.coupled_l2_decay"),
+    Wrong("no bias correction", _adamw("no_bias"), "14.adamw_step.no_bias_correction"),
+    Wrong("moments not kept", _adamw("moments"), "14.adamw_step.moments_not_kept"),
+    Wrong("step count not kept", _adamw("step"), "14.adamw_step.step_count_not_kept"),
+    Wrong("eps inside the sqrt", _adamw("eps_inside"), "14.adamw_step.eps_inside_sqrt"),
+    Wrong("decay without lr", _adamw("decay_no_lr"), "14.adamw_step.decay_not_scaled_by_lr"),
+    Wrong("betas swapped", _adamw("swapped"), "14.adamw_step.betas_swapped"),
+    Wrong("sqrt of the bias correction", _adamw("sqrt_bias"),
+          "14.adamw_step.second_bias_correction_without_sqrt"),
+    Wrong("new tensors", _no_decay_on_not_in_place, "14.adamw_step.not_in_place"),
+]
+
+
+# --------------------------------------------------------------------------------------------
+# train_step
+
+def _all_params(params):
+    out = [params["embed"]]
+    for layer in params["layers"]:
+        out += [layer[k] for k in ("attn_norm", "wqkv", "wo", "ffn_norm", "w_gate", "w_up",
+                                   "w_down")]
+    return out + [params["final_norm"], params["lm_head"]]
+
+
+def train_solution(params, cfg, x, y, state, *, lr, max_norm=1.0, weight_decay=0.1,
+                   forward=None):
+    forward = forward or model_forward
+    logits = forward(x, params, cfg)
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+    loss.backward()
+    tensors = _all_params(params)
+    grads = [p.grad for p in tensors]
+    with torch.no_grad():
+        clip_solution(grads, max_norm)
+        adamw_solution(tensors, grads, state, lr=lr, weight_decay=weight_decay)
+    for p in tensors:
+        p.grad = None
+    return loss.item()
+
+
+def _train(kind):
+    def train_step(params, cfg, x, y, state, *, lr, max_norm=1.0, weight_decay=0.1,
+                   forward=None):
+        if kind == "ignored_forward" or forward is None:
+            forward = model_forward
+        logits = forward(x, params, cfg)
+        if kind == "shifted_twice":
+            loss = next_token_loss(logits, y)
+        elif kind == "summed":
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
+                                   reduction="sum")
+        else:
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        loss.backward()
+        tensors = _all_params(params)
+        grads = [p.grad for p in tensors]
+        wd = {"default_decay": 0.1, "no_decay": 0.0}.get(kind, weight_decay)
+        if kind == "tracked":
+            clip_solution(grads, max_norm)
+            adamw_solution(tensors, grads, state, lr=lr, weight_decay=wd)
+        else:
+            with torch.no_grad():
+                if kind != "no_clip":
+                    clip_solution(grads, max_norm)
+                if kind == "not_in_place":
+                    _no_decay_on_not_in_place(tensors, grads, state, lr=lr, weight_decay=wd)
+                else:
+                    adamw_solution(tensors, grads, state, lr=lr, weight_decay=wd)
+        if kind != "not_reset":
+            for p in tensors:
+                p.grad = None
+        if kind == "tensor":
+            return loss.detach()
+        if kind == "loss_after":
+            with torch.no_grad():
+                logits = forward(x, params, cfg)
+                return F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                       y.reshape(-1)).item()
+        return loss.item()
+    return train_step
+
+
+TRAIN_WRONG = [
+    Wrong("gradients not reset", _train("not_reset"), "14.train_step.gradients_not_reset"),
+    Wrong("no clipping", _train("no_clip"), "14.train_step.no_clipping"),
+    Wrong("default weight decay", _train("default_decay"), "14.train_step.ignored_weight_decay"),
+    Wrong("no weight decay", _train("no_decay"), "14.train_step.ignored_weight_decay"),
+    Wrong("targets shifted twice", _train("shifted_twice"),
+          "14.train_step.targets_shifted_twice"),
+    Wrong("summed loss", _train("summed"), "14.train_step.summed_loss"),
+    Wrong("ignored forward", _train("ignored_forward"), "14.train_step.ignored_forward"),
+    Wrong("loss after the update", _train("loss_after"), "14.train_step.loss_after_update"),
+    Wrong("update tracked", _train("tracked"), "14.train_step.update_tracked_by_autograd"),
+    Wrong("returns a tensor", _train("tensor"), "14.train_step.returned_tensor"),
+    Wrong("parameters unchanged", _train("not_in_place"), "14.train_step.parameters_unchanged"),
+]
+
+
+# --------------------------------------------------------------------------------------------
+# evaluate
+
+def evaluate_solution(params, cfg, data, *, batch_size, context_len, n_batches, generator=None,
+                      forward=None):
+    forward = forward or model_forward
+    losses = []
+    with torch.no_grad():
+        for _n in range(n_batches):
+            x, y = batch_solution(data, batch_size, context_len, generator=generator)
+            logits = forward(x, params, cfg)
+            losses.append(F.cross_entropy(logits.flatten(0, 1), y.flatten()).item())
+    return sum(losses) / len(losses)
+
+
+def _evaluate(kind):
+    def evaluate(params, cfg, data, *, batch_size, context_len, n_batches, generator=None,
+                 forward=None):
+        if kind != "ignored_forward":
+            forward = forward or model_forward
+        else:
+            forward = model_forward
+        total = 0.0
+        count = n_batches - 1 if kind == "one_short" else n_batches
+        context = torch.enable_grad() if kind == "grad" else torch.no_grad()
+        x, y = batch_solution(data, batch_size, context_len, generator=generator)
+        with context:
+            for i in range(count):
+                if kind != "same_batch" and i > 0:
+                    x, y = batch_solution(data, batch_size, context_len,
+                                          generator=None if kind == "global" else generator)
+                logits = forward(x, params, cfg)
+                if kind == "shifted":
+                    total += next_token_loss(logits, y).item()
+                else:
+                    total += F.cross_entropy(logits.flatten(0, 1), y.flatten()).item()
+        if kind == "train":
+            with torch.no_grad():
+                params["final_norm"].mul_(1.01)
+        if kind == "tensor":
+            return torch.tensor(total / count)
+        return total if kind == "summed" else total / count
+    return evaluate
+
+
+EVALUATE_WRONG = [
+    Wrong("gradients tracked", _evaluate("grad"), "14.evaluate.gradients_tracked"),
+    Wrong("same batch", _evaluate("same_batch"), "14.evaluate.same_batch_repeated"),
+    Wrong("one batch short", _evaluate("one_short"), "14.evaluate.wrong_number_of_batches"),
+    Wrong("global generator", _evaluate("global"), "14.evaluate.ignored_generator"),
+    Wrong("summed", _evaluate("summed"), "14.evaluate.summed_not_averaged"),
+    Wrong("targets shifted twice", _evaluate("shifted"), "14.evaluate.targets_shifted_twice"),
+    Wrong("ignored forward", _evaluate("ignored_forward"), "14.evaluate.ignored_forward"),
+    Wrong("changes the parameters", _evaluate("train"), "14.evaluate.changed_parameters"),
+    Wrong("returns a tensor", _evaluate("tensor"), "14.evaluate.returned_tensor"),
+]
+
+
+# --------------------------------------------------------------------------------------------
+# bits_per_byte
+
+def bpb_solution(loss, n_tokens, n_bytes):
+    return loss / math.log(2) * n_tokens / n_bytes
+
+
+BPB_WRONG = [
+    Wrong("nats", lambda loss, n, b: loss * n / b, "14.bits_per_byte.forgot_ln2"),
+    Wrong("times ln 2", lambda loss, n, b: loss * n / b * math.log(2),
+          "14.bits_per_byte.multiplied_by_ln2"),
+    Wrong("per token", lambda loss, n, b: loss / math.log(2),
+          "14.bits_per_byte.per_token_not_per_byte"),
+    Wrong("inverted", lambda loss, n, b: loss * b / n / math.log(2),
+          "14.bits_per_byte.inverted_ratio"),
+    Wrong("log10", lambda loss, n, b: loss * n / b / math.log(10), "14.bits_per_byte.log10"),
+    Wrong("tensor", lambda loss, n, b: torch.tensor(loss * n / b / math.log(2)),
+          "14.bits_per_byte.returned_tensor"),
+]
+
+
+CORRECT = {
+    nb14.check_get_batch: {"reference": tr.get_batch, "solution_style": batch_solution},
+    nb14.check_lr_at: {"reference": tr.lr_at, "solution_style": lr_solution},
+    nb14.check_clip_grad_norm: {"reference": tr.clip_grad_norm, "solution_style": clip_solution},
+    nb14.check_adamw_step: {"reference": tr.adamw_step, "solution_style": adamw_solution},
+    nb14.check_train_step: {"reference": tr.train_step, "solution_style": train_solution},
+    nb14.check_evaluate: {"reference": tr.evaluate, "solution_style": evaluate_solution},
+    nb14.check_bits_per_byte: {"reference": tr.bits_per_byte, "solution_style": bpb_solution},
+}
+WRONG = {
+    nb14.check_get_batch: GET_BATCH_WRONG,
+    nb14.check_lr_at: LR_WRONG,
+    nb14.check_clip_grad_norm: CLIP_WRONG,
+    nb14.check_adamw_step: ADAMW_WRONG,
+    nb14.check_train_step: TRAIN_WRONG,
+    nb14.check_evaluate: EVALUATE_WRONG,
+    nb14.check_bits_per_byte: BPB_WRONG,
+}
+EXERCISES = exercises(CORRECT, WRONG)
+
+
+def test_the_reference_adamw_is_torchs():
+    """The checker's expected values are torch.optim.AdamW's (foreach=False), step for step."""
+    gen = torch.Generator().manual_seed(5)
+    params = [torch.randn(4, 3, generator=gen), torch.randn(6, generator=gen)]
+    theirs = [p.clone().requires_grad_() for p in params]
+    opt = torch.optim.AdamW(theirs, lr=1e-2, betas=(0.85, 0.98), eps=1e-2, weight_decay=0.2,
+                            foreach=False)
+    grads_seq = [[torch.randn_like(p) for p in params] for _n in range(4)]
+    want = nb14._adamw_variant(None, params, grads_seq, [1e-2] * 4, (0.85, 0.98), 1e-2, 0.2)
+    for t, grads in enumerate(grads_seq):
+        for p, g in zip(theirs, grads):
+            p.grad = g.clone()
+        opt.step()
+        for a, b in zip(want[t], theirs):
+            torch.testing.assert_close(a, b.detach(), atol=1e-6, rtol=1e-6)
