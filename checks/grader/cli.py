@@ -39,6 +39,7 @@ from .outputs.writer import GradeOutputs
 from .report import (PROG, Progress, grade_table, pts, report_incident, report_problem,
                      status_header, status_label, status_row, status_total)
 from .results import GradingError
+from .visible import status_without_sources
 
 
 class _Parser(argparse.ArgumentParser):
@@ -200,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with sigterm_as_interrupt():
             if not args.source.is_dir():
+                if args.run is _status and args.source == SOURCE_DIR:  # a wheel: no solutions/
+                    return status_without_sources(args, _status)
                 raise GradingError(args.source, _("no such folder of source notebooks"))
             return args.run(args)
     except GradingError as exc:

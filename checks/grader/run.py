@@ -123,6 +123,37 @@ def _names_from_learner(source: str, namespace: dict[str, Any]) -> list[str]:
             and name not in namespace and not hasattr(builtins, name)]
 
 
+def notebook_imports(source) -> list[str]:
+    """The modules the chapter's source notebook imports at the top level of its cells that are
+    neither answers nor tests (what the learner's notebook imports too)."""
+    found: dict[str, None] = {}
+    for cell in source.cells:
+        if cell.cell_type != "code" or grade_id(cell) is not None:
+            continue
+        try:
+            tree = ast.parse(cell.source)
+        except SyntaxError:
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.Import):
+                found.update(dict.fromkeys(a.name for a in node.names))
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found[node.module] = None
+    return list(found)
+
+
+def self_test_source(modules: list[str]) -> str:
+    """A cell that imports `modules` and leaves no name behind in the notebook's namespace."""
+    return ("def _checks_self_test():\n"
+            "    import importlib\n"
+            f"    for name in {modules!r}:\n"
+            "        importlib.import_module(name)\n"
+            "try:\n"
+            "    _checks_self_test()\n"
+            "finally:\n"
+            "    del _checks_self_test\n")
+
+
 class _WrongKind:
     """Stands for a function exercise that the notebook defines as a class."""
 
@@ -263,6 +294,8 @@ class _NotebookRun:
         self.nb, self.limits, self.workdir, self.library, self.hide = \
             nb, limits, workdir, library, hide
         self.imports = chapter_namespace(source)
+        self.modules = ["torch", "checks", f"checks.nb{library.chapter[:2]}",
+                        *notebook_imports(source)]
         self.kinds = exercise_kinds(source)
         self.budget = time.monotonic() + limits.notebook_time if limits.notebook_time else None
         self.completed: set[int] = set()  # cells that ran to the end (their results stand)
@@ -290,6 +323,7 @@ class _NotebookRun:
         try:
             with using_default():  # a failure here is the instructor's to read
                 self._start_worker()
+                self._self_test()
         except WorkerGone as gone:
             # None of the submission's code has run yet: the grader's own environment failed
             # (the worker's Python, its imports, the walls), and no score is fair.
@@ -370,6 +404,17 @@ class _NotebookRun:
             except WorkerGone:
                 return index
         return None
+
+    def _self_test(self) -> None:
+        """Before any of the submission's code: the worker imports what grading needs (torch,
+        the course's package, the graded chapter's checks, what the chapter's notebook itself
+        imports), none bound in the notebook's namespace. A failure is the environment's (a
+        Python without torch, a wall that hides site-packages), never the submission's: the
+        notebook is not scored (WorkerCannotStart)."""
+        done = self.worker.run_cell(-1, self_test_source(self.modules))
+        if not done["ok"]:
+            raise WorkerGone(_("the worker's self-test failed: {error}: {text}").format(
+                error=done["ename"], text=_one_line(done["evalue"], 200)))
 
     def _start_worker(self) -> None:
         self.worker = Worker(self.workdir, self.limits, self.library, hide=self.hide,
