@@ -33,7 +33,7 @@ from .isolation import make_undumpable
 from .limits import Limits, cores
 from .read import CEILING_BYTES, CEILING_CELLS, Caps, chapter_notebooks
 from .outputs.gradebook import counted
-from .outputs.late import due_argument, late_text
+from .outputs.late import due_argument, extensions_argument, late_text
 from .outputs.summary import summary_text
 from .outputs.writer import GradeOutputs
 from .report import (PROG, Progress, grade_table, pts, report_incident, report_problem,
@@ -181,6 +181,8 @@ def _parser() -> argparse.ArgumentParser:
     grade.add_argument("--due", type=due_argument, metavar="TIME",
                        help="deadline (ISO 8601; no zone: UTC): submissions whose nbgrader "
                             "timestamp.txt is later are marked late in every output")
+    grade.add_argument("--extensions", type=extensions_argument, metavar="FILE",
+                       help="a CSV of student,due rows: those students' own deadlines")
     grade.add_argument("--max-size", type=_capped(_size, CEILING_BYTES), default=Caps.max_bytes,
                        metavar="SIZE", help="largest notebook file graded, checked before it is "
                        "read (default: %(default)s bytes; at most 64M)")

@@ -43,6 +43,7 @@ class OutputOptions:
     feedback: Path | None = None  # a folder of feedback pages, one per student and chapter
     report: Path | None = None  # the class report, one HTML page
     due: datetime | None = None  # the deadline: later submissions are marked late
+    extensions: dict[str, datetime] | None = None  # {student: their own due time}
     source: Path = SOURCE_DIR
 
 

@@ -13,11 +13,11 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Iterator
 
-from ..i18n import _
+from ..i18n import N_, _
 from .read import chapter_notebooks
 
-NOTE = ("the course is installed without its source notebooks (solutions/): the visible checks "
-        "of your own notebooks are run (the hidden tests are the instructor's)")
+NOTE = N_("the course is installed without its source notebooks (solutions/): the visible checks "
+           "of your own notebooks are run (the hidden tests are the instructor's)")
 
 
 @contextlib.contextmanager

@@ -20,7 +20,7 @@ from ..options import OutputOptions
 from .class_report import class_report_html
 from .feedback import write_feedback
 from .gradebook import counted, exercises_csv, gradebook_csv
-from .late import lateness
+from .late import lateness, refresh_lateness
 from .store import (atomic_write, check_writable_file, check_writable_folder, file_hash,
                     grader_fingerprint, load_records, record_key, unchanged)
 from .summary import class_summary
@@ -53,6 +53,7 @@ class GradeOutputs:
         self.json = options.json
         self.feedback = options.feedback
         self.due = options.due
+        self.extensions = options.extensions  # {student: due}
         self.regrade = options.regrade
         self.source = Path(options.source or SOURCE_DIR).resolve()
         self.regraded: list[Path] = []  # unchanged submissions graded again: the grader changed
@@ -98,8 +99,8 @@ class GradeOutputs:
                 todo.append(path)
                 if grader_changed:
                     self.regraded.append(path)
-            else:
-                self.kept.append(record)
+            else:  # kept, with its lateness for this run's --due and --extensions
+                self.kept.append(refresh_lateness(record, self.due, self.extensions))
         return todo
 
     def fingerprint(self, chapter: str) -> str:
@@ -111,7 +112,7 @@ class GradeOutputs:
         path = Path(result.path)
         data["sha256"] = file_hash(path) if path.is_file() else None
         data["grader"] = self.fingerprint(result.chapter)
-        data.update(lateness(path, self.due))
+        data.update(lateness(path, self.due, result.student, self.extensions))
         if data.get("late_warning"):
             data["warnings"] = [*data["warnings"], data.pop("late_warning")]
         return data
