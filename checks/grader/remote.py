@@ -17,6 +17,7 @@ from .tensors import map_leaves
 from .wire import RemoteRef
 
 MAX_TEXT = 64 * 1024  # characters of any text the grader keeps from one reply
+QUOTED = 300  # characters of a learner's exception text a diagnosis quotes
 
 
 def capped_text(value: Any, limit: int) -> str:
@@ -95,6 +96,12 @@ class RemoteObject:
 _EXCEPTIONS: dict[str, type] = {}
 
 
+def _quoted(text: str) -> str:
+    """At most QUOTED characters of the learner's text: what it says is theirs to choose (a
+    submission that read something it should not have could raise it as a message)."""
+    return text if len(text) <= QUOTED else text[:QUOTED - 1] + "…"
+
+
 def _carried_init(self, *args):
     self.args = args  # never the built-in class's own __init__: its arguments may differ
 
@@ -114,12 +121,12 @@ def rebuild_exception(error: Any) -> Exception:
         return RuntimeError("an error the grader could not read")
     name = capped_text(error.get("type"), 100) or "Exception"
     args = error.get("args") if isinstance(error.get("args"), tuple) else ()
-    args = tuple(a[:2000] if isinstance(a, str) else a if type(a) in (int, float, bool)
+    args = tuple(_quoted(a) if isinstance(a, str) else a if type(a) in (int, float, bool)
                  or a is None else "?" for a in args[:4])
     if isinstance(error.get("text"), str):
-        text = capped_text(error["text"], 2000)
+        text = _quoted(error["text"])
     else:  # an older worker: the text as BaseException makes it from the arguments
-        text = str(args[0]) if len(args) == 1 else str(args) if args else ""
+        text = _quoted(str(args[0]) if len(args) == 1 else str(args) if args else "")
     base = getattr(builtins, name, None)
     if not (isinstance(base, type) and issubclass(base, Exception)) or name in (
             "StopIteration", "StopAsyncIteration"):

@@ -123,6 +123,30 @@ def _names_from_learner(source: str, namespace: dict[str, Any]) -> list[str]:
             and name not in namespace and not hasattr(builtins, name)]
 
 
+HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
+
+
+def worker_source(cell) -> str:
+    """What the worker runs of a test cell: its visible part, each block of hidden tests
+    replaced by `pass` (at the block's indentation, so the cell still compiles). The hidden
+    tests ran here, on the grader's side; their source never reaches the worker, where the
+    learner's code could read it (an audit hook on compile, the cell's frame) and raise it as a
+    message. The visible part's checks repeat the grader's verdict there, so a notebook whose
+    own run passes where the grader's failed is still seen (tampering). A block left open hides
+    the rest of the cell."""
+    kept: list[str] = []
+    hidden = False
+    for line in cell.source.splitlines():
+        if hidden:
+            hidden = HIDDEN_END not in line
+        elif HIDDEN_BEGIN in line:
+            hidden = HIDDEN_END not in line.split(HIDDEN_BEGIN, 1)[1]
+            kept.append(line[:len(line) - len(line.lstrip())] + "pass")
+        else:
+            kept.append(line)
+    return "\n".join(kept) + "\n"
+
+
 def notebook_imports(source) -> list[str]:
     """The modules the chapter's source notebook imports at the top level of its cells that are
     neither answers nor tests (what the learner's notebook imports too)."""
@@ -354,7 +378,7 @@ class _NotebookRun:
         here = _grader_side_test(cell, worker, self.imports, self.kinds, self.limits)
         verdict = "passed" if here["ok"] else (here["ename"], here["evalue"])
         self.verdicts[index] = verdict
-        inside = worker.run_cell(index, cell.source, verdict)
+        inside = worker.run_cell(index, worker_source(cell), verdict)
         if inside["ok"] and not here["ok"]:
             cell.metadata["checks_tampering"] = True
         # Only this process's run counts: the worker's may fail for reasons of its own (a
@@ -400,7 +424,8 @@ class _NotebookRun:
             try:
                 if is_graded_test(cell):
                     self.worker.begin_test(self.worker.deadline())
-                self.worker.run_cell(index, cell.source, self.verdicts.get(index))
+                source = worker_source(cell) if is_graded_test(cell) else cell.source
+                self.worker.run_cell(index, source, self.verdicts.get(index))
             except WorkerGone:
                 return index
         return None

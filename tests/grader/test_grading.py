@@ -378,6 +378,44 @@ def test_a_hidden_test_that_calls_a_broken_exercise_says_fix_it_first(folder):
     assert decode.mistake == "02.bpe_decode.fix_bpe_encode_first"
 
 
+def test_hidden_tests_never_reach_the_worker(folder):
+    """A submission that records the source of everything compiled in its worker (an audit hook
+    on compile) and raises what it saw of the hidden tests as a message: nothing of them was
+    there (the grader runs them; the worker gets the visible part), and what a diagnosis quotes
+    of a learner's message is capped."""
+    nb = sub.solution()
+    sub.prepend(nb, "head_dim", (
+        "import sys\n_seen = []\n"
+        "sys.addaudithook(lambda event, args: event == 'compile' and _seen.append(\n"
+        "    args[0].decode() if isinstance(args[0], bytes) else str(args[0])))"))
+    sub.cell(nb, "tensor_shape").source = (
+        "def tensor_shape(*args, **kwargs):\n"
+        "    marks = ('### BEGIN ' + 'HIDDEN', 'thor' + 'ough=')\n"
+        "    hidden = [s for s in _seen if any(m in s for m in marks)]\n"
+        "    raise ValueError('SEEN ' + str(len(hidden)) + ' ' + ' | '.join(hidden) + 'x' * 5000)")
+    path = sub.write(nb, folder / "audit-compile" / "01_notation.ipynb")
+    result = grade_untouched(path)
+    message = by_name(result)["tensor_shape"].message
+    assert "SEEN 0 " in message, message[:500]
+    assert "thorough" not in message and "HIDDEN" not in message
+    assert len(message) < 800 and "x" * 400 not in message
+    assert result.points == 4  # the other exercises keep their points
+
+
+def test_the_worker_gets_the_visible_part_of_a_test_cell():
+    from types import SimpleNamespace
+
+    source = ("from checks.nb01 import check_head_dim\ncheck_head_dim(head_dim)\n"
+              "### BEGIN HIDDEN TESTS\ncheck_head_dim(head_dim, thorough=True)\n"
+              "assert head_dim(cfg) == 64\n### END HIDDEN TESTS\nfor i in range(2):\n"
+              "    ### BEGIN HIDDEN TESTS\n    assert i < 2\n    ### END HIDDEN TESTS\n"
+              "### BEGIN HIDDEN TESTS\nsecret = 1\n")
+    sent = run.worker_source(SimpleNamespace(source=source))
+    assert sent == ("from checks.nb01 import check_head_dim\ncheck_head_dim(head_dim)\npass\n"
+                    "for i in range(2):\n    pass\npass\n")
+    compile(sent, "<test>", "exec")
+
+
 def test_rebuilt_exceptions_are_the_learner_s_type_and_text():
     from checks.grader.remote import rebuild_exception
 

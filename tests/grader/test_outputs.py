@@ -662,7 +662,20 @@ def test_feedback_escapes_every_field():
     for raw in ("<b>x", "<script>", "<i>c", "<u>w", "<s>", "<n>", "\"'<&>"):
         assert raw not in page
     assert "&quot;&#x27;&lt;&amp;&gt;" in page
-    assert safe_name("../../etc") == "etc" and safe_name("..") == "unnamed"
+    assert safe_name("../../etc").startswith("etc-") and safe_name("..").startswith("unnamed-")
+    assert "/" not in safe_name("../../etc") and safe_name("alice") == "alice"
+
+
+def test_feedback_paths_never_collide():
+    """Names that differ only where the page's name escapes them get a page each; a plain name
+    keeps its own; a name shaped like an escaped one is escaped too."""
+    names = ["alice@uni.edu", "alice_uni.edu", "alice uni.edu", "alice/uni.edu", ".alice_uni.edu",
+             "x" * 121, "x" * 120 + "y", "..", "unnamed", "",
+             "alice_uni.edu-" + safe_name("alice@uni.edu").rsplit("-", 1)[1]]
+    pages = [safe_name(n) for n in names]
+    assert len(set(pages)) == len(names), pages
+    assert safe_name("alice_uni.edu") == "alice_uni.edu"
+    assert all(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", p) and len(p) <= 120 for p in pages)
 
 
 def test_csv_cells_that_a_spreadsheet_would_run_are_defused():
