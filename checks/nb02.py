@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 
 from . import reference as ref
-from .engine import Check, builds_on, describe
+from .engine import Check, builds_on, describe, matches
 from .i18n import N_, _
 from .mistakes import FORBIDDEN_CALL, Mistake
 from .reference.tokens import vocab_bytes
@@ -566,8 +566,23 @@ def _expect_typed(c: Check, got, want: torch.Tensor, *, what: str, dims, hint: s
             what=what, kind=type(got).__name__), NOT_A_TENSOR)
     if isinstance(got, torch.Tensor) and got.shape == want.shape and got.dtype != want.dtype:
         c.fail(_("{what} has dtype {got}, expected {want}.").format(what=what, got=got.dtype,
-                                                                   want=want.dtype), hint)
+                                                                   want=want.dtype),
+               _same_dtype_variant(got, wrong) or hint)
     c.expect_tensor(got, want, what=what, dims=dims, wrong=wrong)
+
+
+def _same_dtype_variant(got: torch.Tensor, wrong) -> Mistake | None:
+    """The wrong variant that `got` reproduces, dtype included (expect_tensor's comparison
+    ignores dtypes: returning the ids as floats is its own mistake)."""
+    for mistake, variant in (wrong or {}).items():
+        try:
+            value = variant() if callable(variant) else variant
+        except Exception:  # a variant that cannot be formed for these inputs says nothing
+            continue
+        if isinstance(value, torch.Tensor) and value.dtype == got.dtype and \
+                matches(got, value, 0.0, 0.0):
+            return mistake
+    return None
 
 
 def _left_pad(sequences, pad_id, s):

@@ -9,25 +9,44 @@ from __future__ import annotations
 import torch
 
 from . import reference as ref
-from .engine import Check, LearnerError
+from .engine import Check
 from .i18n import N_, _
+from .mistakes import Mistake
 
-_NOT_BOOL = N_("a mask is boolean (True = may attend): build it from a comparison such as `<=`, "
-               "or pass dtype=torch.bool; 0/1 integers or floats are a different kind of mask")
-_TOP_LEFT = N_("top-left aligned (`torch.tril(torch.ones(q_len, k_len))`): the queries are the "
-               "LAST q_len of the k_len positions, so query i sits at position k_len - q_len + i "
-               "and sees keys 0 ..= k_len - q_len + i; shift the diagonal by k_len - q_len")
-_INVERTED = N_("inverted: True must mean 'may attend' (the past and the query's own position), "
-               "not 'blocked'; `torch.triu(..., diagonal=1)` marks the blocked future instead")
-_INVERTED_TOP_LEFT = N_("inverted and top-left aligned (`torch.triu(ones(q_len, k_len), "
-                        "diagonal=1)` marks the blocked keys of a top-left triangle): True must "
-                        "mean 'may attend', and query i sits at position k_len - q_len + i")
-_NO_DIAGONAL = N_("off by one: a query may also attend to its own position, so the diagonal "
-                  "must be True (use `<=`, not `<`)")
-_ONE_AHEAD = N_("off by one: each query also sees the next, future key; the last key query i may "
-                "see is its own position k_len - q_len + i")
-_TRANSPOSED = N_("transposed: rows are queries and columns are keys, so the mask is "
-                 "[q_len, k_len] and row i is True up to and including query i's own position")
+_NOT_BOOL = Mistake("not_bool", N_(
+    "a mask is boolean (True = may attend): build it from a comparison such as `<=`, or pass "
+    "dtype=torch.bool; 0/1 integers or floats are a different kind of mask"))
+_NO_DEFAULT = Mistake("k_len_without_default", N_(
+    "k_len is optional: `def f(q_len, k_len=None)`, and k_len = q_len when it is not given"),
+    raises=[("TypeError", r"missing 1 required positional argument")])
+_TOP_LEFT = Mistake("top_left_aligned", N_(
+    "top-left aligned (`torch.tril(torch.ones(q_len, k_len))`): the queries are the LAST q_len "
+    "of the k_len positions, so query i sits at position k_len - q_len + i and sees keys 0 ..= "
+    "k_len - q_len + i; shift the diagonal by k_len - q_len"))
+_SHIFT_SIGN = Mistake("diagonal_shifted_wrong_way", N_(
+    "shifted the diagonal the wrong way: query i sits at position k_len - q_len + i, so the "
+    "diagonal is k_len - q_len (`torch.tril(ones, diagonal=k_len - q_len)`), not q_len - k_len"))
+_INVERTED = Mistake("inverted", N_(
+    "inverted: True must mean 'may attend' (the past and the query's own position), not "
+    "'blocked'; `torch.triu(..., diagonal=1)` marks the blocked future instead"))
+_INVERTED_TOP_LEFT = Mistake("inverted_top_left", N_(
+    "inverted and top-left aligned (`torch.triu(ones(q_len, k_len), diagonal=1)` marks the "
+    "blocked keys of a top-left triangle): True must mean 'may attend', and query i sits at "
+    "position k_len - q_len + i"))
+_NO_DIAGONAL = Mistake("diagonal_excluded", N_(
+    "off by one: a query may also attend to its own position, so the diagonal must be True "
+    "(use `<=`, not `<`)"))
+_ONE_AHEAD = Mistake("sees_one_future_key", N_(
+    "off by one: each query also sees the next, future key; the last key query i may see is "
+    "its own position k_len - q_len + i"))
+_TRANSPOSED = Mistake("transposed", N_(
+    "transposed: rows are queries and columns are keys, so the mask is [q_len, k_len] and row i "
+    "is True up to and including query i's own position"))
+_SQUEEZED = Mistake("squeezed_query_axis", N_(
+    "squeezed the mask of one query: it is still [q_len, k_len] = [1, k_len], one row per "
+    "query; drop the .squeeze()"))
+_IGNORED_K_LEN = Mistake("ignored_k_len", N_(
+    "ignored k_len: the mask has one row per query and one column per key, [q_len, k_len]"))
 
 
 def _expect_mask(c: Check, got, want: torch.Tensor, *, what: str, dims, wrong=None) -> None:
@@ -70,21 +89,23 @@ def _causal_mixups(q: int, k: int) -> dict:
     want = ref.causal_mask(q, k)
     ones = torch.ones(q, k, dtype=torch.bool)
     mixups = {
-        _(_TOP_LEFT): ones.tril(),
-        _(_INVERTED): ~want,
-        _(_INVERTED_TOP_LEFT): ones.triu(1),
-        _(_NO_DIAGONAL): ones.tril(k - q - 1),
-        _(_ONE_AHEAD): ones.tril(k - q + 1),
-        _(_TRANSPOSED): want.T.contiguous(),
+        _TOP_LEFT: ones.tril(),
+        _INVERTED: ~want,
+        _INVERTED_TOP_LEFT: ones.triu(1),
+        _NO_DIAGONAL: ones.tril(k - q - 1),
+        _ONE_AHEAD: ones.tril(k - q + 1),
+        _TRANSPOSED: want.T.contiguous(),
     }
     if q != k:
-        mixups[_("ignored k_len: the mask has one row per query and one column per key, "
-                 "[q_len, k_len]")] = ref.causal_mask(q)
+        mixups[_IGNORED_K_LEN] = ref.causal_mask(q)
+        mixups[_SHIFT_SIGN] = ones.tril(q - k)
+    if q == 1:
+        mixups[_SQUEEZED] = want.squeeze()
     return mixups
 
 
 def check_causal_mask(f, *, seed: int | None = None, thorough: bool = False) -> None:
-    with Check("causal_mask", f, seed=seed) as c:
+    with Check("causal_mask", f, seed=seed, errors=[_NO_DEFAULT]) as c:
         # The article's example, 我 喜欢 学习 AI: four tokens, k_len left to its default.
         _expect_mask(c, c.call(4), ref.causal_mask(4), what="causal_mask(4)",
                      dims=("S_q", "S_k"), wrong=_causal_mixups(4, 4))
@@ -118,20 +139,30 @@ def check_causal_mask(f, *, seed: int | None = None, thorough: bool = False) -> 
 # bidirectional_mask
 
 
+_BI_CAUSAL = Mistake("returned_causal", N_(
+    "returned a causal mask: in bidirectional attention (an encoder, or cross-attention) every "
+    "query sees every key"))
+_BI_INVERTED = Mistake("inverted", N_(
+    "inverted: True means 'may attend', so a bidirectional mask is all True"))
+_BI_K_LEN = Mistake("ignored_k_len", N_("ignored k_len: the mask is [q_len, k_len]"))
+_BI_TRANSPOSED = Mistake("transposed", N_(
+    "transposed: rows are queries and columns are keys, [q_len, k_len]"))
+
+
 def _bidirectional_mixups(q: int, k: int) -> dict:
-    return {
-        _("returned a causal mask: in bidirectional attention (an encoder, or cross-attention) "
-          "every query sees every key"): ref.causal_mask(q, k),
-        _("inverted: True means 'may attend', so a bidirectional mask is all True"):
-            torch.zeros(q, k, dtype=torch.bool),
-        _("ignored k_len: the mask is [q_len, k_len]"): torch.ones(q, q, dtype=torch.bool),
-        _("transposed: rows are queries and columns are keys, [q_len, k_len]"):
-            torch.ones(k, q, dtype=torch.bool),
+    mixups = {
+        _BI_CAUSAL: ref.causal_mask(q, k),
+        _BI_INVERTED: torch.zeros(q, k, dtype=torch.bool),
+        _BI_K_LEN: torch.ones(q, q, dtype=torch.bool),
+        _BI_TRANSPOSED: torch.ones(k, q, dtype=torch.bool),
     }
+    if q == 1:
+        mixups[_SQUEEZED] = torch.ones(q, k, dtype=torch.bool).squeeze()
+    return mixups
 
 
 def check_bidirectional_mask(f, *, seed: int | None = None, thorough: bool = False) -> None:
-    with Check("bidirectional_mask", f, seed=seed) as c:
+    with Check("bidirectional_mask", f, seed=seed, errors=[_NO_DEFAULT]) as c:
         s = c.randint(3, 10)
         _expect_mask(c, c.call(s), ref.bidirectional_mask(s), what=f"bidirectional_mask({s})",
                      dims=("S_q", "S_k"), wrong=_bidirectional_mixups(s, s))
@@ -154,26 +185,43 @@ def check_bidirectional_mask(f, *, seed: int | None = None, thorough: bool = Fal
 # padding_mask
 
 
+_PAD_2D = Mistake("returned_b_s", N_(
+    "returned [B, S]: add a head axis and a query axis, [B, 1, 1, S], so that the mask "
+    "broadcasts against scores [B, N, S_q, S_k]"))
+_PAD_QUERIES = Mistake("masked_queries", N_(
+    "masked queries instead of keys ([B, 1, S, 1]): padding hides padded KEYS, so the sequence "
+    "axis must be the last one, [B, 1, 1, S]"))
+_PAD_BOTH = Mistake("masked_queries_and_keys", N_(
+    "masked padded queries as well as keys ([B, 1, S, S]): only the keys are masked, "
+    "[B, 1, 1, S]; a padded query's output is simply ignored later"))
+_PAD_EXPANDED = Mistake("expanded_over_queries", N_(
+    "expanded the mask over the queries ([B, 1, S, S]): keep the query axis of size 1, "
+    "[B, 1, 1, S]; broadcasting repeats it for every query"))
+_PAD_WRONG_AXIS = Mistake("sequence_on_wrong_axis", N_(
+    "put the sequence on the wrong axis ([B, S, 1, 1]): keys are the last axis, [B, 1, 1, S]"))
+_PAD_ONE_AXIS = Mistake("added_one_axis", N_(
+    "added only one axis ([B, 1, S]): scores are [B, N, S_q, S_k], so the mask needs a head "
+    "axis and a query axis, [B, 1, 1, S]"))
+_PAD_INVERTED = Mistake("inverted", N_(
+    "inverted: True marks real tokens (may attend); padding positions are False"))
+_PAD_IN_PLACE = Mistake("changed_attention_mask", N_(
+    "build a new tensor (or a view) instead of writing into the input"))
+
+
 def _padding_mixups(am: torch.Tensor) -> dict:
     return {
-        _("returned [B, S]: add a head axis and a query axis, [B, 1, 1, S], so that the mask "
-          "broadcasts against scores [B, N, S_q, S_k]"): am.clone(),
-        _("masked queries instead of keys ([B, 1, S, 1]): padding hides padded KEYS, so the "
-          "sequence axis must be the last one, [B, 1, 1, S]"): am[:, None, :, None],
-        _("masked padded queries as well as keys ([B, 1, S, S]): only the keys are masked, "
-          "[B, 1, 1, S]; a padded query's output is simply ignored later"): (
-            am[:, None, :, None] & am[:, None, None, :]),
-        _("put the sequence on the wrong axis ([B, S, 1, 1]): keys are the last axis, "
-          "[B, 1, 1, S]"): am[:, :, None, None],
-        _("added only one axis ([B, 1, S]): scores are [B, N, S_q, S_k], so the mask needs a "
-          "head axis and a query axis, [B, 1, 1, S]"): am[:, None, :],
-        _("inverted: True marks real tokens (may attend); padding positions are False"):
-            ~am[:, None, None, :],
+        _PAD_2D: am.clone(),
+        _PAD_QUERIES: am[:, None, :, None],
+        _PAD_BOTH: am[:, None, :, None] & am[:, None, None, :],
+        _PAD_EXPANDED: am[:, None, None, :].expand(-1, 1, am.shape[1], -1),
+        _PAD_WRONG_AXIS: am[:, :, None, None],
+        _PAD_ONE_AXIS: am[:, None, :],
+        _PAD_INVERTED: ~am[:, None, None, :],
     }
 
 
 def check_padding_mask(f, *, seed: int | None = None, thorough: bool = False) -> None:
-    with Check("padding_mask", f, seed=seed) as c:
+    with Check("padding_mask", f, seed=seed, in_place=_PAD_IN_PLACE) as c:
         cases = [(_("the article's sentence and a shorter one, right-padded"),
                   _lengths_to_mask([4, 3], 4))]
         for _n in range(3 if thorough else 1):
@@ -182,16 +230,12 @@ def check_padding_mask(f, *, seed: int | None = None, thorough: bool = False) ->
         b, s = c.sizes(2, 2, 10)
         cases.append((_("a left-padded batch"), _padded_batch(c, b, s, left=True)))
         for label, am in cases:
-            before = am.clone()
-            got = c.call(am)
+            got = c.call(am.clone())
             b, s = am.shape
             _expect_mask(c, got, ref.padding_mask(am),
                          what=_("padding_mask of {case} (attention_mask [B={b}, S={s}])")
                          .format(case=label, b=b, s=s),
                          dims=("B", "N", "S_q", "S_k"), wrong=_padding_mixups(am))
-            if not torch.equal(am, before):
-                c.fail(_("changed the attention_mask it was given."),
-                       _("build a new tensor (or a view) instead of writing into the input"))
         c.headline(_("padded keys masked, shape [B, 1, 1, S]"))
         c.headline(_("right and left padding"))
 
@@ -200,50 +244,48 @@ def check_padding_mask(f, *, seed: int | None = None, thorough: bool = False) ->
 # combine_masks
 
 
+_OR = Mistake("combined_with_or", N_(
+    "combined with OR: a query may attend to a key only if EVERY mask allows it, so combine "
+    "with AND (`&`)"))
+_FIRST_ONLY = Mistake("first_mask_only", N_("kept only the first mask: AND all of them together"))
+_LAST_ONLY = Mistake("last_mask_only", N_("kept only the last mask: AND all of them together"))
+_FIRST_TWO = Mistake("first_two_masks_only", N_(
+    "combined only the first two masks: AND every mask given, `for m in masks[1:]: out = out & m`"))
+_VARARGS = Mistake("fixed_number_of_masks", N_(
+    "accept any number of masks, `def combine_masks(*masks)`, and AND them all together (one "
+    "mask alone comes back unchanged)"), raises=[("TypeError", r"positional argument")])
+_BROADCAST = Mistake("masks_not_broadcast", N_(
+    "masks of different shapes must broadcast against each other: `a & b` broadcasts; stacking "
+    "them, or writing into the first one with `&=`, does not"),
+    raises=[("RuntimeError", r"broadcast|equal size|must match")])
+_PYTHON_AND = Mistake("python_and", N_(
+    "combined with Python's `and` (or `all()`), which asks each whole mask for one True or "
+    "False: combine the masks element by element with `&`"),
+    raises=[("RuntimeError", r"ambiguous")])
+_COMBINE_IN_PLACE = Mistake("changed_input_mask", N_(
+    "`&=` (or `logical_and_`) writes into the first mask, which the caller still uses; build a "
+    "new tensor with `&`"))
+
+
 def _combine_mixups(masks: list[torch.Tensor]) -> dict:
     ored = masks[0]
     for m in masks[1:]:
         ored = ored | m
-    return {
-        _("combined with OR: a query may attend to a key only if EVERY mask allows it, "
-          "so combine with AND (`&`)"): ored,
-        _("kept only the first mask: AND all of them together"): masks[0],
-        _("kept only the last mask: AND all of them together"): masks[-1],
-    }
-
-
-_VARARGS = N_("accept any number of masks, `def combine_masks(*masks)`, and AND them all "
-              "together (one mask alone comes back unchanged)")
+    mixups = {_OR: ored, _FIRST_ONLY: masks[0], _LAST_ONLY: masks[-1]}
+    if len(masks) > 2:
+        mixups[_FIRST_TWO] = masks[0] & masks[1]
+    return mixups
 
 
 def check_combine_masks(f, *, seed: int | None = None, thorough: bool = False) -> None:
-    with Check("combine_masks", f, seed=seed) as c:
+    with Check("combine_masks", f, seed=seed, errors=[_VARARGS, _BROADCAST, _PYTHON_AND],
+               in_place=_COMBINE_IN_PLACE) as c:
         b, n, sq, sk = c.sizes(4, 2, 10)
         s = sk
 
         def run(masks: list[torch.Tensor], label: str, dims) -> None:
-            before = [m.clone() for m in masks]
-            try:
-                got = c.call(*masks)
-            except LearnerError as err:
-                first = err.message.splitlines()[0]
-                if "TypeError" in first and "argument" in first:
-                    c.fail(_("combine_masks with {count} mask(s) {error}").format(
-                        count=len(masks), error=err.summary()), _VARARGS)
-                shapes = {tuple(m.shape) for m in masks}
-                if len(shapes) > 1:
-                    c.fail(f"combine_masks({label}) {err.summary()}",
-                           _("masks of different shapes must broadcast against each other: "
-                             "`a & b` broadcasts; stacking them, or writing into the first one "
-                             "with `&=`, does not"))
-                raise
-            if any(not torch.equal(m, m0) for m, m0 in zip(masks, before)):
-                c.fail(_("changed one of its input masks in place ({case}).").format(
-                    case=label),
-                       _("`&=` (or `logical_and_`) writes into the first mask, which the caller "
-                         "still uses; build a new tensor with `&`"))
-            _expect_mask(c, got, ref.combine_masks(*masks), what=f"combine_masks({label})",
-                         dims=dims, wrong=_combine_mixups(masks))
+            _expect_mask(c, c.call(*masks), ref.combine_masks(*masks),
+                         what=f"combine_masks({label})", dims=dims, wrong=_combine_mixups(masks))
 
         # Same shapes first, so that writing into the first mask shows up.
         for _n in range(3 if thorough else 1):
@@ -274,18 +316,36 @@ def check_combine_masks(f, *, seed: int | None = None, thorough: bool = False) -
 # to_additive_mask
 
 
+_ADD_INVERTED = Mistake("inverted_signs", N_(
+    "inverted signs: 0 where the mask is True (may attend) and -inf where it is False"))
+_ADD_NUMBERS = Mistake("returned_0_1_numbers", N_(
+    "returned the mask as 0/1 numbers: the additive mask is 0 where True and -inf where False"))
+_ADD_TIMES_INF = Mistake("multiplied_by_inf", N_(
+    "multiplied by -inf: 0 * -inf is NaN; use `masked_fill` or `torch.where` instead"))
+_ADD_PLUS_INF = Mistake("plus_inf", N_(
+    "+inf instead of -inf: blocked scores must go to -inf so that exp() gives 0"))
+_ADD_BOOL = Mistake("returned_bool", N_(
+    "returned a boolean mask: the additive mask holds numbers, 0 where the mask is True and -inf "
+    "where it is False"))
+_ADD_IGNORED_DTYPE = Mistake("ignored_dtype", N_(
+    "ignored the `dtype` argument: create the additive mask in the requested dtype, the dtype of "
+    "the scores it is added to"))
+_ADD_OTHER_DTYPE = Mistake("wrong_dtype", N_(
+    "create the additive mask with the requested dtype (`dtype=dtype`)"))
+_ADD_FINITE = Mistake("large_finite_number", N_(
+    "used a large finite number (such as -1e9 or the dtype's minimum) instead of -inf: the "
+    "convention is exactly float('-inf'), so exp() gives exactly 0 and a fully masked row cannot "
+    "pass unnoticed"))
+
+
 def _additive_mixups(mask: torch.Tensor, dtype: torch.dtype) -> dict:
     m = mask.bool()
     zero = torch.zeros(m.shape, dtype=dtype)
     return {
-        _("inverted signs: 0 where the mask is True (may attend) and -inf where it is False"):
-            zero.masked_fill(m, float("-inf")),
-        _("returned the mask as 0/1 numbers: the additive mask is 0 where True and -inf where "
-          "False"): m.to(dtype),
-        _("multiplied by -inf: 0 * -inf is NaN; use `masked_fill` or `torch.where` instead"):
-            (1 - m.to(dtype)) * float("-inf"),
-        _("+inf instead of -inf: blocked scores must go to -inf so that exp() gives 0"):
-            zero.masked_fill(~m, float("inf")),
+        _ADD_INVERTED: zero.masked_fill(m, float("-inf")),
+        _ADD_NUMBERS: m.to(dtype),
+        _ADD_TIMES_INF: (1 - m.to(dtype)) * float("-inf"),
+        _ADD_PLUS_INF: zero.masked_fill(~m, float("inf")),
     }
 
 
@@ -295,13 +355,11 @@ def _expect_additive(c: Check, got, mask: torch.Tensor, dtype: torch.dtype, *, w
     if isinstance(got, torch.Tensor) and got.shape == want.shape:
         if got.dtype != want.dtype:
             if got.dtype == torch.bool:
-                hint = _("returned a boolean mask: the additive mask holds numbers, 0 where the "
-                         "mask is True and -inf where it is False")
+                hint = _ADD_BOOL
             elif got.dtype == torch.float32:
-                hint = _("ignored the `dtype` argument: create the additive mask in the "
-                         "requested dtype, the dtype of the scores it is added to")
+                hint = _ADD_IGNORED_DTYPE
             else:
-                hint = _("create the additive mask with the requested dtype (`dtype=dtype`)")
+                hint = _ADD_OTHER_DTYPE
             c.fail(_("{what} has dtype {got}, expected {want} (the dtype asked for).").format(
                 what=what, got=got.dtype, want=want.dtype), hint)
         if got.is_floating_point():
@@ -310,10 +368,7 @@ def _expect_additive(c: Check, got, mask: torch.Tensor, dtype: torch.dtype, *, w
             if (vals.numel() and bool(torch.isfinite(vals).all()) and bool((vals < 0).all())
                     and bool((got.detach()[~blocked] == 0).all())):
                 c.fail(_("{what} holds {value} at blocked positions, expected -inf.").format(
-                    what=what, value=f"{float(vals.max()):g}"),
-                       _("used a large finite number (such as -1e9 or the dtype's minimum) "
-                         "instead of -inf: the convention is exactly float('-inf'), so exp() "
-                         "gives exactly 0 and a fully masked row cannot pass unnoticed"))
+                    what=what, value=f"{float(vals.max()):g}"), _ADD_FINITE)
         # Exact comparison: the engine's relative tolerance would call any finite number
         # close to -inf (|got - want| = inf <= rtol * |want| = inf).
         if got.dtype == want.dtype and not _same_exactly(got, want):
@@ -355,7 +410,8 @@ def check_to_additive_mask(f, *, seed: int | None = None, thorough: bool = False
                              what=_("to_additive_mask of a random {shape} mask").format(
                                  shape=f"[{sq}, {sk}]"),
                              dims=("S_q", "S_k"))
-        combined = ref.combine_masks(ref.causal_mask(sk), ref.padding_mask(_padded_batch(c, b, sk)))
+        combined = ref.combine_masks(ref.causal_mask(sk),
+                                     ref.padding_mask(_padded_batch(c, b, sk)))
         dtypes = [torch.float16, torch.bfloat16, torch.float64]
         for dtype in dtypes if thorough else [c.choice(dtypes[:2]), torch.float64]:
             name = str(dtype).removeprefix("torch.")

@@ -13,20 +13,22 @@ import math
 import torch
 
 from . import reference as ref
-from .engine import (CallRecord, Check, CheckFailure, LearnerError, builds_on,
-                     earlier_failures, fix_first_text, matches)
+from .engine import (CallRecord, Check, CheckFailure, builds_on, earlier_failures,
+                     fix_first_text, matches)
 from .i18n import N_, _
+from .mistakes import Mistake
 
 # --------------------------------------------------------------------------------------------
 # Forbidden shortcuts, by torch function name (the engine also catches `torch.ops.aten` overloads
 # such as "softmax.int").
 
 
-_SOFTMAX_HINT = N_("write the softmax yourself: subtract each row's max, exponentiate, divide by "
-                   "the row sum (library softmax, log_softmax, softmin and logsumexp are off "
-                   "limits here)")
-_SDPA_HINT = N_("build attention from your own pieces: scores = Q K^T / sqrt(D), weights = "
-                "masked_softmax(scores, mask), out = weights @ V")
+_SOFTMAX_HINT = Mistake("calls_library_softmax", N_(
+    "write the softmax yourself: subtract each row's max, exponentiate, divide by the row sum "
+    "(library softmax, log_softmax, softmin and logsumexp are off limits here)"))
+_SDPA_HINT = Mistake("calls_library_attention", N_(
+    "build attention from your own pieces: scores = Q K^T / sqrt(D), weights = "
+    "masked_softmax(scores, mask), out = weights @ V"))
 
 _SOFTMAX_NAMES = ("softmax", "_softmax", "log_softmax", "_log_softmax", "softmin",
                   "special_softmax", "special_log_softmax", "_safe_softmax", "_masked_softmax",
@@ -51,84 +53,131 @@ FORBID_ATTENTION = dict.fromkeys(_ATTENTION_NAMES, _SDPA_HINT)
 # --------------------------------------------------------------------------------------------
 # Diagnoses (shared by the checkers so that the same mistake reads the same everywhere)
 
-NO_SCALE = N_("forgot the scale: divide the scores by sqrt(D), D = q.shape[-1] (the head "
-              "dimension)")
-SCALE_BY_D = N_("divided by D instead of sqrt(D): the scale is 1 / sqrt(D_h)")
-SCALE_BY_H = N_("scaled by sqrt(H) = sqrt(N * D), the width of all heads together, instead of "
-                "sqrt(D_h), one head's width (the last dimension of q)")
-SCALE_BY_S = N_("scaled by the square root of a sequence length; the scale uses the feature "
-                "dimension D = q.shape[-1]")
-SCALE_MULTIPLIED = N_("multiplied by sqrt(D) instead of dividing by it")
-QK_SWAPPED = N_("Q and K swapped: scores are Q K^T, shape [..., S_q, S_k] (row = query, column = "
-                "key), not K Q^T")
-QT_K = N_("computed Q^T K ([..., D, D]); the scores are Q K^T: q @ k.transpose(-2, -1)")
-QUERY_AXIS = N_("softmax over the query axis (dim=-2): each query's weights over the keys must sum "
-                "to 1, so normalise over the last axis (dim=-1)")
-WHOLE_TENSOR = N_("normalised over the whole tensor instead of each row (the last axis) separately")
-NOT_NORMALISED = N_("exponentiated without dividing by the row sum: weights must sum to 1 per row")
-INVERTED = N_("mask inverted: True means 'may attend', so fill the scores with -inf where the mask "
-              "is False (`~mask`), not where it is True")
-AFTER_SOFTMAX = N_("mask applied after the softmax: zeroing weights afterwards leaves rows that no "
-                   "longer sum to 1; fill masked scores with -inf before normalising")
-IGNORED_MASK = N_("ignored the mask argument: masked keys must get weight 0")
-NO_DIAGONAL = N_("mask off by one: the diagonal was masked too, but a token may attend to its own "
-                 "position; use the mask you are given (True = may attend)")
-ONE_AHEAD = N_("mask off by one: each query also sees the next (future) key")
-TOP_LEFT = N_("used a top-left causal mask (`torch.tril(ones(S_q, S_k))`) instead of the mask "
-              "argument; causal masks are bottom-right aligned when S_q != S_k")
-FINITE_FILL = N_("filled masked scores with a large finite number (like -1e9): a fully masked row "
-                 "then spreads its weight evenly over keys it may not see; such a row must be all "
-                 "zeros (fill with -inf and turn the NaN rows into zeros, or zero rows whose mask "
-                 "is all False)")
-FULLY_MASKED_NAN = N_("a fully masked row gives NaN (its max is -inf, and -inf - (-inf) or 0 / 0 "
-                      "is NaN); return all-zero weights for such rows, e.g. torch.where on the "
-                      "row sum or nan_to_num")
-OVERFLOW = N_("exp overflowed or underflowed for large scores (exp(1e4) = inf, exp(-1e4) = 0): "
-              "subtract each row's own max, `scores.amax(dim=-1, keepdim=True)`, before exp")
-MAX_BEFORE_MASK = N_("took the row max before masking: a masked key with a huge score makes every "
-                     "visible exp(...) underflow to 0; fill masked scores with -inf first, then "
-                     "take the max over what remains")
-IN_PLACE = N_("modified an input in place (`masked_fill_`, `-=`, `add_`, ...): build new tensors "
-              "instead (e.g. the out-of-place `masked_fill`) so the caller's tensors stay "
-              "unchanged")
-WEIGHTS_T_V = N_("used the transposed weights (A^T V): the output is weights @ v, row m mixing the "
-                 "values with query m's weights")
-OUT_TRANSPOSED = N_("returned the output transposed ([..., D_v, S_q]): out = weights @ v has shape "
-                    "[..., S_q, D_v]")
-WEIGHTS_K = N_("mixed the keys instead of the values: out = weights @ v, not weights @ k")
-PAIR_ORDER = N_("returned (weights, out) in the wrong order: return (out, weights)")
+NO_SCALE = Mistake("missing_scale", N_(
+    "forgot the scale: divide the scores by sqrt(D), D = q.shape[-1] (the head dimension)"))
+SCALE_BY_D = Mistake("divided_by_d", N_(
+    "divided by D instead of sqrt(D): the scale is 1 / sqrt(D_h)"))
+SCALE_BY_H = Mistake("scaled_by_sqrt_h", N_(
+    "scaled by sqrt(H) = sqrt(N * D), the width of all heads together, instead of sqrt(D_h), "
+    "one head's width (the last dimension of q)"))
+SCALE_BY_S = Mistake("scaled_by_sqrt_seq_len", N_(
+    "scaled by the square root of a sequence length; the scale uses the feature dimension D = "
+    "q.shape[-1]"))
+SCALE_MULTIPLIED = Mistake("multiplied_by_sqrt_d", N_(
+    "multiplied by sqrt(D) instead of dividing by it"))
+QK_SWAPPED = Mistake("q_k_swapped", N_(
+    "Q and K swapped: scores are Q K^T, shape [..., S_q, S_k] (row = query, column = key), "
+    "not K Q^T"))
+QT_K = Mistake("computed_qt_k", N_(
+    "computed Q^T K ([..., D, D]); the scores are Q K^T: q @ k.transpose(-2, -1)"))
+QUERY_AXIS = Mistake("softmax_over_queries", N_(
+    "softmax over the query axis (dim=-2): each query's weights over the keys must sum to 1, "
+    "so normalise over the last axis (dim=-1)"))
+WHOLE_TENSOR = Mistake("normalised_whole_tensor", N_(
+    "normalised over the whole tensor instead of each row (the last axis) separately"))
+NOT_NORMALISED = Mistake("not_normalised", N_(
+    "exponentiated without dividing by the row sum: weights must sum to 1 per row"))
+INVERTED = Mistake("mask_inverted", N_(
+    "mask inverted: True means 'may attend', so fill the scores with -inf where the mask is "
+    "False (`~mask`), not where it is True"))
+AFTER_SOFTMAX = Mistake("mask_after_softmax", N_(
+    "mask applied after the softmax: zeroing weights afterwards leaves rows that no longer "
+    "sum to 1; fill masked scores with -inf before normalising"))
+IGNORED_MASK = Mistake("mask_ignored", N_(
+    "ignored the mask argument: masked keys must get weight 0"))
+NO_DIAGONAL = Mistake("mask_without_diagonal", N_(
+    "mask off by one: the diagonal was masked too, but a token may attend to its own "
+    "position; use the mask you are given (True = may attend)"))
+ONE_AHEAD = Mistake("mask_one_ahead", N_(
+    "mask off by one: each query also sees the next (future) key"))
+TOP_LEFT = Mistake("top_left_causal_mask", N_(
+    "used a top-left causal mask (`torch.tril(ones(S_q, S_k))`) instead of the mask argument; "
+    "causal masks are bottom-right aligned when S_q != S_k"))
+FINITE_FILL = Mistake("finite_fill", N_(
+    "filled masked scores with a large finite number (like -1e9): a fully masked row then "
+    "spreads its weight evenly over keys it may not see; such a row must be all zeros (fill "
+    "with -inf and turn the NaN rows into zeros, or zero rows whose mask is all False)"))
+FULLY_MASKED_NAN = Mistake("fully_masked_row_nan", N_(
+    "a fully masked row gives NaN (its max is -inf, and -inf - (-inf) or 0 / 0 is NaN); "
+    "return all-zero weights for such rows, e.g. torch.where on the row sum or nan_to_num"))
+OVERFLOW = Mistake("unstable_exp", N_(
+    "exp overflowed or underflowed for large scores (exp(1e4) = inf, exp(-1e4) = 0): subtract "
+    "each row's own max, `scores.amax(dim=-1, keepdim=True)`, before exp"))
+MAX_BEFORE_MASK = Mistake("max_before_mask", N_(
+    "took the row max before masking: a masked key with a huge score makes every visible "
+    "exp(...) underflow to 0; fill masked scores with -inf first, then take the max over what "
+    "remains"))
+IN_PLACE = Mistake("modified_input_in_place", N_(
+    "modified an input in place (`masked_fill_`, `-=`, `add_`, ...): build new tensors "
+    "instead (e.g. the out-of-place `masked_fill`) so the caller's tensors stay unchanged"))
+WEIGHTS_T_V = Mistake("transposed_weights_times_v", N_(
+    "used the transposed weights (A^T V): the output is weights @ v, row m mixing the values "
+    "with query m's weights"))
+OUT_TRANSPOSED = Mistake("output_transposed", N_(
+    "returned the output transposed ([..., D_v, S_q]): out = weights @ v has shape [..., S_q, "
+    "D_v]"))
+WEIGHTS_K = Mistake("mixed_keys", N_(
+    "mixed the keys instead of the values: out = weights @ v, not weights @ k"))
+PAIR_ORDER = Mistake("pair_order_swapped", N_(
+    "returned (weights, out) in the wrong order: return (out, weights)"))
 # A mistake named with the step (and so the helper) it belongs to: `_step(SCORES_STEP, NO_SCALE)`.
 SCORES_STEP = N_("in the scores (attention_scores): {mistake}")
 SOFTMAX_STEP = N_("in the softmax (masked_softmax): {mistake}")
-QK_SWAPPED_UNSCALED = N_("Q and K swapped: scores are Q K^T, shape [..., S_q, S_k] (row = query, "
-                         "column = key), not K Q^T (and unscaled)")
-SCALE_BY_H_ITSELF = N_("scaled by sqrt(H) = sqrt(N * D), the width of all heads together, instead "
-                       "of sqrt(D_h), one head's width (the last dimension of q) (and divided by H "
-                       "itself, not its square root)")
-UNEXPLAINED = N_("the weights are not the masked softmax of Q K^T / sqrt(D) over the keys, and no "
-                 "known mistake reproduces them; test the pieces your attention uses by passing "
-                 "them in: check_attention(attention, attention_scores=attention_scores, "
-                 "masked_softmax=masked_softmax)")
-SHAPES = N_("check the shapes: scores = q @ k.transpose(-2, -1) is [..., S_q, S_k] (not k @ q^T), "
-            "and out = weights @ v is [..., S_q, D_v]")
-PROJ_SHAPES = N_("check the shapes: x [..., H] @ W [H, out] -> [..., out]; no transpose needed")
-W_TRANSPOSED = N_("applied the weights transposed (x @ W.T, or F.linear(x, W)): course weights are "
-                  "[in_features, out_features], applied as x @ W")
+QK_SWAPPED_UNSCALED = Mistake("q_k_swapped_unscaled", N_(
+    "Q and K swapped: scores are Q K^T, shape [..., S_q, S_k] (row = query, column = key), "
+    "not K Q^T (and unscaled)"))
+SCALE_BY_H_ITSELF = Mistake("divided_by_h", N_(
+    "scaled by sqrt(H) = sqrt(N * D), the width of all heads together, instead of sqrt(D_h), "
+    "one head's width (the last dimension of q) (and divided by H itself, not its square "
+    "root)"))
+UNEXPLAINED = Mistake("weights_unexplained", N_(
+    "the weights are not the masked softmax of Q K^T / sqrt(D) over the keys, and no known "
+    "mistake reproduces them; test the pieces your attention uses by passing them in: "
+    "check_attention(attention, attention_scores=attention_scores, "
+    "masked_softmax=masked_softmax)"))
+SHAPES = Mistake("shapes_do_not_fit", N_(
+    "check the shapes: scores = q @ k.transpose(-2, -1) is [..., S_q, S_k] (not k @ q^T), and "
+    "out = weights @ v is [..., S_q, D_v]"), raises=[("*", None)])
+PROJ_SHAPES = Mistake("shapes_do_not_fit", N_(
+    "check the shapes: x [..., H] @ W [H, out] -> [..., out]; no transpose needed"),
+    raises=[("*", None)])
+W_TRANSPOSED = Mistake("applied_weights_transposed", N_(
+    "applied the weights transposed (x @ W.T, or F.linear(x, W)): course weights are "
+    "[in_features, out_features], applied as x @ W"))
+# Mistakes the checks above did not name before (issue 28), and the hints that were free text.
+SCALE_BY_INT_SQRT = Mistake("scaled_by_int_sqrt", N_(
+    "scaled by int(sqrt(D)), a rounded-down square root: divide by the exact sqrt(D) "
+    "(`math.sqrt(d)` or `d ** 0.5`)"))
+SCALE_BY_DV = Mistake("scaled_by_sqrt_dv", N_(
+    "scaled by sqrt(D_v), the width of the values: the scale uses D = q.shape[-1], the width "
+    "of the queries and keys"))
+DTYPE_CHANGED = Mistake("changed_dtype", N_(
+    "changed the dtype: the output keeps the inputs' dtype (float64 in, float64 out), so "
+    "compute in it and do not cast (no `.float()`)"))
+SQUEEZED = Mistake("dropped_axis_of_one", N_(
+    "dropped an axis of size one (`squeeze`): a batch of one is still a batch; keep every "
+    "leading axis, x [..., H] @ W [H, out] -> [..., out]"))
+RETURNED_ONE = Mistake("returned_one_tensor", N_(
+    "return three separate tensors: `return q, k, v`"))
+OTHER_WEIGHT = Mistake("used_another_weight", N_(
+    "{name} computed with w_{other}: q = x @ w_q, k = x @ w_k, v = x @ w_v, returned in the "
+    "order (q, k, v)"))
+ONLY_OUT = Mistake("returned_only_out", N_(
+    "returned only the output: attention returns both, `return out, weights`"))
+HELPERS_COMBINED = Mistake("helpers_combined_wrongly", N_(
+    "your attention_scores and masked_softmax pass their own checks, so look at how attention "
+    "puts them together: weights = masked_softmax(attention_scores(q, k), mask), out = weights "
+    "@ v"))
 
 
 # --------------------------------------------------------------------------------------------
 # Helpers
 
 
-def _step(step: str, mistake: str) -> str:
-    """A mistake named with its step (SCORES_STEP or SOFTMAX_STEP), in the current language."""
-    return _(step).format(mistake=_(mistake))
-
-
-def _summary(c: Check, *props: str) -> None:
-    """Replace the per-comparison notes with the few properties that tell the learner what was
-    verified (the pass line shows the first three)."""
-    c.properties[:] = list(props)
+def _step(step: str, mistake: Mistake) -> Mistake:
+    """A mistake named with its step (SCORES_STEP or SOFTMAX_STEP), in the current language;
+    the same mistake (its key) told with the step."""
+    return mistake.with_text(_(step).format(mistake=_(mistake)))
 
 
 def _any_of(got, *candidates):
@@ -151,7 +200,11 @@ def _observable(variant, want):
 
 
 def _expect(c: Check, got, want, *, what: str, dims, wrong=None, fallback=None, **kw) -> None:
-    """expect_tensor, plus a fallback hint (from `fallback(got)`) when no known variant matches."""
+    """expect_tensor, plus a fallback hint (from `fallback(got)`) when no known variant matches;
+    the right shape in another dtype is named as a changed dtype."""
+    if isinstance(got, torch.Tensor) and got.shape == want.shape and got.dtype != want.dtype:
+        c.fail(_("{what} has dtype {got}, expected {want}.").format(
+            what=what, got=got.dtype, want=want.dtype), DTYPE_CHANGED)
     wrong = {name: _observable(v, want) for name, v in (wrong or {}).items()}
     try:
         c.expect_tensor(got, want, what=what, dims=dims, wrong=wrong, **kw)
@@ -162,23 +215,6 @@ def _expect(c: Check, got, want, *, what: str, dims, wrong=None, fallback=None, 
                 raise CheckFailure(failure.exercise, failure.message, hint=hint,
                                    seed=failure.seed) from None
         raise
-
-
-def _call_unchanged(c: Check, args: tuple, *, hint: str | None = None, **kwargs):
-    """Call the learner; fail if an input tensor was modified in place."""
-    before = [a.clone() if isinstance(a, torch.Tensor) else None for a in args]
-    try:
-        got = c.call(*args, **kwargs)
-    except LearnerError as err:
-        if hint is None or err.hint is not None:
-            raise
-        raise err.with_hint(hint) from None
-    for a, b in zip(args, before):
-        if b is not None and not (a.shape == b.shape and
-                                  bool(((a == b) | (a.isnan() & b.isnan())).all())
-                                  if a.is_floating_point() else bool((a == b).all())):
-            c.fail(_("changed one of its input tensors in place."), IN_PLACE)
-    return got
 
 
 def _rows_fully_masked(mask: torch.Tensor | None, shape) -> torch.Tensor | None:
@@ -318,7 +354,7 @@ def _rows_sum_to_one(c: Check, weights: torch.Tensor, mask) -> None:
 
 
 def check_project_qkv(f, *, seed: int | None = None, thorough: bool = False) -> None:
-    with Check("project_qkv", f, seed=seed) as c:
+    with Check("project_qkv", f, seed=seed, errors=[PROJ_SHAPES], in_place=IN_PLACE) as c:
         # The article's case first: square [H, H] weights, so transposed or swapped weights give
         # the right shapes and wrong values (which names the mistake).
         b, s, h = c.sizes(3, 2, 10)
@@ -329,6 +365,7 @@ def check_project_qkv(f, *, seed: int | None = None, thorough: bool = False) -> 
         n = c.sizes(1, 2, 6)[0]
         cases.append(((b, n, s), h, dqk, dv))   # extra leading dims
         cases.append(((s,), h, dqk, dv))        # no batch dim: [S, H]
+        cases.append(((1, s), h, dqk, dv))      # a batch of one (squeezing it loses an axis)
         for lead, h, dqk, dv in cases:
             x = c.randn(*lead, h)
             w_q, w_k, w_v = c.randn(h, dqk), c.randn(h, dqk), c.randn(h, dv)
@@ -337,17 +374,18 @@ def check_project_qkv(f, *, seed: int | None = None, thorough: bool = False) -> 
         x = c.randn(2, 3, 4, dtype=torch.float64)
         ws = [c.randn(4, 4, dtype=torch.float64) for _n in range(3)]
         _check_qkv_once(c, x, *ws, (2, 3))
-        _summary(c, _("Q = X W_Q, K = X W_K, V = X W_V with [in, out] weights"),
-                 _("[B, S, H], [S, H] and extra leading dims"), _("float64 kept"))
+        c.headline(_("Q = X W_Q, K = X W_K, V = X W_V with [in, out] weights"))
+        c.headline(_("[B, S, H], [S, H] and extra leading dims"))
+        c.headline(_("float64 kept"))
 
 
 def _check_qkv_once(c: Check, x, w_q, w_k, w_v, lead) -> None:
-    got = _call_unchanged(c, (x, w_q, w_k, w_v), hint=PROJ_SHAPES)
+    got = c.call(x, w_q, w_k, w_v)
     shown = f"x {list(x.shape)}, w_q {list(w_q.shape)}, w_k {list(w_k.shape)}, " \
             f"w_v {list(w_v.shape)}"
     if isinstance(got, torch.Tensor):
         c.fail(_("returned one tensor {shape}; return the tuple (q, k, v).").format(
-            shape=list(got.shape)), _("return three separate tensors: `return q, k, v`"))
+            shape=list(got.shape)), RETURNED_ONE)
     if isinstance(got, (tuple, list)) and len(got) != 3:
         c.fail(_("should return a tuple (q, k, v), got {kind} of length {length}.").format(
             kind=type(got).__name__, length=len(got)))
@@ -360,39 +398,64 @@ def _check_qkv_once(c: Check, x, w_q, w_k, w_v, lead) -> None:
         wrong = {W_TRANSPOSED: lambda w=w: x @ w.T}
         for other, w_other in weights.items():
             if other != name:
-                wrong[_("{name} computed with w_{other}: q = x @ w_q, k = x @ w_k, v = x @ w_v, "
-                        "returned in the order (q, k, v)").format(name=name, other=other)] = \
+                wrong[OTHER_WEIGHT.with_text(_(OTHER_WEIGHT).format(name=name, other=other))] = \
                     lambda w_other=w_other: x @ w_other
-        c.expect_tensor(value, want, what=_("{name} for {inputs}").format(name=name, inputs=shown),
-                        dims=lead_dims + ["out"], wrong=wrong)
+        wrong[SQUEEZED] = lambda w=w: _any_of(value, (x @ w).squeeze(0), (x @ w).squeeze())
+        _expect(c, value, want, what=_("{name} for {inputs}").format(name=name, inputs=shown),
+                dims=lead_dims + ["out"], wrong=wrong)
 
 
 # --------------------------------------------------------------------------------------------
 # attention_scores
 
 
+def _divisors(d: int, lengths, *, n: int | None = None, dv: int | None = None) -> dict:
+    """What each scale mistake divides Q K^T by (the right divisor is sqrt(D)), for a head
+    dimension D, sequence lengths, N heads (4-d inputs) and a value width D_v (attention)."""
+    divisors = {NO_SCALE: [1.0], SCALE_BY_D: [float(d)], SCALE_MULTIPLIED: [d ** -0.5],
+                SCALE_BY_INT_SQRT: [float(math.isqrt(d))],
+                SCALE_BY_S: sorted({math.sqrt(length) for length in lengths})}
+    if dv is not None:
+        divisors[SCALE_BY_DV] = [math.sqrt(dv)]
+    if n is not None:
+        divisors[SCALE_BY_H] = [math.sqrt(n * d)]
+        divisors[SCALE_BY_H_ITSELF] = [float(n * d)]
+    return divisors
+
+
+def _clashes(divisors: dict, d: int) -> set:
+    """The mistakes whose divisor another mistake (or the right sqrt(D)) shares: with these
+    inputs they would look alike."""
+    owners: dict[float, set] = {round(math.sqrt(d), 9): {None}}
+    for mistake, values in divisors.items():
+        for value in values:
+            owners.setdefault(round(value, 9), set()).add(mistake)
+    return {m for group in owners.values() if len(group) > 1 for m in group} - {None}
+
+
+def _scale_variants(got, raw, divisors: dict, d: int, then=lambda scores: scores) -> dict:
+    """The scale mistakes that these inputs tell apart, each as what it gives (the scores, or
+    `then(scores)`)."""
+    clash = _clashes(divisors, d)
+    return {m: (lambda values=values: _any_of(got, *(then(raw / x) for x in values)))
+            for m, values in divisors.items() if m not in clash}
+
+
 def _scores_wrong(got, q, k) -> dict:
     d = q.shape[-1]
     raw = q @ k.transpose(-2, -1)
-    variants = {
-        NO_SCALE: lambda: raw,
-        SCALE_BY_D: lambda: raw / d,
-        SCALE_MULTIPLIED: lambda: raw * math.sqrt(d),
+    lengths = (q.shape[-2], k.shape[-2])
+    divisors = _divisors(d, lengths, n=q.shape[-3] if q.dim() == 4 else None)
+    return {
+        **_scale_variants(got, raw, divisors, d),
         QK_SWAPPED: lambda: k @ q.transpose(-2, -1) / math.sqrt(d),
         QK_SWAPPED_UNSCALED: lambda: k @ q.transpose(-2, -1),
         QT_K: lambda: q.transpose(-2, -1) @ k / math.sqrt(d),
-        SCALE_BY_S: lambda: _any_of(got, raw / math.sqrt(q.shape[-2]),
-                                    raw / math.sqrt(k.shape[-2])),
     }
-    if q.dim() == 4:
-        h = q.shape[-3] * d
-        variants[SCALE_BY_H] = lambda: raw / math.sqrt(h)
-        variants[SCALE_BY_H_ITSELF] = lambda: raw / h
-    return variants
 
 
 def check_attention_scores(f, *, seed: int | None = None, thorough: bool = False) -> None:
-    with Check("attention_scores", f, seed=seed) as c:
+    with Check("attention_scores", f, seed=seed, errors=[SHAPES], in_place=IN_PLACE) as c:
         cases = [_score_sizes(c) for _n in range(3 if thorough else 1)]
         for b, n, sq, sk, d in cases:
             # the article's single head [B, S, D] @ [B, D, S], with S_q != S_k
@@ -404,20 +467,23 @@ def check_attention_scores(f, *, seed: int | None = None, thorough: bool = False
         _check_scores_once(c, c.randn(sq, d), c.randn(sk, d), ("S_q", "S_k"))
         _check_scores_once(c, c.randn(b, n, sq, d, dtype=torch.float64),
                            c.randn(b, n, sk, d, dtype=torch.float64), ("B", "N", "S_q", "S_k"))
-        _summary(c, "Q K^T / sqrt(D)", "S_q != S_k", _("[S, D], [B, S, D] and [B, N, S, D] inputs"))
+        c.headline("Q K^T / sqrt(D)")
+        c.headline("S_q != S_k")
+        c.headline(_("[S, D], [B, S, D] and [B, N, S, D] inputs"))
 
 
 def _score_sizes(c: Check) -> tuple[int, ...]:
-    """Distinct B, N, S_q, S_k, D whose wrong scales differ too: a scale by sqrt(S) must not
-    coincide with one by D (S = D^2) or by sqrt(H) (S = N * D)."""
+    """Distinct B, N, S_q, S_k, D whose wrong scales differ from each other and from the right
+    one, so that every scale mistake shows and is told apart at every seed: D is no perfect
+    square (int(sqrt(D)) != sqrt(D)), no S is D^2 or N * D, ..."""
     while True:
         b, n, sq, sk, d = c.sizes(5, 2, 11)
-        if not {sq, sk} & {d * d, n * d}:
+        if not _clashes(_divisors(d, (sq, sk), n=n), d):
             return b, n, sq, sk, d
 
 
 def _check_scores_once(c: Check, q, k, dims) -> None:
-    got = _call_unchanged(c, (q, k), hint=SHAPES)
+    got = c.call(q, k)
     want = ref.attention_scores(q, k)
     what = _("scores for q {q}, k {k}").format(q=list(q.shape), k=list(k.shape))
     _expect(c, got, want, what=what, dims=dims,
@@ -429,14 +495,14 @@ def _check_scores_once(c: Check, q, k, dims) -> None:
 
 
 def check_masked_softmax(f, *, seed: int | None = None, thorough: bool = False) -> None:
-    with Check("masked_softmax", f, seed=seed, forbid=FORBID_SOFTMAX) as c:
+    with Check("masked_softmax", f, seed=seed, forbid=FORBID_SOFTMAX, in_place=IN_PLACE) as c:
         for _n in range(3 if thorough else 1):
             # lengths >= 3, so random masks leave rows with a choice among several keys
             b, n, sq, sk = c.sizes(4, 3, 11)
             lo, hi = _query_key_sizes(c)
             # 1. no mask (the default argument): normalise each row over the keys
             scores = c.randn(b, n, sq, sk, scale=2.0)
-            got = _call_unchanged(c, (scores,))
+            got = c.call(scores)
             _expect_weights(c, got, scores, None, what=_("weights without a mask"))
             _rows_sum_to_one(c, got, None)
             # 2. a bottom-right causal mask, S_q < S_k (queries are the last S_q positions)
@@ -464,7 +530,7 @@ def check_masked_softmax(f, *, seed: int | None = None, thorough: bool = False) 
         #    but -inf is fully masked too
         keep = _random_mask(c, b, n, sq, sk, fully_masked_rows=True)
         scores = c.randn(b, n, sq, sk, scale=2.0).masked_fill(~keep, float("-inf"))
-        got = _call_unchanged(c, (scores,))
+        got = c.call(scores)
         _expect(c, got, ref.masked_softmax(scores), dims=_dims(4, "S_k"),
                 what=_("weights for scores that hold -inf (an additive mask, scores "
                        "{shape})").format(shape=list(scores.shape)),
@@ -473,10 +539,11 @@ def check_masked_softmax(f, *, seed: int | None = None, thorough: bool = False) 
         # float64 stays float64
         scores = c.randn(3, 4, 5, dtype=torch.float64)
         _softmax_case(c, scores, _random_mask(c, 3, 4, 5), _("float64 scores"))
-        _summary(c, _("softmax over the keys without a library softmax"),
-                 _("causal (S_q != S_k), random and padding masks"),
-                 _("fully masked rows are zeros"), _("stable for scores ~1e4"),
-                 _("inputs unchanged"))
+        c.headline(_("softmax over the keys without a library softmax"))
+        c.headline(_("causal (S_q != S_k), random and padding masks"))
+        c.headline(_("fully masked rows are zeros"))
+        c.headline(_("stable for scores ~1e4"))
+        c.headline(_("inputs unchanged"))
 
 
 def _expect_weights(c, got, scores, mask, *, what, fallback=None, variants=True) -> None:
@@ -503,7 +570,7 @@ def _unnormalised(scores, mask, *, shift: bool):
 
 
 def _softmax_case(c: Check, scores, mask, what: str, **kwargs) -> torch.Tensor:
-    got = _call_unchanged(c, (scores, mask))
+    got = c.call(scores, mask)
     _expect_weights(c, got, scores, mask, what=_("weights with {case}").format(case=what),
                     **kwargs)
     _rows_sum_to_one(c, got, mask)
@@ -524,7 +591,7 @@ def _large_scores(c: Check) -> None:
     # whole rows near +1e4, -1e4, +3e4 and 0: exp(s) overflows or underflows without the max
     offsets = torch.tensor([1e4, -1e4, 3e4, 0.0])[torch.arange(sq) % 4].view(1, sq, 1)
     scores = offsets + c.randn(b, sq, sk, scale=5.0)
-    got = _call_unchanged(c, (scores,))
+    got = c.call(scores)
     _expect_weights(c, got, scores, None, what=_("weights for scores near +-1e4"),
                     variants=False)
     # a spread of 1e4 within each row: (nearly) one-hot weights, still finite
@@ -566,9 +633,7 @@ def _helper_hint(failure: CheckFailure, record: CallRecord, helpers: dict) -> st
     others = {name: h for name, h in helpers.items() if name not in called}
     passed, broken = earlier_failures(others, _HELPER_CHECKS, failure.seed)
     if broken is None and len(called) + len(passed) == len(_HELPER_CHECKS):
-        return _("your attention_scores and masked_softmax pass their own checks, so look at "
-                 "how attention puts them together: weights = masked_softmax(attention_scores(q, "
-                 "k), mask), out = weights @ v")
+        return HELPERS_COMBINED
     return None
 
 
@@ -577,10 +642,10 @@ _HELPER_CHECKS = {"attention_scores": check_attention_scores,
 
 
 def _check_attention(f, *, seed: int | None, thorough: bool) -> None:
-    with Check("attention", f, seed=seed, forbid=FORBID_ATTENTION) as c:
+    with Check("attention", f, seed=seed, forbid=FORBID_ATTENTION, errors=[SHAPES],
+               in_place=IN_PLACE) as c:
         for _n in range(3 if thorough else 1):
-            b, n, sq, sk, d, dv = c.sizes(6, 3, 12)
-            lo, hi = _query_key_sizes(c)
+            b, n, sq, sk, d, dv, lo, hi = _attention_sizes(c)
             # 1. the article's single head, self-attention (S_q == S_k), no mask, D != D_v
             q, k, v = c.randn(b, sq, d), c.randn(b, sq, d), c.randn(b, sq, dv)
             _attention_case(c, q, k, v, None, _("self-attention [B, S, D], no mask"))
@@ -602,22 +667,33 @@ def _check_attention(f, *, seed: int | None, thorough: bool) -> None:
         _attention_case(c, q, k, v, None, _("scores ~1e4 (float64)"), large=True)
         _attention_case(c, q, k, v, _random_mask(c, b, n, sq, sk, fully_masked_rows=True),
                         _("scores ~1e4 and fully masked rows (float64)"), large=True)
-        _summary(c, _("out and weights agree with scaled_dot_product_attention"),
-                 _("S_q != S_k, D != D_v, causal and random masks"),
-                 _("fully masked rows give zeros"), _("stable for scores ~1e4"))
+        c.headline(_("out and weights agree with scaled_dot_product_attention"))
+        c.headline(_("S_q != S_k, D != D_v, causal and random masks"))
+        c.headline(_("fully masked rows give zeros"))
+        c.headline(_("stable for scores ~1e4"))
+
+
+def _attention_sizes(c: Check) -> tuple[int, ...]:
+    """B, N, S_q, S_k, D, D_v (distinct) and causal lengths whose wrong scales differ from each
+    other and from the right one (as in `_score_sizes`; D_v too: scaling by sqrt(D_v))."""
+    while True:
+        b, n, sq, sk, d, dv = c.sizes(6, 3, 12)
+        lo, hi = _query_key_sizes(c)
+        if not _clashes(_divisors(d, (sq, sk, lo, hi), n=n, dv=dv), d):
+            return b, n, sq, sk, d, dv, lo, hi
 
 
 def _attention_case(c: Check, q, k, v, mask, what: str, *, large: bool = False) -> None:
     """One call of attention. Only with `large` scores can exp overflow, so only then does an
     unexplained failure point at stability."""
     args = (q, k, v) if mask is None else (q, k, v, mask)
-    got = _call_unchanged(c, args, hint=SHAPES)
+    got = c.call(*args)
     want_out, want_w = ref.attention(q, k, v, mask)
     shapes = f"q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}" + \
         ("" if mask is None else f", mask {list(mask.shape)}")
     if isinstance(got, torch.Tensor):
         c.fail(_("returned one tensor {shape} for {inputs}; return the pair (out, weights).")
-               .format(shape=list(got.shape), inputs=shapes))
+               .format(shape=list(got.shape), inputs=shapes), ONLY_OUT)
     if not isinstance(got, (tuple, list)) or len(got) != 2:
         c.fail(_("should return a pair (out, weights), got {kind} for {inputs}.").format(
             kind=type(got).__name__, inputs=shapes))
@@ -639,18 +715,10 @@ def _attention_case(c: Check, q, k, v, mask, what: str, *, large: bool = False) 
         return _any_of(weights, *_both(s, m, dim)) if m is not None else _softmax(s, None, dim)
 
     # Each mistake is named with the step (and so the helper) it belongs to.
-    scores_wrong = {
-        NO_SCALE: lambda: sm(raw),
-        SCALE_BY_D: lambda: sm(raw / d),
-        SCALE_MULTIPLIED: lambda: sm(raw * math.sqrt(d)),
-        QK_SWAPPED: lambda: sm(k @ q.transpose(-2, -1) / math.sqrt(d)),
-    }
-    lengths = {q.shape[-2], k.shape[-2]}
-    if not lengths & {d * d, (q.shape[-3] if nd == 4 else 1) * d}:  # else it looks like another
-        scores_wrong[SCALE_BY_S] = lambda: _any_of(weights, *(sm(raw / math.sqrt(n))
-                                                              for n in lengths))
-    if nd == 4:
-        scores_wrong[SCALE_BY_H] = lambda: sm(raw / math.sqrt(q.shape[-3] * d))
+    divisors = _divisors(d, (q.shape[-2], k.shape[-2]), n=q.shape[-3] if nd == 4 else None,
+                         dv=v.shape[-1])
+    scores_wrong = {**_scale_variants(weights, raw, divisors, d, then=sm),
+                    QK_SWAPPED: lambda: sm(k @ q.transpose(-2, -1) / math.sqrt(d))}
     softmax_wrong = {QUERY_AXIS: lambda: sm(scaled, dim=-2)}
     if not large:  # with (nearly) one-hot rows these look like an unstable softmax
         softmax_wrong[WHOLE_TENSOR] = lambda: _any_of(weights, _whole_tensor(scaled, mask),

@@ -160,12 +160,38 @@ def check_repeat_kv(f, *, seed: int | None = None, thorough: bool = False) -> No
             got = c.call(x, n_rep)
             what = _("repeat_kv(x of {shape}, n_rep={n_rep})").format(
                 shape=f"[B={b}, N_kv={n_kv}, S={s}, D={d}]", n_rep=n_rep)
-            if isinstance(got, torch.Tensor) and got.shape == (b, n_kv * n_rep, s, d) and \
-                     got.dtype != dtype:
+            if isinstance(got, torch.Tensor) and got.shape == (b, n_kv * n_rep, s, d) \
+                    and got.dtype != dtype:
                 c.fail(_("{what} has dtype {got}, expected {want}.").format(
                     what=what, got=got.dtype, want=dtype), REPEAT_DTYPE)
-            c.expect_tensor(got, ref.repeat_kv(x, n_rep), what=what,
-                            dims=("B", "N_kv*n_rep", "S", "D"), wrong=_repeat_mixups(x, n_rep))
+            try:
+                c.expect_tensor(got, ref.repeat_kv(x, n_rep), what=what,
+                                dims=("B", "N_kv*n_rep", "S", "D"), wrong=_repeat_mixups(x, n_rep))
+            except CheckFailure as failure:
+                raise failure.with_hint(failure.hint or _head_order(got, x, n_rep)) from None
+
+
+HEAD_ORDER = Mistake("heads_in_another_order", N_(
+    "every KV head is there n_rep times, in another order: your output heads hold KV heads "
+    "{order}; in repeat-interleave order head h is KV head h // n_rep: {want}"))
+
+
+def _head_order(got, x: torch.Tensor, n_rep: int) -> Mistake | None:
+    """HEAD_ORDER when each output head is a copy of some KV head, in a wrong order."""
+    if not isinstance(got, torch.Tensor) or got.shape != (x.shape[0], x.shape[1] * n_rep,
+                                                           *x.shape[2:]):
+        return None
+    order = []
+    for h in range(got.shape[1]):
+        j = next((j for j in range(x.shape[1]) if torch.equal(got[:, h].to(x.dtype), x[:, j])),
+                 None)
+        if j is None:
+            return None
+        order.append(j)
+    want = [h // n_rep for h in range(got.shape[1])]
+    if sorted(order) != want:
+        return None
+    return HEAD_ORDER.with_text(_(HEAD_ORDER).format(order=order, want=want))
 
 
 def _repeat_mixups(x: torch.Tensor, n_rep: int) -> dict:
@@ -537,8 +563,39 @@ def _run_gqa(c: Check, watch: _Watch, sizes, *, mask_kind=None, dtype=torch.floa
     if isinstance(got, torch.Tensor) and got.shape == want.shape and got.dtype != want.dtype:
         c.fail(_("{what} has dtype {got}, expected {want}.").format(
             what=what, got=got.dtype, want=want.dtype), GQA_DTYPE)
-    c.expect_tensor(got, want, what=what,
-                    dims=("B", "N_h", "S_q", "D_v"), wrong=_gqa_mixups(q, k, v, mask), atol=atol)
+    try:
+        c.expect_tensor(got, want, what=what, dims=("B", "N_h", "S_q", "D_v"),
+                        wrong=_gqa_mixups(q, k, v, mask), atol=atol)
+    except CheckFailure as failure:
+        if failure.hint is not None or got.shape != want.shape:
+            raise
+        raise failure.with_hint(_gqa_property(got, want, mask, atol)) from None
+
+
+FULLY_MASKED_WRONG = Mistake("fully_masked_rows_not_zero", N_(
+    "only the fully masked query rows are wrong: a query that may attend to no key gets all-zero "
+    "weights, so its output row is zeros"))
+SOME_HEADS_WRONG = Mistake("some_query_heads_wrong", N_(
+    "the output is right for query heads {right} and wrong for {wrong}: check which KV head each "
+    "query head reads (h // G) and how the mask's head axis lines up with the query heads"))
+
+
+def _gqa_property(got, want, mask, atol) -> Mistake | None:
+    """When no known mistake reproduces the output: which rows or heads are wrong, if only some
+    are (fully masked rows, some query heads)."""
+    atol_, rtol = tolerance(want.dtype)
+    diff = (got.detach().double() - want.double()).abs()
+    bad = (~(diff <= (atol or atol_) + rtol * want.double().abs())).any(-1)  # [B, N_h, S_q]
+    if mask is not None:
+        empty = ~mask.bool().expand(*bad.shape, mask.shape[-1]).any(-1)
+        if empty.any() and not (bad & ~empty).any():
+            return FULLY_MASKED_WRONG
+    heads = bad.any(-1).any(0)
+    if heads.any() and not heads.all():
+        right = [h for h in range(len(heads)) if not heads[h]]
+        wrong = [h for h in range(len(heads)) if heads[h]]
+        return SOME_HEADS_WRONG.with_text(_(SOME_HEADS_WRONG).format(right=right, wrong=wrong))
+    return None
 
 
 _MASK_KINDS = {"causal": N_("causal mask {shape}"), "padding": N_("padding mask {shape}"),
@@ -614,7 +671,8 @@ def check_grouped_query_attention(f, *, seed: int | None = None, thorough: bool 
         _run_gqa(c, watch, (1, *_prime_sizes(c, s_q=1)[1:]), mask_kind="causal",
                  label=N_("a decode step of a batch of one (B = 1, S_q = 1)"))
         sizes = list(_prime_sizes(c))
-        sizes[3], sizes[4] = max(sizes[3:5]), min(sizes[3:5])  # S_q > S_k: leading rows see nothing
+        # S_q > S_k: the leading rows see nothing
+        sizes[3], sizes[4] = max(sizes[3:5]), min(sizes[3:5])
         _run_gqa(c, watch, tuple(sizes), mask_kind="causal",
                  label=N_("S_q > S_k, whose first rows are fully masked"))
         _run_gqa(c, watch, _prime_sizes(c), mask_kind="per_head",
@@ -668,10 +726,27 @@ def check_kv_cache_bytes(f, *, seed: int | None = None, thorough: bool = False) 
         cases += [(32, 1, 4096, 32, 128, 2), (32, 1, 4096, 8, 128, 2), (32, 1, 4096, 1, 128, 2)]
         for args in cases:
             want = ref.kv_cache_bytes(*args)
-            c.expect_equal(c.call(*args), want,
-                           what="kv_cache_bytes(n_layers={}, batch={}, seq_len={}, "
-                                "n_kv_heads={}, head_dim={}, bytes_per_elem={})".format(*args),
-                           wrong=_cache_mixups(args, want))
+            got = c.call(*args)
+            try:
+                c.expect_equal(got, want,
+                               what="kv_cache_bytes(n_layers={}, batch={}, seq_len={}, "
+                                    "n_kv_heads={}, head_dim={}, bytes_per_elem={})".format(*args),
+                               wrong=_cache_mixups(args, want))
+            except CheckFailure as failure:
+                raise failure.with_hint(failure.hint or _cache_factor(got, want)) from None
+
+
+OFF_BY_A_FACTOR = Mistake("off_by_a_factor", N_(
+    "your count is {ratio} times the right one, 2 * L * B * S * N_kv * D_h * bytes_per_elem: "
+    "check each factor (one left out, counted twice, or off by one)"))
+
+
+def _cache_factor(got, want: int) -> Mistake | None:
+    if not isinstance(got, numbers.Real) or isinstance(got, bool) or not 0 < got != want:
+        return None
+    ratio = got / want
+    shown = f"{ratio:.4g}" if ratio >= 1 else f"1/{1 / ratio:.4g}"
+    return OFF_BY_A_FACTOR.with_text(_(OFF_BY_A_FACTOR).format(ratio=shown))
 
 
 def _cache_mixups(args, want: int) -> dict:

@@ -8,8 +8,90 @@ import numbers
 import torch
 
 from . import reference as ref
-from .engine import Check, LearnerError, builds_on, describe
+from .engine import Check, builds_on, describe
 from .i18n import N_, _
+from .mistakes import Mistake
+
+# --------------------------------------------------------------------------------------------
+# The mistakes this chapter diagnoses
+
+# permute_tokens
+_AXIS_RULE = N_("perm reorders the sequence axis (dim 1) of [B, S, H]: "
+                "out[:, i] = x[:, perm[i]], i.e. `x[:, perm]`")
+AXIS_ERROR = Mistake("indexed_wrong_axis", _AXIS_RULE,
+                     raises=[("*", r"(?i)index|out of bounds")])
+INVERSE = Mistake("inverse_permutation", N_(
+    "applied the inverse permutation: new position i holds the token that was at position "
+    "perm[i] (gather, `x[:, perm]`), not the token sent to perm[i] (scatter, "
+    "`x[:, argsort(perm)]`)"))
+BATCH_AXIS = Mistake("permuted_batch_axis", N_("permuted the batch axis (dim 0); {rule}"))
+FEATURE_AXIS = Mistake("permuted_feature_axis", N_("permuted the feature axis (dim 2); {rule}"))
+UNCHANGED = Mistake("returned_x_unchanged", N_("returned x unchanged; {rule}"))
+PERMUTED_AXES = Mistake("reordered_axes", N_(
+    "`Tensor.permute` reorders the axes of a tensor, not the tokens: index the sequence axis "
+    "with the permutation, `x[:, perm]`"),
+    raises=[("RuntimeError", r"desired ordering of dimensions"),
+            ("TypeError", r"permute\(\)")])
+X_IN_PLACE = Mistake("modified_x_in_place", N_(
+    "return a new tensor (`x[:, perm]` makes one) and leave x as it was"))
+
+# permutation_matrix
+MATRIX_NOT_FLOAT = Mistake("not_float32", N_(
+    "the matrix multiplies float hidden states, so make it float32 (`F.one_hot` gives int64: "
+    "add `.float()`)"))
+MATRIX_TRANSPOSED = Mistake("transposed", N_(
+    "transposed: row i needs its single 1 in column perm[i], so that (P @ x)[i] = x[perm[i]]"))
+MATRIX_IDENTITY = Mistake("ignores_perm", N_("ignores perm: returned the identity matrix"))
+
+# equivariance_error
+RETURNED_TENSOR = Mistake("returned_tensor", N_(
+    "returned a tensor: turn the result into a Python float with `.item()` or `float(...)`"))
+RETURNED_INT = Mistake("returned_int", N_(
+    "returned an int: `int(...)` rounds the error down to a whole number; return "
+    "`float(...)` or `.item()`"))
+UNPERMUTED = Mistake("compared_without_permuting", N_(
+    "compared fn(PX) with fn(X) without permuting fn(X): the identity to test is fn(PX) = P "
+    "fn(X)"))
+INVERSE_ONE_SIDE = Mistake("inverse_permutation", N_(
+    "permuted fn(X) with the inverse permutation: use the same P on both sides, fn(PX) - P "
+    "fn(X)"))
+TOOK_MEAN = Mistake("took_mean", N_(
+    "took the mean: the error is the largest absolute entry (`.abs().max()`)"))
+TOOK_NORM = Mistake("took_norm", N_(
+    "took the norm of the whole difference: the error is its largest absolute entry "
+    "(`.abs().max()`)"))
+NO_ABS = Mistake("missing_abs", N_(
+    "forgot the absolute value: the largest |entry|, not the largest signed entry"))
+NO_ABS_REVERSED = Mistake("missing_abs", N_(
+    "forgot the absolute value: the largest |entry|, not the largest signed entry of P fn(X) - "
+    "fn(PX)"))
+
+# sinusoidal_positions
+TABLE_NOT_FLOAT32 = Mistake("not_float32", N_(
+    "return float32, torch's default float type (compute in float64 if you like, then "
+    "`.float()`)"))
+SIN_COS_SWAPPED = Mistake("sin_cos_swapped", N_(
+    "sin and cos swapped: even features (2i) take sin, odd features (2i+1) take cos"))
+HALVES = Mistake("sin_cos_in_halves", N_(
+    "sin and cos concatenated in two halves: they are interleaved, sin on feature 2i and cos "
+    "on feature 2i+1"))
+PAIR_EXPONENT = Mistake("exponent_i_over_h", N_(
+    "exponent i/H with i the pair index: the exponent is 2i/H (pair i covers features 2i and "
+    "2i+1)"))
+OWN_EXPONENT = Mistake("odd_feature_own_exponent", N_(
+    "feature 2i+1 used its own exponent (2i+1)/H: the sin and cos of pair i share "
+    "10000^(2i/H)"))
+BASE_1000 = Mistake("base_1000", N_("base 1000: the original Transformer uses 10000"))
+FROM_ONE = Mistake("positions_start_at_1", N_(
+    "positions start at 1: the first token is position 0 (row 0 is [0, 1, 0, 1, ...])"))
+PAIRS_FROM_ONE = Mistake("pair_index_from_1", N_(
+    "pair indices start at 1: the first pair (features 0 and 1) is i = 0, with frequency "
+    "10000^0 = 1, so feature 0 of row p is sin(p)"))
+MULTIPLIED = Mistake("multiplied_by_power", N_(
+    "multiplied by 10000^(2i/H): divide the position by it (the frequencies shrink along the "
+    "features)"))
+TABLE_TRANSPOSED = Mistake("transposed", N_(
+    "transposed: rows are positions, columns are features ([S, H])"))
 
 # --------------------------------------------------------------------------------------------
 # Shared helpers
@@ -40,28 +122,17 @@ def _cycle(c: Check, s: int) -> torch.Tensor:
     return perm
 
 
-def _call(c: Check, *args, hint: str | None = None, when: tuple[str, ...] = ()):
-    """c.call, adding `hint` to a LearnerError whose message mentions one of `when`."""
-    try:
-        return c.call(*args)
-    except LearnerError as err:
-        text = err.message.lower()
-        if hint and err.hint is None and any(word in text for word in when):
-            raise err.with_hint(hint) from None
-        raise
-
-
 def _expect_float(c: Check, got, want: float, *, what: str, wrong: dict,
                   atol: float = 1e-5, rtol: float = 1e-4) -> None:
     """A Python float within tolerance of `want`; a mismatch is compared with the variants."""
     if isinstance(got, torch.Tensor):
         c.fail(_("{what} should be a Python float, got a torch.Tensor ({kind}).").format(
-            what=what, kind=describe(got)),
-               hint=_("returned a tensor: turn the result into a Python float with `.item()` "
-                      "or `float(...)`"))
+            what=what, kind=describe(got)), hint=RETURNED_TENSOR)
     if not isinstance(got, numbers.Real) or isinstance(got, (bool, numbers.Integral)):
         c.fail(_("{what} should be a Python float, got {kind} {value}.").format(
-            what=what, kind=type(got).__name__, value=describe(got)))
+            what=what, kind=type(got).__name__, value=describe(got)),
+            hint=RETURNED_INT if isinstance(got, numbers.Integral) and
+            not isinstance(got, bool) else None)
     got = float(got)
 
     def close(a: float, b: float) -> bool:
@@ -93,25 +164,24 @@ def _expect_dtype(c: Check, got, want: torch.Tensor, *, what: str, hint: str) ->
 # --------------------------------------------------------------------------------------------
 # permute_tokens
 
-_AXIS_HINT = N_("perm reorders the sequence axis (dim 1) of [B, S, H]: "
-                 "out[:, i] = x[:, perm[i]], i.e. `x[:, perm]`")
-_INVERSE_HINT = N_("applied the inverse permutation: new position i holds the token that was at "
-                   "position perm[i] (gather, `x[:, perm]`), not the token sent to perm[i] "
-                   "(scatter, `x[:, argsort(perm)]`)")
+
+def _with_rule(mistake: Mistake) -> Mistake:
+    return mistake.with_text(_(mistake).format(rule=_(_AXIS_RULE)))
 
 
 def _permute_mixups(x: torch.Tensor, perm: torch.Tensor) -> dict:
-    axis = _(_AXIS_HINT)
     return {
-        _(_INVERSE_HINT): lambda: x[:, torch.argsort(perm)],
-        _("permuted the batch axis (dim 0); {rule}").format(rule=axis): lambda: x[perm],
-        _("permuted the feature axis (dim 2); {rule}").format(rule=axis): lambda: x[..., perm],
-        _("returned x unchanged; {rule}").format(rule=axis): x,
+        INVERSE: lambda: x[:, torch.argsort(perm)],
+        _with_rule(BATCH_AXIS): lambda: x[perm],
+        _with_rule(FEATURE_AXIS): lambda: x[..., perm],
+        _with_rule(UNCHANGED): x,
+        PERMUTED_AXES: lambda: x.permute(*perm.tolist()),
     }
 
 
 def check_permute_tokens(f, *, seed: int | None = None, thorough: bool = False) -> None:
-    with Check("permute_tokens", f, seed=seed) as c:
+    with Check("permute_tokens", f, seed=seed, errors=[PERMUTED_AXES, AXIS_ERROR],
+               in_place=X_IN_PLACE) as c:
         # Shown in the pass summary (only reached when every comparison below holds).
         c.note("out[:, i] == x[:, perm[i]]")
         c.note(_("dtype kept"))
@@ -129,16 +199,12 @@ def check_permute_tokens(f, *, seed: int | None = None, thorough: bool = False) 
             perm = _perm(c, s)
             want = ref.permute_tokens(x, perm)
             before = x.clone()
-            got = _call(c, x, perm, hint=_AXIS_HINT, when=("index", "out of bounds"))
+            got = c.call(x, perm)
             c.expect_tensor(got, want, what=_("permute_tokens(x, perm) for x of {shape} "
                                               "({dtype}), perm={perm}").format(
                                 shape=f"[B={b}, S={s}, H={h}]",
                                 dtype=str(dtype).removeprefix('torch.'), perm=perm.tolist()),
                             dims=("B", "S", "H"), wrong=_permute_mixups(before, perm))
-            if not torch.equal(x, before):
-                c.fail(_("permute_tokens changed its input x in place."),
-                       hint=_("return a new tensor (`x[:, perm]` makes one) and leave x as it "
-                              "was"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -157,13 +223,10 @@ def check_permutation_matrix(f, *, seed: int | None = None, thorough: bool = Fal
             want = ref.permutation_matrix(perm)
             got = c.call(perm.clone())
             what = _("permutation_matrix(perm) for perm={perm}").format(perm=perm.tolist())
-            _expect_dtype(c, got, want, what=what,
-                          hint=_("the matrix multiplies float hidden states, so make it float32 "
-                                 "(`F.one_hot` gives int64: add `.float()`)"))
+            _expect_dtype(c, got, want, what=what, hint=MATRIX_NOT_FLOAT)
             c.expect_tensor(got, want, what=what, dims=("row", "col"), wrong={
-                _("transposed: row i needs its single 1 in column perm[i], so that "
-                  "(P @ x)[i] = x[perm[i]]"): lambda: want.T,
-                _("ignores perm: returned the identity matrix"): lambda: torch.eye(s),
+                MATRIX_TRANSPOSED: lambda: want.T,
+                MATRIX_IDENTITY: lambda: torch.eye(s),
             })
             x0 = c.randn(s, c.randint(2, 6))
             if not torch.equal(got @ x0, x0[perm]):  # exact: one 1 per row, zeros elsewhere
@@ -181,16 +244,12 @@ def _equivariance_mixups(fn, x: torch.Tensor, perm: torch.Tensor) -> dict:
         return fn(x[:, perm]) - fn(x)[:, perm]
 
     return {
-        _("compared fn(PX) with fn(X) without permuting fn(X): the identity to test is "
-          "fn(PX) = P fn(X)"): lambda: (fn(x[:, perm]) - fn(x)).abs().amax(),
-        _("permuted fn(X) with the inverse permutation: use the same P on both sides, "
-          "fn(PX) - P fn(X)"): lambda: (fn(x[:, perm]) - fn(x)[:, inverse]).abs().amax(),
-        _("took the mean: the error is the largest absolute entry (`.abs().max()`)"):
-            lambda: diff().abs().mean(),
-        _("forgot the absolute value: the largest |entry|, not the largest signed entry"):
-            lambda: diff().amax(),
-        _("forgot the absolute value: the largest |entry|, not the largest signed entry of "
-          "P fn(X) - fn(PX)"): lambda: (-diff()).amax(),
+        UNPERMUTED: lambda: (fn(x[:, perm]) - fn(x)).abs().amax(),
+        INVERSE_ONE_SIDE: lambda: (fn(x[:, perm]) - fn(x)[:, inverse]).abs().amax(),
+        TOOK_MEAN: lambda: diff().abs().mean(),
+        TOOK_NORM: lambda: diff().norm(),
+        NO_ABS: lambda: diff().amax(),
+        NO_ABS_REVERSED: lambda: (-diff()).amax(),
     }
 
 
@@ -272,21 +331,15 @@ def _sinusoid(seq_len: int, hidden: int, *, base: float = 10000.0, first: int = 
 
 def _sinusoid_mixups(s: int, h: int, want: torch.Tensor) -> dict:
     return {
-        _("sin and cos swapped: even features (2i) take sin, odd features (2i+1) take cos"):
-            lambda: _sinusoid(s, h, swap=True),
-        _("sin and cos concatenated in two halves: they are interleaved, sin on feature 2i and "
-          "cos on feature 2i+1"): lambda: _sinusoid(s, h, halves=True),
-        _("exponent i/H with i the pair index: the exponent is 2i/H (pair i covers features 2i "
-          "and 2i+1)"): lambda: _sinusoid(s, h, exponent=lambda i, j, hh: i / hh),
-        _("feature 2i+1 used its own exponent (2i+1)/H: the sin and cos of pair i share "
-          "10000^(2i/H)"): lambda: _sinusoid(s, h, exponent=lambda i, j, hh: j / hh),
-        _("base 1000: the original Transformer uses 10000"):
-            lambda: _sinusoid(s, h, base=1000.0),
-        _("positions start at 1: the first token is position 0 (row 0 is [0, 1, 0, 1, ...])"):
-            lambda: _sinusoid(s, h, first=1),
-        _("multiplied by 10000^(2i/H): divide the position by it (the frequencies shrink "
-          "along the features)"): lambda: _sinusoid(s, h, multiply=True),
-        _("transposed: rows are positions, columns are features ([S, H])"): lambda: want.T,
+        SIN_COS_SWAPPED: lambda: _sinusoid(s, h, swap=True),
+        HALVES: lambda: _sinusoid(s, h, halves=True),
+        PAIR_EXPONENT: lambda: _sinusoid(s, h, exponent=lambda i, j, hh: i / hh),
+        OWN_EXPONENT: lambda: _sinusoid(s, h, exponent=lambda i, j, hh: j / hh),
+        BASE_1000: lambda: _sinusoid(s, h, base=1000.0),
+        FROM_ONE: lambda: _sinusoid(s, h, first=1),
+        PAIRS_FROM_ONE: lambda: _sinusoid(s, h, exponent=lambda i, j, hh: 2 * (i + 1) / hh),
+        MULTIPLIED: lambda: _sinusoid(s, h, multiply=True),
+        TABLE_TRANSPOSED: lambda: want.T,
     }
 
 
@@ -306,9 +359,7 @@ def check_sinusoidal_positions(f, *, seed: int | None = None, thorough: bool = F
             want = ref.sinusoidal_positions(s, h)
             got = c.call(s, h)
             what = f"sinusoidal_positions(seq_len={s}, hidden={h})"
-            _expect_dtype(c, got, want, what=what,
-                          hint=_("return float32, torch's default float type (compute in "
-                                 "float64 if you like, then `.float()`)"))
+            _expect_dtype(c, got, want, what=what, hint=TABLE_NOT_FLOAT32)
             # float32 angles pos * w carry a relative error ~1e-7, so the absolute error of
             # sin/cos grows with the position.
             c.expect_tensor(got, want, what=what,

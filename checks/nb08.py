@@ -14,173 +14,203 @@ so that "used arange(S) instead of positions" gives wrong answers.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-
 import torch
 
 from . import reference as ref
-from .engine import Check, CheckFailure, LearnerError, builds_on, describe, tolerance
+from .engine import Check, CheckFailure, builds_on, describe, tolerance
 from .i18n import N_, _
+from .mistakes import Mistake
 
 HEADS_FIRST = ("B", "N", "S", "D")
+# What a broadcast of tensors that do not fit says (recognised as a mistake where one is known).
+_BROADCAST = r"(?i)must match|broadcast|size of tensor|expanded size"
 
 # --------------------------------------------------------------------------------------------
 # The mistakes this chapter diagnoses, in the words a failure shows.
 
-EXPONENT_I = N_("exponent i/D_r instead of 2i/D_r: pair i holds features 2i and 2i+1, so "
-                "theta_i = base ** (-2i / D_r) (step 2 in `torch.arange(0, D_r, 2)`)")
-INDEX_FROM_1 = N_("pair index counted from 1: i runs 0 .. D_r/2 - 1, so the first pair has "
-                  "theta_0 = 1 (one radian per position) and the last base ** (-(D_r - 2) / D_r)")
-LINSPACE = N_("exponents spread over 0 .. 1 (`linspace(0, 1, D_r/2)`): they are 2i/D_r, which "
-              "stops at (D_r - 2)/D_r, so the last frequency is base ** (-(D_r - 2)/D_r), not "
-              "1/base")
-POSITIVE_EXPONENT = N_("forgot the minus sign in the exponent: theta_i = base ** (-2i / D_r) = "
-                       "1 / base ** (2i / D_r) shrinks from 1 towards 1/base")
-INT_DIVISION = N_("integer division: `torch.arange(0, D_r, 2) // D_r` is all zeros, so every "
-                  "frequency came out as 1; divide as floats")
-PER_FEATURE = N_("one frequency per feature: RoPE has one frequency per PAIR of features, "
-                 "D_r // 2 of them")
-IGNORED_BASE = N_("ignored the `base` argument (used 10000)")
-FLOAT_DTYPE = N_("return float32 (compute in float64 if you like, then `.float()`)")
+EXPONENT_I = Mistake("exponent_i_over_d", N_("exponent i/D_r instead of 2i/D_r: pair i holds "
+    "features 2i and 2i+1, so theta_i = base ** (-2i / D_r) (step 2 in `torch.arange(0, D_r, "
+    "2)`)"))
+INDEX_FROM_1 = Mistake("pair_index_from_1", N_("pair index counted from 1: i runs 0 .. D_r/2 - "
+    "1, so the first pair has theta_0 = 1 (one radian per position) and the last base ** (-(D_r "
+    "- 2) / D_r)"))
+LINSPACE = Mistake("linspace_exponents", N_("exponents spread over 0 .. 1 (`linspace(0, 1, "
+    "D_r/2)`): they are 2i/D_r, which stops at (D_r - 2)/D_r, so the last frequency is base ** "
+    "(-(D_r - 2)/D_r), not 1/base"))
+POSITIVE_EXPONENT = Mistake("positive_exponent", N_("forgot the minus sign in the exponent: "
+    "theta_i = base ** (-2i / D_r) = 1 / base ** (2i / D_r) shrinks from 1 towards 1/base"))
+INT_DIVISION = Mistake("integer_division", N_("integer division: `torch.arange(0, D_r, 2) // "
+    "D_r` is all zeros, so every frequency came out as 1; divide as floats"))
+PER_FEATURE = Mistake("one_frequency_per_feature", N_("one frequency per feature: RoPE has one "
+    "frequency per PAIR of features, D_r // 2 of them"))
+IGNORED_BASE = Mistake("ignored_base", N_("ignored the `base` argument (used 10000)"))
+FLOAT_DTYPE = Mistake("not_float32", N_("return float32 (compute in float64 if you like, then "
+    "`.float()`)"))
 
-POSITIONS_IGNORED = N_("ignored `positions`: used torch.arange(S) (0, 1, 2, ...) instead of the "
-                       "positions given; a decode step or a later chunk starts at start_pos, not 0")
-POSITIONS_FROM_1 = N_("positions counted from 1 (m + 1): use the positions exactly as given; "
-                      "the first token of a sequence is position 0")
-DIVIDED = N_("divided the positions by the frequencies: the angle is m * theta_i, a product")
-TRANSPOSED = N_("transposed: angles are [..., S, D_r/2], one row per position and one column per "
-                "pair (`positions[..., None] * freqs`)")
-PER_FEATURE_ANGLE = N_("one angle per feature: return one angle per PAIR, [..., S, D_r/2]; both "
-                       "features of pair i share m * theta_i (repeat it inside apply_rope if your "
-                       "rotation needs it)")
-BATCH_LOST = N_("positions [B, S] give angles [B, S, D_r/2]: every sequence keeps its own row of "
-                "positions")
-BATCH_FLAT = N_("flattened the batch: positions [B, S] give angles [B, S, D_r/2], not "
-                "[B * S, D_r/2]")
+POSITIONS_IGNORED = Mistake("positions_ignored", N_("ignored `positions`: used torch.arange(S) "
+    "(0, 1, 2, ...) instead of the positions given; a decode step or a later chunk starts at "
+    "start_pos, not 0"))
+POSITIONS_FROM_1 = Mistake("positions_from_1", N_("positions counted from 1 (m + 1): use the "
+    "positions exactly as given; the first token of a sequence is position 0"))
+ADDED_ARANGE = Mistake("added_arange_to_positions", N_("added arange(S) to the positions: they "
+    "are absolute already (a later chunk's are start_pos + arange(S)); use them as given"))
+DIVIDED = Mistake("divided_by_frequencies", N_("divided the positions by the frequencies: the "
+    "angle is m * theta_i, a product"))
+TRANSPOSED = Mistake("transposed", N_("transposed: angles are [..., S, D_r/2], one row per "
+    "position and one column per pair (`positions[..., None] * freqs`)"))
+PER_FEATURE_ANGLE = Mistake("one_angle_per_feature", N_("one angle per feature: return one "
+    "angle per PAIR, [..., S, D_r/2]; both features of pair i share m * theta_i (repeat it "
+    "inside apply_rope if your rotation needs it)"))
+BATCH_LOST = Mistake("first_row_of_positions", N_("positions [B, S] give angles [B, S, D_r/2]: "
+    "every sequence keeps its own row of positions"))
+BATCH_FLAT = Mistake("flattened_the_batch", N_("flattened the batch: positions [B, S] give "
+    "angles [B, S, D_r/2], not [B * S, D_r/2]"))
 
-ROT_CLOCKWISE = N_("rotates the wrong way (clockwise): R(alpha) = [[cos, -sin], [sin, cos]], the "
-                   "minus sign belongs in the top-right entry, so that R(pi/2) turns (1, 0) into "
-                   "(0, 1)")
-ROT_SWAPPED = N_("sin and cos swapped: the diagonal holds cos(alpha), the off-diagonal "
-                 "-sin(alpha) (top right) and sin(alpha) (bottom left)")
-ROT_NO_MINUS = N_("not a rotation: the minus sign is missing; R(alpha) = [[cos, -sin], "
-                  "[sin, cos]]")
-ROT_DEGREES = N_("alpha is in radians: torch.cos and torch.sin take radians, do not convert")
-ROT_SHAPE = N_("return the matrix as a [2, 2] tensor: [[cos, -sin], [sin, cos]]")
+ROT_CLOCKWISE = Mistake("clockwise", N_("rotates the wrong way (clockwise): R(alpha) = [[cos, "
+    "-sin], [sin, cos]], the minus sign belongs in the top-right entry, so that R(pi/2) turns "
+    "(1, 0) into (0, 1)"))
+ROT_SWAPPED = Mistake("sin_cos_swapped", N_("sin and cos swapped: the diagonal holds "
+    "cos(alpha), the off-diagonal -sin(alpha) (top right) and sin(alpha) (bottom left)"))
+ROT_NO_MINUS = Mistake("minus_sign_missing", N_("not a rotation: the minus sign is missing; "
+    "R(alpha) = [[cos, -sin], [sin, cos]]"))
+ROT_DEGREES = Mistake("degrees", N_("alpha is in radians: torch.cos and torch.sin take radians, "
+    "do not convert"))
+ROT_SHAPE = Mistake("not_2x2", N_("return the matrix as a [2, 2] tensor: [[cos, -sin], [sin, "
+    "cos]]"))
 
-OTHER_PAIRING_HALF = N_("used the other pairing convention: with interleaved=True pair i is the "
-                        "ADJACENT features (2i, 2i+1) (the article's); you paired (i, i + D_r/2), "
-                        "the 'half' convention of Hugging Face checkpoints")
-OTHER_PAIRING_INTERLEAVED = N_("used the other pairing convention: with interleaved=False pair i "
-                               "is features (i, i + D_r/2) (the first half with the second half); "
-                               "you paired adjacent features (2i, 2i+1)")
-WRONG_WAY = N_("rotated the wrong way: a sign of sin is flipped; x'_a = x_a cos - x_b sin, "
-               "x'_b = x_a sin + x_b cos (with (x_a, x_b) the pair, in this order)")
-SIN_COS_SWAPPED = N_("sin and cos swapped: x'_a = x_a cos(m theta) - x_b sin(m theta), "
-                     "x'_b = x_a sin(m theta) + x_b cos(m theta)")
-NO_MINUS = N_("not a rotation (lengths change): the minus sign is missing in "
-              "x'_a = x_a cos - x_b sin")
-ALL_FEATURES = N_("ignored rotary_dim: only the first rotary_dim features of each head rotate, "
-                  "the other D - rotary_dim pass through unchanged")
-FREQ_FROM_HEAD = N_("took the frequencies from the head size D: with rotary_dim = D_r the "
-                    "frequencies are base ** (-2i / D_r), i < D_r / 2")
-ROTATED_LAST = N_("rotated the LAST rotary_dim features: the first rotary_dim features rotate, "
-                  "the rest pass through")
-PASS_ZEROED = N_("zeroed the features beyond rotary_dim: they pass through unchanged (concatenate "
-                 "them back)")
-PASS_DROPPED = N_("dropped the features beyond rotary_dim: the output has x's shape; the last "
-                  "D - rotary_dim features pass through unchanged (concatenate them back)")
-BATCH_HEADS = N_("positions [B, S] give angles [B, S, D_r/2]: insert a head axis "
-                 "([B, 1, S, D_r/2], e.g. `angles[:, None]`) so that each sequence's positions "
-                 "apply to all N of its heads")
-BATCH_FIRST_ROW = N_("used the first row of positions [B, S] for every sequence: each sequence "
-                     "has its own positions (angles [B, 1, S, D_r/2])")
-KEEP_DTYPE = N_("return x's dtype: compute in float32 if you like (good for the angles), then cast "
-                "the result back with `.to(x.dtype)`")
-LOW_PRECISION_ANGLES = N_("computed the angles (positions x frequencies) in {dtype}: it has too "
-                          "few bits for positions in the thousands (near 2000, bfloat16 numbers "
-                          "are 8 apart, so positions 2000 to 2003 become one number). Compute the "
-                          "angles and their cos/sin in float32, and only then cast the result to "
-                          "x's dtype")
-NOT_A_ROTATION = N_("not a rotation: the length of each token's vector changed; every pair "
-                    "(x_a, x_b) must keep its length, x'_a = x_a cos - x_b sin, "
-                    "x'_b = x_a sin + x_b cos")
-VIEW_NOT_CONTIGUOUS = N_("`.view` needs contiguous memory, and x (heads-first tensors usually come "
-                         "from a transpose) or a slice of it such as x[..., :rotary_dim] may not "
-                         "be contiguous: use `.reshape(...)` instead of `.view(...)`, and "
-                         "`.contiguous()` before `torch.view_as_complex`")
-RETURNED_X = N_("returned x unchanged: every pair of the first rotary_dim features turns by "
-                "m * theta_i")
-IN_PLACE = N_("changed its input x in place: build a new tensor (the caller still needs x, and "
-              "slices such as x[..., :D_r] are views into it)")
+OTHER_PAIRING_HALF = Mistake("half_pairing", N_("used the other pairing convention: with "
+    "interleaved=True pair i is the ADJACENT features (2i, 2i+1) (the article's); you paired "
+    "(i, i + D_r/2), the 'half' convention of Hugging Face checkpoints"))
+OTHER_PAIRING_INTERLEAVED = Mistake("interleaved_pairing", N_("used the other pairing "
+    "convention: with interleaved=False pair i is features (i, i + D_r/2) (the first half with "
+    "the second half); you paired adjacent features (2i, 2i+1)"))
+WRONG_WAY = Mistake("rotated_the_wrong_way", N_("rotated the wrong way: a sign of sin is "
+    "flipped; x'_a = x_a cos - x_b sin, x'_b = x_a sin + x_b cos (with (x_a, x_b) the pair, in "
+    "this order)"))
+SIN_COS_SWAPPED = Mistake("sin_cos_swapped", N_("sin and cos swapped: x'_a = x_a cos(m theta) - "
+    "x_b sin(m theta), x'_b = x_a sin(m theta) + x_b cos(m theta)"))
+NO_MINUS = Mistake("minus_sign_missing", N_("not a rotation (lengths change): the minus sign is "
+    "missing in x'_a = x_a cos - x_b sin"))
+ALL_FEATURES = Mistake("ignored_rotary_dim", N_("ignored rotary_dim: only the first rotary_dim "
+    "features of each head rotate, the other D - rotary_dim pass through unchanged"))
+FREQ_FROM_HEAD = Mistake("frequencies_from_head_dim", N_("took the frequencies from the head "
+    "size D: with rotary_dim = D_r the frequencies are base ** (-2i / D_r), i < D_r / 2"))
+ROTATED_LAST = Mistake("rotated_the_last_features", N_("rotated the LAST rotary_dim features: "
+    "the first rotary_dim features rotate, the rest pass through"))
+PASS_ZEROED = Mistake("pass_through_zeroed", N_("zeroed the features beyond rotary_dim: they "
+    "pass through unchanged (concatenate them back)"))
+PASS_DROPPED = Mistake("pass_through_dropped", N_("dropped the features beyond rotary_dim: the "
+    "output has x's shape; the last D - rotary_dim features pass through unchanged (concatenate "
+    "them back)"))
+BATCH_HEADS = Mistake("no_head_axis_for_batch_positions", N_("positions [B, S] give angles [B, "
+    "S, D_r/2]: insert a head axis ([B, 1, S, D_r/2], e.g. `angles[:, None]`) so that each "
+    "sequence's positions apply to all N of its heads"),
+    raises=[("RuntimeError", _BROADCAST)])
+BATCH_FIRST_ROW = Mistake("first_row_of_positions", N_("used the first row of positions [B, S] "
+    "for every sequence: each sequence has its own positions (angles [B, 1, S, D_r/2])"))
+KEEP_DTYPE = Mistake("changed_the_dtype", N_("return x's dtype: compute in float32 if you like "
+    "(good for the angles), then cast the result back with `.to(x.dtype)`"))
+LOW_PRECISION_ANGLES = Mistake("low_precision_angles", N_("computed the angles (positions x "
+    "frequencies) in {dtype}: it has too few bits for positions in the thousands (near 2000, "
+    "bfloat16 numbers are 8 apart, so positions 2000 to 2003 become one number). Compute the "
+    "angles and their cos/sin in float32, and only then cast the result to x's dtype"))
+NOT_A_ROTATION = Mistake("not_a_rotation", N_("not a rotation: the length of each token's "
+    "vector changed; every pair (x_a, x_b) must keep its length, x'_a = x_a cos - x_b sin, x'_b "
+    "= x_a sin + x_b cos"))
+VIEW_NOT_CONTIGUOUS = Mistake("view_of_non_contiguous", N_("`.view` needs contiguous memory, "
+    "and x (heads-first tensors usually come from a transpose) or a slice of it such as x[..., "
+    ":rotary_dim] may not be contiguous: use `.reshape(...)` instead of `.view(...)`, and "
+    "`.contiguous()` before `torch.view_as_complex`"),
+    raises=[("RuntimeError", r"(?i)view size|stride")])
+RETURNED_X = Mistake("returned_x_unchanged", N_("returned x unchanged: every pair of the first "
+    "rotary_dim features turns by m * theta_i"))
+IN_PLACE = Mistake("rotated_x_in_place", N_("changed its input x in place: build a new tensor "
+    "(the caller still needs x, and slices such as x[..., :D_r] are views into it)"))
+ANGLES_AS_GIVEN = Mistake("reshaped_cos_and_sin", N_("cos and sin come ready to broadcast "
+    "against x's pairs ([..., D_r/2] against x's [..., D_r] features, one angle per pair): use "
+    "them as they are, without adding or moving axes"),
+    raises=[("RuntimeError", _BROADCAST)])
+LAYOUT_BACK = Mistake("wrote_back_in_the_other_layout", N_("rotated the right pairs but wrote "
+    "them back in the other layout: with interleaved=True the results go back to features (2i, "
+    "2i+1) (`torch.stack([a, b], dim=-1).flatten(-2)`), with interleaved=False to (i, i + "
+    "D_r/2) (`torch.cat([a, b], dim=-1)`)"))
+SPREAD_INTERLEAVED = Mistake("spread_cos_sin_as_half", N_("cos and sin reached the wrong "
+    "features: pair i's angle belongs to both of its features, and with interleaved=True those "
+    "are 2i and 2i+1 (`cos.repeat_interleave(2, dim=-1)`), not i and i + D_r/2 "
+    "(`torch.cat([cos, cos], dim=-1)`)"))
+SPREAD_HALF = Mistake("spread_cos_sin_as_interleaved", N_("cos and sin reached the wrong "
+    "features: pair i's angle belongs to both of its features, and with interleaved=False those "
+    "are i and i + D_r/2 (`torch.cat([cos, cos], dim=-1)`), not 2i and 2i+1 "
+    "(`cos.repeat_interleave(2, dim=-1)`)"))
+COS_OF_COS = Mistake("cos_of_cos", N_("cos and sin are already the cosines and sines of the "
+    "angles: use them as they are (you applied torch.cos / torch.sin to them once more)"))
+MINUS_TWICE = Mistake("minus_sign_twice", N_("not a rotation: the minus sign belongs only in "
+    "x'_a = x_a cos - x_b sin; the second line, x'_b = x_a sin + x_b cos, has none"))
+NOT_FLATTENED = Mistake("pairs_not_flattened", N_("return x's shape [..., D_r]: put the rotated "
+    "pairs back into one feature axis (`torch.stack([a, b], dim=-1).flatten(-2)` for "
+    "interleaved, `torch.cat([a, b], dim=-1)` for half)"))
+HALF_RETURNED = Mistake("returned_half", N_("return both members of every pair: x's shape [..., "
+    "D_r], the rotated x_a and x_b put back together, not [..., D_r/2]"))
+ROTATE_IN_PLACE = Mistake("wrote_into_an_input", N_("build new tensors instead of writing into "
+    "the inputs: apply_rope passes a slice of its own input, x[..., :D_r], which is a view, and "
+    "cos and sin are shared by every head and every layer"))
+ROTATE_DTYPE = Mistake("changed_the_dtype", N_("return x's dtype (cos and sin have it too)"))
+ROTATE_RETURNED_X = Mistake("returned_x_unchanged", N_("returned x unchanged: every pair turns "
+    "by its angle, the one whose cosine and sine cos[..., i] and sin[..., i] hold"))
+ANGLES_DTYPE = Mistake("not_float32", N_("angles are float32 (the dtype of the frequencies): an "
+    "integer position times a float32 frequency already is"))
+ROT_DTYPE = Mistake("not_float32", N_("return float32, torch's default float type (torch.tensor "
+    "of Python floats gives float32)"))
+RELATIVE = Mistake("rotations_do_not_compose", N_("rotate q by m theta_i and k by n theta_i "
+    "with the same frequencies and the same pairing, so that R(m theta)^T R(n theta) = R((n - "
+    "m) theta)"))
+_YOU_RETURNED = N_("{mistake} (you returned {shape})")
+DOUBLED_EXPONENT = Mistake("exponent_4i_over_d", N_("exponent 4i/D_r: `torch.arange(0, D_r, 2)` "
+    "already steps by 2 (its entries are 2i), so divide it by D_r without multiplying by 2 again"))
+OUTER_ON_BATCH = Mistake("outer_on_batch_positions", N_("torch.outer takes two 1-D vectors, and "
+    "positions may be [B, S]: `positions[..., None] * freqs` gives [..., S, D_r/2] for both"),
+    raises=[("RuntimeError", r"(?i)outer|1D|1-D")])
+SEQUENCE_AXIS = Mistake("positions_on_the_heads_axis", N_("x is heads-first, [B, N, S, D]: the "
+    "positions run along dim 2, so angles [S, D_r/2] broadcast against x's last two axes as "
+    "they are (no axis added between S and the pairs)"),
+    raises=[("RuntimeError", _BROADCAST)])
+# Two mistakes at once: told with both messages.
+BOTH = N_("{first}; and {second}")
+WRONG_WAY_AND_PAIRING = Mistake("rotated_the_wrong_way_and_other_pairing", BOTH)
+SWAPPED_AND_WRONG_WAY = Mistake("sin_cos_swapped_and_wrong_way", N_("{mistake} (and rotated the "
+    "wrong way)"))
 
-ANGLES_AS_GIVEN = N_("cos and sin come ready to broadcast against x's pairs ([..., D_r/2] against "
-                     "x's [..., D_r] features, one angle per pair): use them as they are, without "
-                     "adding or moving axes")
-LAYOUT_BACK = N_("rotated the right pairs but wrote them back in the other layout: with "
-                 "interleaved=True the results go back to features (2i, 2i+1) "
-                 "(`torch.stack([a, b], dim=-1).flatten(-2)`), with interleaved=False to "
-                 "(i, i + D_r/2) (`torch.cat([a, b], dim=-1)`)")
-SPREAD_INTERLEAVED = N_("cos and sin reached the wrong features: pair i's angle belongs to both of "
-                        "its features, and with interleaved=True those are 2i and 2i+1 "
-                        "(`cos.repeat_interleave(2, dim=-1)`), not i and i + D_r/2 "
-                        "(`torch.cat([cos, cos], dim=-1)`)")
-SPREAD_HALF = N_("cos and sin reached the wrong features: pair i's angle belongs to both of its "
-                 "features, and with interleaved=False those are i and i + D_r/2 "
-                 "(`torch.cat([cos, cos], dim=-1)`), not 2i and 2i+1 "
-                 "(`cos.repeat_interleave(2, dim=-1)`)")
-COS_OF_COS = N_("cos and sin are already the cosines and sines of the angles: use them as they are "
-                "(you applied torch.cos / torch.sin to them once more)")
-MINUS_TWICE = N_("not a rotation: the minus sign belongs only in x'_a = x_a cos - x_b sin; the "
-                 "second line, x'_b = x_a sin + x_b cos, has none")
-NOT_FLATTENED = N_("return x's shape [..., D_r]: put the rotated pairs back into one feature axis "
-                   "(`torch.stack([a, b], dim=-1).flatten(-2)` for interleaved, "
-                   "`torch.cat([a, b], dim=-1)` for half)")
-HALF_RETURNED = N_("return both members of every pair: x's shape [..., D_r], the rotated x_a and "
-                   "x_b put back together, not [..., D_r/2]")
-ROTATE_IN_PLACE = N_("changed its input x in place: build a new tensor (apply_rope passes a slice "
-                     "of its own input, x[..., :D_r], which is a view)")
-
-PERM_INVERSE = N_("returned the inverse permutation (half -> interleaved): p lists, for each "
-                  "position of the half layout, the interleaved feature that goes there: the even "
-                  "features first, then the odd ones, [0, 2, 4, ..., 1, 3, 5, ...]")
-PERM_IDENTITY = N_("returned the identity: the two conventions pair different features, so the "
-                   "feature order must change: p = [0, 2, 4, ..., 1, 3, 5, ...]")
-PERM_ODD_FIRST = N_("odd features first: the first half of the half layout holds the first member "
-                    "of every pair, the even features 0, 2, 4, ...; then the odd ones")
-PERM_HALF_ONLY = N_("p is a full permutation of all rotary_dim features: the even features, then "
-                    "the odd ones (rotary_dim entries)")
-PERM_DTYPE = N_("return a LongTensor (int64), the dtype of index tensors: e.g. "
-                "`torch.cat([torch.arange(0, d, 2), torch.arange(1, d, 2)])`")
+PERM_INVERSE = Mistake("inverse_permutation", N_("returned the inverse permutation (half -> "
+    "interleaved): p lists, for each position of the half layout, the interleaved feature that "
+    "goes there: the even features first, then the odd ones, [0, 2, 4, ..., 1, 3, 5, ...]"))
+PERM_IDENTITY = Mistake("identity", N_("returned the identity: the two conventions pair "
+    "different features, so the feature order must change: p = [0, 2, 4, ..., 1, 3, 5, ...]"))
+PERM_ODD_FIRST = Mistake("odd_features_first", N_("odd features first: the first half of the "
+    "half layout holds the first member of every pair, the even features 0, 2, 4, ...; then the "
+    "odd ones"))
+PERM_HALF_ONLY = Mistake("even_features_only", N_("p is a full permutation of all rotary_dim "
+    "features: the even features, then the odd ones (rotary_dim entries)"))
+PERM_DTYPE = Mistake("not_a_long_tensor", N_("return a LongTensor (int64), the dtype of index "
+    "tensors: e.g. `torch.cat([torch.arange(0, d, 2), torch.arange(1, d, 2)])`"))
 
 
 # --------------------------------------------------------------------------------------------
 # Shared helpers
 
 
-def _call(c: Check, *args, hints: Mapping[str, str] | None = None, **kwargs):
-    """c.call, adding a hint to a LearnerError whose message mentions one of `hints`' keys."""
-    try:
-        return c.call(*args, **kwargs)
-    except LearnerError as err:
-        text = err.message.lower()
-        found = next((h for words, h in (hints or {}).items()
-                      if any(w in text for w in words.split("|"))), None)
-        if found and err.hint is None:
-            raise err.with_hint(found) from None
-        raise
+def _told(known: Mistake, template: str | None = None, **values) -> Mistake:
+    """`known` (its key) told with `template` (default: its own message) filled with
+    `values`, in the current language; {mistake} is its own message unless given."""
+    values.setdefault("mistake", _(known))
+    return known.with_text(_(template or known).format(**values))
 
 
-def _both(first: str, second: str) -> str:
-    """Two mistakes at once, in the current language."""
-    return _("{first}; and {second}").format(first=_(first), second=_(second))
+def _headlines(c: Check, props: list) -> None:
+    for prop in props:
+        c.headline(prop)
 
 
-def _wrong_way_too(mistake: str) -> str:
-    return _("{mistake} (and rotated the wrong way)").format(mistake=_(mistake))
-
-
-def _expect_dtype(c: Check, got, want: torch.Tensor, *, what: str, hint: str) -> None:
+def _expect_dtype(c: Check, got, want: torch.Tensor, *, what: str, hint: Mistake) -> None:
     """A dtype mismatch with the right shape fails with `hint` (expect_tensor does the rest)."""
     if isinstance(got, torch.Tensor) and got.shape == want.shape and got.dtype != want.dtype:
         c.fail(_("{what} has dtype {got}, expected {want}.").format(what=what, got=got.dtype,
@@ -214,7 +244,7 @@ def _freqs64(d_r: int, base: float, *, exponent: float = 2.0, first: int = 0,
 
 def _rope64(x: torch.Tensor, positions: torch.Tensor, *, base: float = 10000.0,
             rotary_dim: int | None = None, interleaved: bool = True, exponent: float = 2.0,
-            first: int = 0, freq_dim: int | None = None, shift: int = 0,
+            first: int = 0, freq_dim: int | None = None, shift: int | torch.Tensor = 0,
             ignore_positions: bool = False, first_row: bool = False, batch_on_heads: bool = False,
             direction: float = 1.0, swap: bool = False, minus: bool = True,
             rotate_last: bool = False, angle_dtype: torch.dtype | None = None,
@@ -225,12 +255,9 @@ def _rope64(x: torch.Tensor, positions: torch.Tensor, *, base: float = 10000.0,
     half = d_r // 2
     freqs = base ** (-exponent * torch.arange(first, first + half, dtype=torch.float64)
                      / (freq_dim or d_r))
-    pos = positions
-    if ignore_positions:
-        pos = torch.arange(x.shape[-2])
-    if first_row and pos.dim() == 2:
-        pos = pos[0]
-    pos = pos.to(torch.float64) + shift
+    pos = torch.arange(x.shape[-2]) if ignore_positions else positions
+    pos = pos[0] if first_row and pos.dim() == 2 else pos
+    pos = pos.to(torch.float64) + shift             # an int, or arange(S) added
     if angle_dtype is not None and angle_cast:      # float32 product, then angles cast down
         angles = (pos.float()[..., None] * freqs.float()).to(angle_dtype).double()
     elif angle_dtype is not None:                   # everything in the low dtype
@@ -240,15 +267,13 @@ def _rope64(x: torch.Tensor, positions: torch.Tensor, *, base: float = 10000.0,
     if angles.dim() == 3:
         angles = angles[None] if batch_on_heads else angles[:, None]
     cos, sin = torch.cos(angles), torch.sin(angles)
-    if swap:
-        cos, sin = sin, cos
+    cos, sin = (sin, cos) if swap else (cos, sin)
     sin = sin * direction
     start = d - d_r if rotate_last else 0
     i = torch.arange(half)
     a, b = (start + 2 * i, start + 2 * i + 1) if interleaved else (start + i, start + half + i)
     x64 = x.detach().to(torch.float64)
-    out = x64.clone()
-    xa, xb = x64[..., a], x64[..., b]
+    out, xa, xb = x64.clone(), x64[..., a], x64[..., b]
     out[..., a] = xa * cos - xb * sin if minus else xa * cos + xb * sin
     out[..., b] = xa * sin + xb * cos
     return out.to(x.dtype)
@@ -283,12 +308,14 @@ def _freq_mixups(d_r: int, base: float) -> dict:
         LINSPACE: lambda: _freqs64(d_r, base, linspace=True).float(),
         POSITIVE_EXPONENT: lambda: _freqs64(d_r, base, exponent=-2.0).float(),
         INT_DIVISION: lambda: torch.ones(half),
-        _("{mistake} (base ** (-j / D_r) for every feature j)").format(mistake=_(PER_FEATURE)):
+        _told(PER_FEATURE, N_("{mistake} (base ** (-j / D_r) for every feature j)")):
             lambda: (base ** (-torch.arange(d_r, dtype=torch.float64) / d_r)).float(),
-        _("{mistake} (each frequency repeated for both features of its pair)").format(
-            mistake=_(PER_FEATURE)): lambda: _freqs64(d_r, base).float().repeat_interleave(2),
-        _("{mistake} (the frequencies concatenated twice, as Hugging Face's cos/sin cache does "
-          "later)").format(mistake=_(PER_FEATURE)): lambda: _freqs64(d_r, base).float().repeat(2),
+        _told(PER_FEATURE, N_("{mistake} (each frequency repeated for both features of its "
+                              "pair)")): lambda: _freqs64(d_r, base).float().repeat_interleave(2),
+        _told(PER_FEATURE, N_("{mistake} (the frequencies concatenated twice, as Hugging Face's "
+                              "cos/sin cache does later)")):
+            lambda: _freqs64(d_r, base).float().repeat(2),
+        DOUBLED_EXPONENT: lambda: _freqs64(d_r, base, exponent=4.0).float(),
     }
     if base != 10000.0:
         mixups[IGNORED_BASE] = lambda: _freqs64(d_r, 10000.0).float()
@@ -300,7 +327,7 @@ def check_rope_frequencies(f, *, seed: int | None = None, thorough: bool = False
         cases = [(128, None), (8, None)]                   # the article's D_h = 128; 4 pairs
         for _n in range(4 if thorough else 2):
             cases.append((2 * c.randint(3, 17), None))
-        cases.append((2 * c.randint(3, 33), c.choice([500000.0, 1e6, 100.0])))
+        cases.append((2 * c.randint(3, 33), c.choice([500000.0, 1e6, 2000.0])))
         cases.append((64, 500000.0))                       # LLaMA-3's base
         cases.append((2, None))                            # a single pair: theta_0 = 1
         for d_r, base in cases:
@@ -311,8 +338,8 @@ def check_rope_frequencies(f, *, seed: int | None = None, thorough: bool = False
             _expect_dtype(c, got, want, what=what, hint=FLOAT_DTYPE)
             c.expect_tensor(got, want, what=what, dims=("pair",),
                             wrong=_freq_mixups(d_r, 10000.0 if base is None else base))
-        c.properties[:] = ["theta_i = base ** (-2i / D_r)", _("D_r // 2 pairs, float32"),
-                           _("the base argument"), _("the article's D_r = 128")]
+        _headlines(c, ["theta_i = base ** (-2i / D_r)", _("D_r // 2 pairs, float32"),
+                       _("the base argument"), _("the article's D_r = 128")])
 
 
 # --------------------------------------------------------------------------------------------
@@ -329,14 +356,15 @@ def _angle_mixups(positions: torch.Tensor, freqs: torch.Tensor) -> dict:
 
     mixups = {
         POSITIONS_IGNORED: lambda: out(torch.arange(s, dtype=torch.float64)[:, None] * f64),
-        _("{mistake} (for every sequence)").format(mistake=_(POSITIONS_IGNORED)): lambda: out(
+        _told(POSITIONS_IGNORED, N_("{mistake} (for every sequence)")): lambda: out(
             (torch.arange(s, dtype=torch.float64)[:, None] * f64).expand(*pos.shape, -1)),
         POSITIONS_FROM_1: lambda: out((pos + 1)[..., None] * f64),
+        ADDED_ARANGE: lambda: out((pos + torch.arange(s))[..., None] * f64),
         DIVIDED: lambda: out(pos[..., None] / f64),
         TRANSPOSED: lambda: out(f64[:, None] * pos[..., None, :]),
-        _("{mistake} (repeat_interleave)").format(mistake=_(PER_FEATURE_ANGLE)): lambda: out(
+        _told(PER_FEATURE_ANGLE, N_("{mistake} (repeat_interleave)")): lambda: out(
             (pos[..., None] * f64).repeat_interleave(2, dim=-1)),
-        _("{mistake} (concatenated twice)").format(mistake=_(PER_FEATURE_ANGLE)): lambda: out(
+        _told(PER_FEATURE_ANGLE, N_("{mistake} (concatenated twice)")): lambda: out(
             torch.cat([pos[..., None] * f64] * 2, dim=-1)),
     }
     if positions.dim() == 2:
@@ -346,7 +374,7 @@ def _angle_mixups(positions: torch.Tensor, freqs: torch.Tensor) -> dict:
 
 
 def check_rope_angles(f, *, seed: int | None = None, thorough: bool = False) -> None:
-    with Check("rope_angles", f, seed=seed) as c:
+    with Check("rope_angles", f, seed=seed, errors=[OUTER_ON_BATCH]) as c:
         cases = []
         for trial in range(3 if thorough else 1):
             b, s, half = c.sizes(3, 2, 9)
@@ -371,13 +399,11 @@ def check_rope_angles(f, *, seed: int | None = None, thorough: bool = False) -> 
             dims = ("B", "S", "pair") if positions.dim() == 2 else ("S", "pair")
             what = _("rope_angles for {case} and {count} frequencies").format(
                 case=label, count=freqs.numel())
-            _expect_dtype(c, got, want, what=what,
-                          hint=_("angles are float32 (the dtype of the frequencies): an integer "
-                                 "position times a float32 frequency already is"))
+            _expect_dtype(c, got, want, what=what, hint=ANGLES_DTYPE)
             c.expect_tensor(got, want, what=what, dims=dims,
                             wrong=_angle_mixups(positions, freqs))
-        c.properties[:] = [_("angle m * theta_i"), _("positions [S] and [B, S]"),
-                           _("offset and decode positions"), "float32"]
+        _headlines(c, [_("angle m * theta_i"), _("positions [S] and [B, S]"),
+                       _("offset and decode positions"), "float32"])
 
 
 # --------------------------------------------------------------------------------------------
@@ -398,12 +424,12 @@ def _rotation_mixups(alpha: float) -> dict:
     return {
         ROT_CLOCKWISE: lambda: _rotation64(alpha, clockwise=True),
         ROT_SWAPPED: lambda: _rotation64(alpha, swap=True),
-        _("{mistake} (and clockwise)").format(mistake=_(ROT_SWAPPED)):
+        _told(ROT_SWAPPED, N_("{mistake} (and clockwise)")):
             lambda: _rotation64(alpha, swap=True, clockwise=True),
         ROT_NO_MINUS: lambda: _rotation64(alpha, minus=False),
         ROT_DEGREES: lambda: _rotation64(math.radians(alpha)),
         ROT_SHAPE: lambda: _rotation64(alpha).reshape(4),
-        _("{mistake} (not [1, 2, 2])").format(mistake=_(ROT_SHAPE)):
+        _told(ROT_SHAPE, N_("{mistake} (not [1, 2, 2])")):
             lambda: _rotation64(alpha)[None],
     }
 
@@ -422,8 +448,7 @@ def check_rotation_matrix(f, *, seed: int | None = None, thorough: bool = False)
             shown = f"torch.tensor({alpha:.4g})" if as_tensor else f"{alpha:.4g}"
             got = c.call(arg)
             what = f"rotation_matrix({shown})"
-            _expect_dtype(c, got, want, what=what, hint=_("return float32, torch's default "
-                          "float type (torch.tensor of Python floats gives float32)"))
+            _expect_dtype(c, got, want, what=what, hint=ROT_DTYPE)
             c.expect_tensor(got, want, what=what, dims=("row", "col"),
                             wrong=_rotation_mixups(alpha))
             got_by_alpha[alpha] = got.detach().double()
@@ -441,8 +466,8 @@ def check_rotation_matrix(f, *, seed: int | None = None, thorough: bool = False)
         if not torch.allclose(got_by_alpha[a].T @ got_by_alpha[b], rel, atol=1e-5):
             c.fail(_("R({a})^T R({b}) differs from R({difference}).").format(
                 a=f"{a:.4g}", b=f"{b:.4g}", difference=f"{b - a:.4g}"))
-        c.properties[:] = ["[[cos, -sin], [sin, cos]]", _("counter-clockwise"),
-                           "R(a)^T R(b) = R(b - a)", _("float and tensor angles")]
+        _headlines(c, ["[[cos, -sin], [sin, cos]]", _("counter-clockwise"),
+                       "R(a)^T R(b) = R(b - a)", _("float and tensor angles")])
 
 
 # --------------------------------------------------------------------------------------------
@@ -498,27 +523,25 @@ def _rotate_mixups(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     return {
         other: v(interleaved=not interleaved),
         LAYOUT_BACK: v(write_interleaved=not interleaved),
-        _("{mistake} (and read the pairs the other way as well)").format(
-            mistake=_(LAYOUT_BACK)): v(interleaved=not interleaved, write_interleaved=interleaved),
+        _told(LAYOUT_BACK, N_("{mistake} (and read the pairs the other way as well)")):
+            v(interleaved=not interleaved, write_interleaved=interleaved),
         WRONG_WAY: v(direction=-1.0),
-        _both(WRONG_WAY, other): v(direction=-1.0, interleaved=not interleaved),
+        _told(WRONG_WAY_AND_PAIRING, first=_(WRONG_WAY), second=_(other)):
+            v(direction=-1.0, interleaved=not interleaved),
         SIN_COS_SWAPPED: v(swap=True),
-        _wrong_way_too(SIN_COS_SWAPPED): v(swap=True, direction=-1.0),
+        _told(SWAPPED_AND_WRONG_WAY, mistake=_(SIN_COS_SWAPPED)): v(swap=True, direction=-1.0),
         NO_MINUS: v(minus_a=False),
         MINUS_TWICE: v(minus_b=True),
         (SPREAD_INTERLEAVED if interleaved else SPREAD_HALF):
             lambda: _spread64(x, cos, sin, interleaved=interleaved),
         COS_OF_COS: lambda: _rotate64(x, torch.cos(cos.double()), torch.sin(sin.double()),
                                       interleaved=interleaved),
-        _("returned x unchanged: every pair turns by its angle, the one whose cosine and sine "
-          "cos[..., i] and sin[..., i] hold"): x,
-        _("{mistake} (you returned {shape})").format(mistake=_(NOT_FLATTENED),
-                                                     shape="[..., D_r/2, 2]"): lambda: _join64(
+        ROTATE_RETURNED_X: x,
+        _told(NOT_FLATTENED, _YOU_RETURNED, shape="[..., D_r/2, 2]"): lambda: _join64(
             *_pairs64(want, interleaved), True).unflatten(-1, (half, 2)).to(x.dtype),
-        _("{mistake} (you returned {shape})").format(mistake=_(NOT_FLATTENED),
-                                                     shape="[..., 2, D_r/2]"): lambda: _join64(
+        _told(NOT_FLATTENED, _YOU_RETURNED, shape="[..., 2, D_r/2]"): lambda: _join64(
             *_pairs64(want, interleaved), False).unflatten(-1, (2, half)).to(x.dtype),
-        _("{mistake} (you returned only the new x_a)").format(mistake=_(HALF_RETURNED)):
+        _told(HALF_RETURNED, N_("{mistake} (you returned only the new x_a)")):
             lambda: _pairs64(want, interleaved)[0].to(x.dtype),
     }
 
@@ -533,38 +556,29 @@ def _expect_rotated(c: Check, x: torch.Tensor, cos: torch.Tensor, sin: torch.Ten
                     interleaved: bool | None, label: str) -> torch.Tensor:
     """Call rotate_pairs (without `interleaved` when None: the default), then compare."""
     pairing = True if interleaved is None else interleaved
-    before, cos_before, sin_before = x.clone(), cos.clone(), sin.clone()
-    hints = {"view size|view(|stride": VIEW_NOT_CONTIGUOUS,
-             "must match|broadcast|size of tensor|expanded size": ANGLES_AS_GIVEN}
     kwargs = {} if interleaved is None else {"interleaved": interleaved}
-    got = _call(c, x, cos, sin, hints=hints, **kwargs)
-    if not torch.equal(x, before):
-        c.fail(_("rotate_pairs changed its input x in place ({case}).").format(case=label),
-               ROTATE_IN_PLACE)
-    if not (torch.equal(cos, cos_before) and torch.equal(sin, sin_before)):
-        c.fail(_("rotate_pairs changed its input cos or sin in place ({case}).").format(
-            case=label), _("build new tensors; cos and sin are shared by every head and every "
-                           "layer"))
-    want = ref.rotate_pairs(before, cos, sin, pairing)
-    shown = [f"x {describe(before)}",
+    got = c.call(x, cos, sin, **kwargs)  # the engine names an input changed in place
+    want = ref.rotate_pairs(x, cos, sin, pairing)
+    shown = [f"x {describe(x)}",
              _("cos and sin {value}").format(value=describe(cos))] + [
         f"{k}={v}" for k, v in kwargs.items()]
     what = _("rotate_pairs for {case} ({inputs})").format(case=label, inputs=", ".join(shown))
-    _expect_dtype(c, got, want, what=what, hint=_("return x's dtype (cos and sin have it too)"))
+    _expect_dtype(c, got, want, what=what, hint=ROTATE_DTYPE)
     try:
         dims = {1: ("feature",), 2: ("S", "feature"), 4: ("B", "N", "S", "feature")}
-        c.expect_tensor(got, want, what=what, dims=dims.get(before.dim()),
-                        wrong=_rotate_mixups(before, cos, sin, pairing))
+        c.expect_tensor(got, want, what=what, dims=dims.get(x.dim()),
+                        wrong=_rotate_mixups(x, cos, sin, pairing))
     except CheckFailure as failure:
         if failure.hint is not None:
             raise
-        raise CheckFailure(failure.exercise, failure.message, hint=_norm_hint(before, got),
+        raise CheckFailure(failure.exercise, failure.message, hint=_norm_hint(x, got),
                            seed=failure.seed) from None
     return got
 
 
 def check_rotate_pairs(f, *, seed: int | None = None, thorough: bool = False) -> None:
-    with Check("rotate_pairs", f, seed=seed) as c:
+    with Check("rotate_pairs", f, seed=seed, errors=[VIEW_NOT_CONTIGUOUS, ANGLES_AS_GIVEN],
+               in_place=ROTATE_IN_PLACE) as c:
         for _n in range(3 if thorough else 1):
             b, n, s = c.sizes(3, 2, 8)
             d_r = 2 * c.randint(3, 9)
@@ -614,9 +628,9 @@ def check_rotate_pairs(f, *, seed: int | None = None, thorough: bool = False) ->
         if not torch.allclose(pair_len, want_len, rtol=1e-5, atol=1e-6):
             c.fail(_("rotate_pairs changed the length of a pair; a rotation keeps it."),
                    NOT_A_ROTATION)
-        c.properties[:] = ["x'_a = x_a cos - x_b sin, x'_b = x_a sin + x_b cos",
-                           _("both pairings, results back in place"), _("cos, sin broadcast"),
-                           _("x's dtype and shape"), _("input untouched")]
+        _headlines(c, ["x'_a = x_a cos - x_b sin, x'_b = x_a sin + x_b cos",
+                       _("both pairings, results back in place"), _("cos, sin broadcast"),
+                       _("x's dtype and shape"), _("input untouched")])
 
 
 # --------------------------------------------------------------------------------------------
@@ -639,15 +653,19 @@ def _rope_mixups(x: torch.Tensor, positions: torch.Tensor, base: float, rotary_d
         EXPONENT_I: v(exponent=1.0),
         INDEX_FROM_1: v(first=1),
         POSITIONS_FROM_1: v(shift=1),
+        ADDED_ARANGE: v(shift=torch.arange(x.shape[-2])),
         WRONG_WAY: v(direction=-1.0),
         SIN_COS_SWAPPED: v(swap=True),
-        _wrong_way_too(SIN_COS_SWAPPED): v(swap=True, direction=-1.0),
+        _told(SWAPPED_AND_WRONG_WAY, mistake=_(SIN_COS_SWAPPED)): v(swap=True, direction=-1.0),
         NO_MINUS: v(minus=False),
         POSITIVE_EXPONENT: v(exponent=-2.0),
         RETURNED_X: x,
+        (SPREAD_INTERLEAVED if interleaved else SPREAD_HALF): lambda: _rope_spread(
+            x, positions, base, d_r, interleaved),
     }
     other = OTHER_PAIRING_HALF if interleaved else OTHER_PAIRING_INTERLEAVED
-    mixups[_both(WRONG_WAY, other)] = v(direction=-1.0, interleaved=not interleaved)
+    mixups[_told(WRONG_WAY_AND_PAIRING, first=_(WRONG_WAY), second=_(other))] = v(
+        direction=-1.0, interleaved=not interleaved)
     if base != 10000.0:
         mixups[IGNORED_BASE] = v(base=10000.0)
     if d_r < d:
@@ -664,14 +682,22 @@ def _rope_mixups(x: torch.Tensor, positions: torch.Tensor, base: float, rotary_d
             mixups[BATCH_HEADS] = v(batch_on_heads=True)
     if x.dtype in (torch.float16, torch.bfloat16):
         name = str(x.dtype).removeprefix("torch.")
-        hint = _(LOW_PRECISION_ANGLES).format(dtype=name)
+        hint = _told(LOW_PRECISION_ANGLES, dtype=name)
         mixups[hint] = v(angle_dtype=x.dtype)
-        mixups[_("{mistake} (yours formed them in float32, then cast them down)").format(
-            mistake=hint)] = v(angle_dtype=x.dtype, angle_cast=True)
+        mixups[hint.with_text(_("{mistake} (yours formed them in float32, then cast them down)")
+                              .format(mistake=hint))] = v(angle_dtype=x.dtype, angle_cast=True)
     return mixups
 
 
-def _norm_hint(x: torch.Tensor, got: torch.Tensor) -> str | None:
+def _rope_spread(x, positions, base, d_r, interleaved) -> torch.Tensor:
+    """RoPE with cos and sin spread over the features the other pairing's way."""
+    angles = ref.rope_angles(positions, ref.rope_frequencies(d_r, base)).double()
+    angles = angles[:, None] if angles.dim() == 3 else angles
+    part = _spread64(x[..., :d_r], angles.cos(), angles.sin(), interleaved=interleaved)
+    return torch.cat([part, x[..., d_r:]], dim=-1)
+
+
+def _norm_hint(x: torch.Tensor, got: torch.Tensor) -> Mistake | None:
     """NOT_A_ROTATION when the learner's output changed the length of a token's vector."""
     if not isinstance(got, torch.Tensor) or got.shape != x.shape or not got.is_floating_point():
         return None
@@ -685,17 +711,12 @@ def _norm_hint(x: torch.Tensor, got: torch.Tensor) -> str | None:
 
 
 def _expect_rope(c: Check, f_args: tuple, f_kwargs: dict, *, label: str,
-                 fallback_hint: str | None = None) -> torch.Tensor:
-    """Call apply_rope, then compare with the reference: dtype, shape, values, input untouched."""
+                 fallback_hint: Mistake | None = None) -> torch.Tensor:
+    """Call apply_rope, then compare with the reference: dtype, shape, values (an input changed
+    in place the engine names). A broadcast that fails names the axis the angles missed."""
     x, positions = f_args
-    before = x.clone()
-    hints = {"view size|view(|stride": VIEW_NOT_CONTIGUOUS}
-    if positions.dim() == 2:
-        hints["must match|broadcast|size of tensor|expanded size"] = BATCH_HEADS
-    got = _call(c, x, positions.clone(), hints=hints, **f_kwargs)
-    if not torch.equal(x, before):
-        c.fail(_("apply_rope changed its input x in place ({case}).").format(case=label),
-               IN_PLACE)
+    c.errors = (VIEW_NOT_CONTIGUOUS, BATCH_HEADS if positions.dim() == 2 else SEQUENCE_AXIS)
+    got = c.call(x, positions.clone(), **f_kwargs)
     base = f_kwargs.get("base", 10000.0)
     rotary_dim = f_kwargs.get("rotary_dim")
     interleaved = f_kwargs.get("interleaved", True)
@@ -707,14 +728,14 @@ def _expect_rope(c: Check, f_args: tuple, f_kwargs: dict, *, label: str,
         c.fail(_("{what} has dtype {got}, expected {want} (x's dtype).").format(
             what=what, got=got.dtype, want=want.dtype), KEEP_DTYPE)
     atol, rtol = _rope_tolerance(x, positions)
-    wrong = _rope_mixups(before, positions, base, rotary_dim, interleaved)
+    wrong = _rope_mixups(x, positions, base, rotary_dim, interleaved)
     try:
         c.expect_tensor(got, want, what=what, dims=HEADS_FIRST, wrong=wrong, atol=atol,
                         rtol=rtol)
     except CheckFailure as failure:
         if failure.hint is not None:
             raise
-        hint = _norm_hint(before, got) or fallback_hint
+        hint = _norm_hint(x, got) or fallback_hint
         raise CheckFailure(failure.exercise, failure.message, hint=hint,
                            seed=failure.seed) from None
     return got
@@ -745,8 +766,7 @@ def _relative_position_property(c: Check, *, d: int, rotary_dim: int | None,
         c.fail(_("the score q'.k' for fixed q and k changed with the absolute position "
                  "although n - m = {offset} stayed the same: {scores}.").format(
                      offset=offset, scores=pairs),
-               _("rotate q by m theta_i and k by n theta_i with the same frequencies and the "
-                 "same pairing, so that R(m theta)^T R(n theta) = R((n - m) theta)"))
+               RELATIVE)
 
 
 # The earlier exercises apply_rope is built on, in the chapter's order: a broken one that the
@@ -756,7 +776,8 @@ _ROPE_PIECES = {"rope_frequencies": check_rope_frequencies, "rope_angles": check
 
 
 def check_apply_rope(f, *, seed: int | None = None, thorough: bool = False) -> None:
-    with builds_on("apply_rope", _ROPE_PIECES), Check("apply_rope", f, seed=seed) as c:
+    with builds_on("apply_rope", _ROPE_PIECES), \
+            Check("apply_rope", f, seed=seed, in_place=IN_PLACE) as c:
         trials = 3 if thorough else 1
         for _n in range(trials):
             b, n, s = c.sizes(3, 2, 8)
@@ -812,7 +833,7 @@ def check_apply_rope(f, *, seed: int | None = None, thorough: bool = False) -> N
             _expect_rope(c, (x, _offset_positions(c, s, low=2000, high=4000)),
                          {"rotary_dim": 12},
                          label=_("{dtype} x at positions past 2000").format(dtype=name),
-                         fallback_hint=_(LOW_PRECISION_ANGLES).format(dtype=name))
+                         fallback_hint=_told(LOW_PRECISION_ANGLES, dtype=name))
         # invariants, on the learner's own function
         x = c.randn(b, n, s, 16)
         got = _expect_rope(c, (x, _offset_positions(c, s)), {},
@@ -822,9 +843,9 @@ def check_apply_rope(f, *, seed: int | None = None, thorough: bool = False) -> N
                    NOT_A_ROTATION)
         for interleaved, rotary_dim in ((True, None), (False, None), (True, 8)):
             _relative_position_property(c, d=16, rotary_dim=rotary_dim, interleaved=interleaved)
-        c.properties[:] = [_("both pairings"), _("offset and [B, S] positions"),
-                           "rotary_dim < D", _("x's dtype kept"), _("norms preserved"),
-                           _("q.k depends only on n - m")]
+        _headlines(c, [_("both pairings"), _("offset and [B, S] positions"),
+                       "rotary_dim < D", _("x's dtype kept"), _("norms preserved"),
+                       _("q.k depends only on n - m")])
 
 
 # --------------------------------------------------------------------------------------------
@@ -836,7 +857,7 @@ def _perm_mixups(d_r: int, want: torch.Tensor) -> dict:
         PERM_INVERSE: lambda: torch.argsort(want),
         PERM_IDENTITY: lambda: torch.arange(d_r),
         PERM_ODD_FIRST: lambda: torch.cat([torch.arange(1, d_r, 2), torch.arange(0, d_r, 2)]),
-        _("{mistake} (you returned only the even features)").format(mistake=_(PERM_HALF_ONLY)):
+        _told(PERM_HALF_ONLY, N_("{mistake} (you returned only the even features)")):
             lambda: torch.arange(0, d_r, 2),
     }
 
@@ -872,5 +893,5 @@ def check_interleaved_to_half_permutation(f, *, seed: int | None = None,
             c.fail(_("apply_rope(x, pos, interleaved=True)[..., p] differs from "
                      "apply_rope(x[..., p], pos, interleaved=False) for rotary_dim {d_r}.")
                    .format(d_r=d_r))
-        c.properties[:] = ["[0, 2, 4, ..., 1, 3, 5, ...]", "LongTensor",
-                           _("rotate-then-permute == permute-then-rotate")]
+        _headlines(c, ["[0, 2, 4, ..., 1, 3, 5, ...]", "LongTensor",
+                       _("rotate-then-permute == permute-then-rotate")])

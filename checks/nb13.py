@@ -23,7 +23,8 @@ How the checks look inside:
 - `generate`: the token embedding table is handed over as a tensor subclass that counts the token
   ids looked up in it, call by call: with the cache, the prompt goes through once, every later
   call carries exactly one new token per sequence, and nothing is fed after the last new token
-  (n tokens: the prefill and n - 1 decode steps); without it, one call per new token.
+  (n tokens: the prefill and n - 1 decode steps); without it, one call per new token, each over
+  the whole sequence so far (B·P, B·(P + 1), ... ids: a use_cache=False that uses the cache shows).
 - `prefill_flops`, `decode_step_bytes`, `arithmetic_intensity`: exact numbers compared with the
   reference's counts (`checks.reference.generation`). Each known mistake is the count with one
   term changed, and every random case is drawn so that the mistakes give different numbers, so a
@@ -197,7 +198,6 @@ def _looked_up(func, args, kwargs) -> int | None:
     return None
 
 
-
 # --------------------------------------------------------------------------------------------
 # Exercise 1: KVCache
 
@@ -292,8 +292,8 @@ def check_KVCache(cls, *, seed: int | None = None, thorough: bool = False) -> No
 def check_forward_with_cache(f, *, seed: int | None = None, thorough: bool = False) -> None:
     from .nb13_cache import (_FORWARD_MISTAKES, _CacheHandle, _diagnose_raise, _no_reference,
                              _params, _plans, _RecordingCache, _replay)
-    from .nb13_mistakes import (LAYER_NOT_CACHED, POSITIONS_PLUS_ONE, UNROTATED_RECOMPUTED,
-                                UNROTATED_STORED, UPDATE_TWICE)
+    from .nb13_mistakes import (LAST_ONLY, LAYER_NOT_CACHED, POSITIONS_PLUS_ONE,
+                                UNROTATED_RECOMPUTED, UNROTATED_STORED, UPDATE_TWICE)
 
     with Check("forward_with_cache", f, seed=seed) as c:
         _no_reference(c, gen.forward_with_cache, gen.generate)
@@ -343,9 +343,9 @@ def check_forward_with_cache(f, *, seed: int | None = None, thorough: bool = Fal
                 def variant(mistake, done=done):
                     return _replay(tokens, params, cfg, batch, s_max, done, mistake)[0][-1]
 
-                c.expect_tensor(got, full[:, s:e], what=what, dims=("B", "T", "V"),
-                                wrong={m: (lambda m=m: variant(_FORWARD_MISTAKES[m]))
-                                       for m in _FORWARD_MISTAKES})
+                wrong = {m: (lambda m=m: variant(_FORWARD_MISTAKES[m])) for m in _FORWARD_MISTAKES}
+                wrong[LAST_ONLY] = full[:, e - 1:e]
+                c.expect_tensor(got, full[:, s:e], what=what, dims=("B", "T", "V"), wrong=wrong)
                 # What the call left in the cache: K after RoPE and V, positions 0 .. e-1.
                 for layer in range(cfg.n_layers):
                     for i, name in ((0, "K"), (1, "V")):
@@ -375,11 +375,11 @@ def check_generate(f, *, seed: int | None = None, thorough: bool = False) -> Non
     from .nb13_cache import _no_reference
     from .nb13_generate import (_check_sampling, _check_steps, _check_uncached_calls,
                                 _counting_params, _generate_mixups, _Recorder, _scenario)
-    from .nb13_mistakes import FORWARD_FOR_NOTHING, PROMPT_CHANGED
+    from .nb13_mistakes import DECODE_IDS_1D, FORWARD_FOR_NOTHING, PROMPT_CHANGED
 
     earlier = {"KVCache": check_KVCache, "forward_with_cache": check_forward_with_cache}
-    with builds_on("generate", earlier), \
-            Check("generate", f, seed=seed, in_place=PROMPT_CHANGED) as c:
+    with builds_on("generate", earlier), Check(
+            "generate", f, seed=seed, errors=[DECODE_IDS_1D], in_place=PROMPT_CHANGED) as c:
         _no_reference(c, gen.generate)
         batch, p = c.sizes(2, 2, 5)
         trials = [("gqa", batch, p + 2, c.randint(5, 8)), ("mqa", 1, c.randint(2, 6),
@@ -506,6 +506,9 @@ def check_arithmetic_intensity(f, *, seed: int | None = None, thorough: bool = F
             got = c.call(flops, nbytes)
             want = flops / nbytes
             what = f"arithmetic_intensity(flops={flops}, num_bytes={nbytes})"
+            if isinstance(got, torch.Tensor):      # a number, but in a tensor
+                c.fail(_("{what} is {got} of type {kind}; expected a float.").format(
+                    what=what, got=repr(got), kind=type(got).__name__), NOT_A_FLOAT)
             if not isinstance(got, numbers.Real) or isinstance(got, bool) or \
                     not math.isclose(float(got), want, rel_tol=1e-9):
                 hint = c.diagnose(got, intensity_mixups(flops, nbytes), 0.0, 0.0)

@@ -18,7 +18,15 @@ from .config import ModelConfig
 from .engine import Check, CheckFailure, LearnerError
 from .i18n import N_, _
 from .nb13 import _numbers_held, _storages
-from .nb13_mistakes import *  # noqa: F403 (the mistakes these internals name)
+from .nb13_mistakes import (AT_ZERO, CFG_MAX_LEN, COPY, DTYPE_IGNORED, IGNORED_CACHE,
+                            KV_SHARE_BUFFER, K_ONLY, NEW_ONLY, NOT_HEADS_FIRST, NOT_PREALLOCATED,
+                            NO_MASK, NO_OFFSET, NO_UPDATE_METHOD, OFFSET_PLUS_ONE, ONE_LAYER,
+                            ONE_SHORT, OWN_COUNTER, POSITIONS_PLUS_ONE, REALLOCATED,
+                            REPEATED_HEADS, REPEATED_HEADS_ALLOC, RETURNS_REPEATED, SCALE_BY_H,
+                            SHARED_BUFFER, SHARED_COUNTER, SQUARE_ALL, SQUARE_EITHER, SQUARE_NEW,
+                            SUBCLASSES_REFERENCE, SWAPPED, TOP_LEFT, UNROTATED_RECOMPUTED,
+                            UNROTATED_STORED, UPDATE_START, UP_TO_START, V_NOT_WRITTEN,
+                            WHOLE_BUFFER)
 from .reference import generation as gen
 
 FORWARD_HINT = N_("this exercise asks you to write the cached forward pass yourself from the "
@@ -368,8 +376,9 @@ class _RecordingCache(gen.KVCache):
                      "{n_kv}.").format(call=f"cache.update(layer_idx={layer_idx}, ...)",
                                        heads=heads, n_kv=cfg.n_kv_heads,
                                        shapes=f"k {list(k.shape)}, v {list(v.shape)}"),
-                   REPEATED_HEADS if heads == cfg.n_heads else
-                   NOT_HEADS_FIRST)
+                   NOT_HEADS_FIRST if k.shape[1] == t and k.dim() == 4 and
+                   k.shape[2] == cfg.n_kv_heads else     # [B, T, N_kv, D_h]
+                   REPEATED_HEADS if heads == cfg.n_heads else NOT_HEADS_FIRST)
         if tuple(k.shape) != tuple(v.shape) or k.shape[2] != t or k.shape[3] != cfg.head_dim:
             c.fail(_("{call} got k {k} and v {v}; expected [B, N_kv, T, D_h] with T={t}, the "
                      "new tokens.").format(call=f"cache.update(layer_idx={layer_idx}, ...)",

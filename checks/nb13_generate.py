@@ -14,7 +14,11 @@ from .engine import Check
 from .i18n import _
 from .nb13 import _CountingTable
 from .nb13_cache import _FORWARD_MISTAKES, _cfg, _params, _sim_forward
-from .nb13_mistakes import *  # noqa: F403 (the mistakes these internals name)
+from .nb13_mistakes import (EMBED_NOT_SEEN, FIRST_POSITION, GENERATOR_IGNORED, IGNORED_CACHE,
+                            NEW_TOKENS_ONLY, NOT_ADVANCED, NO_OFFSET, ONE_TOO_FEW, ONE_TOO_MANY,
+                            PREFILL_BY_TOKEN, RECOMPUTED, SKIPPED_SLOT, TEMPERATURE_IGNORED,
+                            TOP_LEFT, UNCACHED_USES_CACHE, UNROTATED_STORED, WASTED_FORWARD,
+                            WASTED_FORWARD_UNCACHED)
 from .reference import generation as gen
 
 

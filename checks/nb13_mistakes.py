@@ -133,6 +133,9 @@ POSITIONS_PLUS_ONE = Mistake("positions_one_too_far", N_(
     "counted from 1): attention sees only differences of positions, so the logits hide it, but "
     "the cache holds every key rotated by the wrong position; positions = "
     "torch.arange(start_pos, start_pos + T)"))
+LAST_ONLY = Mistake("returns_last_position_only", N_(
+    "returned the logits of the last position only ([B, 1, V]): forward_with_cache returns the "
+    "logits of all T new tokens, [B, T, V]; generate picks the last one itself"))
 SCALE_BY_H = Mistake("scaled_by_sqrt_h", N_(
     "scaled the scores by 1/sqrt(H) = 1/sqrt(N_h * D_h), the width of all heads together; each "
     "head scales its scores by 1/sqrt(D_h), its own width (cfg.head_dim)"))
@@ -171,6 +174,11 @@ UNCACHED_USES_CACHE = Mistake("uncached_path_uses_the_cache", N_(
     "with use_cache=False it still used the cache (fed only the newest token at each step): "
     "without the cache, every step runs the model over the whole sequence so far (P, P + 1, ..., "
     "P + n - 1 tokens per sequence), the slow path the cache is measured against"))
+DECODE_IDS_1D = Mistake("decode_tokens_without_sequence_axis", N_(
+    "fed a decode step's new tokens as [B] (tokens[:, -1]), without the sequence axis: "
+    "forward_with_cache takes token_ids [B, T], so a decode step feeds tokens[:, -1:], [B, 1]"),
+    raises=[("IndexError", r"tuple index out of range"),
+            ("ValueError", r"not enough values to unpack \(expected 2, got 1\)")])
 PREFILL_BY_TOKEN = Mistake("prefill_one_token_at_a_time", N_(
     "pushed the prompt through one token at a time: prefill runs the whole prompt in one call, "
     "forward_with_cache(prompt_ids, ..., start_pos=0)"))

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import os
 import sys
-import warnings
-from pathlib import Path
 
 import pytest
 
@@ -35,63 +33,9 @@ def pytest_configure(config):
 
 _LOAD_AT_START: float | None = None
 
-# Markers (registered in pyproject.toml, with --strict-markers), so that `make test-fast`
-# (-m "not slow and not grader_workers") can leave these tests out. A test file may mark its own
-# (`pytestmark`, `@pytest.mark.slow`); these tables mark the rest, by path under tests/ (None: the
-# whole module; else the tests of that name: a name that is gone is a warning).
-SLOW = {
-    "course/test_browser.py": None,                 # JupyterLab and Chromium
-    "course/test_nbgrader_roundtrip.py": None,      # nbgrader's command line, for real
-    "course/test_release_notebooks_run.py": None,   # every learner notebook executed
-    "tools/test_release.py": None,                  # nbgrader regenerates the release
-    "smollm/test_oracle_smollm.py": None,           # the real model, twice (ours and HF's)
-    "core/test_threads.py": None,                   # notebook kernels and fresh interpreters
-    "core/test_fonts.py": {                         # a fresh machine's empty matplotlib cache
-        "test_chapter_01s_first_figure_is_silent_with_an_empty_matplotlib_cache",
-        "test_without_the_bold_stand_in_the_fresh_machine_warns"},
-    "core/test_timing.py": {                        # the command line, tiny and on the real model
-        "test_headless_command_runs_tiny", "test_headless_command_runs_the_real_model",
-        "test_command_refuses_cuda_without_a_gpu"},
-    "tools/test_benchmark.py": {"test_quick_benchmark_runs_every_section"},
-}
-# The tests that start the grader's workers, or look at every worker process on the machine.
-GRADER_WORKERS = {
-    "grader/test_grading.py": {
-        "test_solution_gets_full_marks_and_stays_untouched",
-        "test_fresh_release_scores_zero_not_started",
-        "test_tampered_tests_are_restored_and_sys_exit_costs_only_its_exercise",
-        "test_a_cell_that_kills_the_worker_costs_only_its_exercise",
-        "test_the_notebook_budget_ends_a_notebook_of_slow_cells",
-        "test_memory_limit_counts_memory_used_not_address_space",
-        "test_a_fault_costs_only_its_exercise_and_those_that_call_it",
-        "test_a_fault_in_a_chinese_submission_costs_the_same_and_reads_in_chinese"},
-    "grader/test_cli.py": {
-        "test_grade_a_class_folder_past_a_hanging_and_a_broken_submission",
-        "test_a_changed_file_stops_grading_with_an_incident_report",
-        "test_a_killed_grading_process_costs_nothing"},
-    "tools/test_benchmark.py": {"test_quick_benchmark_runs_every_section"},
-}
-TESTS = Path(__file__).parent
-
-
-@pytest.hookimpl(tryfirst=True)  # before -m reads the markers
-def pytest_collection_modifyitems(config, items):
-    for marker, table in (("slow", SLOW), ("grader_workers", GRADER_WORKERS)):
-        modules = {}
-        for item in items:
-            where = Path(str(item.path)).relative_to(TESTS).as_posix() \
-                if Path(str(item.path)).is_relative_to(TESTS) else None
-            if where in table:
-                modules[where] = item.module
-                names = table[where]
-                if names is None or getattr(item, "originalname", item.name) in names:
-                    item.add_marker(marker)
-        for where, module in modules.items():
-            gone = sorted(name for name in table[where] or () if not hasattr(module, name))
-            if gone:   # said, not fatal: the file's owner may be renaming it right now
-                warnings.warn(pytest.PytestConfigWarning(
-                    f"tests/conftest.py marks {where}::{gone[0]} {marker}: there is no such "
-                    "test (rename it there, or mark the test in its own file)"))
+# Markers (registered in pyproject.toml, with --strict-markers) live in the test files themselves
+# (`pytestmark = pytest.mark.slow`, `@pytest.mark.grader_workers`), so that a renamed test keeps
+# its marker; `make test-fast` (-m "not slow and not grader_workers") leaves both out.
 
 
 # pytest-xdist (`make test` runs `-n 2 --dist loadfile`: each test module runs whole in one

@@ -17,6 +17,7 @@ import torch
 
 from ..config import ModelConfig
 from ..context import CACHE_ENV
+from ..i18n import _
 from .conversion import CACHE_FORMAT, convert
 from .file import fingerprint, model_file, reading, tokenizer_fields, verified_fingerprint
 
@@ -101,6 +102,9 @@ def _payload(path: Path | None = None, *, write: bool = True) -> tuple[dict, boo
     key = (str(path), sha)
     if key in _IN_MEMORY:
         return _IN_MEMORY[key], False
+    # The one slow step a learner meets without a word otherwise (about 15 s, once per machine)
+    print(_("Converting SmolLM2's model file into the course's layout (about 15 s, once) ..."),
+          flush=True)
     payload = {**convert(path), "source_sha256": sha, "source_size": size}
     if write:
         for folder in cache_dirs():

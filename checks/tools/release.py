@@ -41,6 +41,15 @@ a warning while some chapters have none yet (those chapters are released with En
 The .zh.json files never reach a release folder (they are left out of the temporary course, and
 nbgrader_config.py's CourseDirectory.ignore leaves them out of an instructor's own runs).
 
+Other languages work the same way: each row of the table of languages (checks/i18n.py's
+LANGUAGES) names its release folder, its translation files' suffix and the lines that end its
+first code cell; `python -m checks.tools.translate NN --lang CODE` writes and refreshes a
+chapter's file with the hashes.
+
+Maintainer notes (MAINTAINER_NOTE: the test cells' "# bound afresh ..." comments) are dropped from
+every release's code cells before nbgrader runs, so a learner never reads them and the locked
+cells' checksums are those of the released text.
+
 Tests use `generate_release(folder, lang=...)` to build a release somewhere else,
 `out_of_date()` to compare two releases and `translation_status()` for the translations.
 """
@@ -60,36 +69,40 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from checks import i18n
+
 ROOT = Path(__file__).resolve().parents[2]
 SOLUTIONS = ROOT / "solutions"
-NOTEBOOKS = ROOT / "notebooks"
-NOTEBOOKS_ZH = ROOT / "notebooks-zh"
 CONFIG = ROOT / "nbgrader_config.py"
-#: The releases: language -> the folder it is committed in.
-RELEASES = {"en": NOTEBOOKS, "zh": NOTEBOOKS_ZH}
-#: A chapter's translation lies beside its notebook: solutions/NN_slug/NN_slug.zh.json.
-TRANSLATION_SUFFIX = ".zh.json"
+#: The languages, their release folders and translation files: checks/i18n.py's LANGUAGES.
+#: The names below are the English and Chinese rows, kept for callers and tests.
+NOTEBOOKS = i18n.get_language("en").release_dir
+NOTEBOOKS_ZH = i18n.get_language("zh").release_dir
+RELEASES = {code: lang.release_dir for code, lang in i18n.LANGUAGES.items()}
+#: A chapter's Chinese lies beside its notebook: solutions/NN_slug/NN_slug.zh.json.
+TRANSLATION_SUFFIX = i18n.get_language("zh").translation_suffix
 #: The install cell (first in every notebook): the language lines go into the code cell after it.
 INSTALL_CELL = "install-course"
-#: What ends a Chinese notebook's first code cell (its imports): checks.i18n reads the variable
-#: whenever it shows a message; the course's CJK font labels the figures in Chinese.
-LANG_LINES = ('\n\n# 中文版：检查结果用中文显示（想看英文，先把 LLAMA_COURSE_LANG 设为 "en"）。\n'
-              '# 图中的中文用课程自带的字体；它排在字体列表首位，公式标签（$...$）里的中文也能显示。\n'
-              'import os\n'
-              '\n'
-              'import matplotlib\n'
-              'from checks.figures import use_cjk_font\n'
-              '\n'
-              'os.environ.setdefault("LLAMA_COURSE_LANG", "zh")\n'
-              'cjk_font = use_cjk_font()\n'
-              'if cjk_font:\n'
-              '    matplotlib.rcParams["font.family"] = [cjk_font, *matplotlib.rcParams["font.family"]]')
+#: What ends a Chinese notebook's first code cell (see checks/i18n.py's LANGUAGES).
+LANG_LINES = i18n.get_language("zh").notebook_lines
+#: Maintainer notes in the source's code cells that a learner never reads: a comment from its
+#: `#` to the end of the line (the test cells' "bound afresh" reminder that the check is imported
+#: again so that a redefinition above does not count). The release drops them.
+MAINTAINER_NOTE = re.compile(r"[ \t]*# bound afresh\b[^\n]*")
 #: A chapter folder: two digits, an underscore, a lower-case slug (`01_notation`).
 CHAPTER_RE = re.compile(r"^[0-9]{2}_[a-z0-9_]+$")
 #: Editor and interpreter droppings that are never part of a chapter.
 JUNK = (".ipynb_checkpoints", "__pycache__", "*.pyc", ".DS_Store")
-#: What is copied from a chapter folder into the temporary course: no junk, no translations.
-NOT_RELEASED = (*JUNK, "*" + TRANSLATION_SUFFIX)
+
+
+def not_released() -> tuple[str, ...]:
+    """What is never copied from a chapter folder into the temporary course: junk, and the
+    translation file of every language."""
+    return (*JUNK, *("*" + lang.translation_suffix for lang in i18n.translated_languages()))
+
+
+#: The same, for the languages known at import (callers that want a constant).
+NOT_RELEASED = not_released()
 
 
 class ReleaseError(RuntimeError):
@@ -236,12 +249,21 @@ def source_hash(cell) -> str:
     return hashlib.sha256(cell_source(cell).encode("utf-8")).hexdigest()
 
 
-def translation_path(chapter_dir: Path) -> Path:
+def translation_path(chapter_dir: Path, lang: str = "zh") -> Path:
+    """The translation file of a chapter into `lang`: solutions/NN_slug/NN_slug<suffix>."""
     chapter_dir = Path(chapter_dir)
-    return chapter_dir / f"{chapter_dir.name}{TRANSLATION_SUFFIX}"
+    suffix = i18n.get_language(lang).translation_suffix
+    if suffix is None:
+        raise ReleaseError(f"{lang} is the source language: it has no translation files")
+    return chapter_dir / f"{chapter_dir.name}{suffix}"
 
 
-def read_translation(path: Path) -> dict[str, dict]:
+def strip_maintainer_notes(source: str) -> str:
+    """`source` without the maintainer notes (MAINTAINER_NOTE) a learner never reads."""
+    return MAINTAINER_NOTE.sub("", source)
+
+
+def read_translation(path: Path, lang: str = "zh") -> dict[str, dict]:
     """The cells of a translation file ({cell id: entry}); ReleaseError, in one line, when the
     file is not in the fixed format."""
     try:
@@ -249,8 +271,8 @@ def read_translation(path: Path) -> dict[str, dict]:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ReleaseError(f"{path}: not a readable JSON file ({exc})") from None
     cells = data.get("cells") if isinstance(data, dict) else None
-    if not isinstance(cells, dict) or data.get("language") != "zh":
-        raise ReleaseError(f'{path}: expected {{"language": "zh", "source": ..., '
+    if not isinstance(cells, dict) or data.get("language") != lang:
+        raise ReleaseError(f'{path}: expected {{"language": "{lang}", "source": ..., '
                            '"cells": {...}}')
     for cell_id, entry in cells.items():
         ok = isinstance(entry, dict) and isinstance(entry.get("sha256"), str) and (
@@ -301,7 +323,9 @@ def translate_notebook(nb: dict, cells: dict[str, dict], chapter: str
         if entry["sha256"] != source_hash(cell):
             problem("stale")
         elif cell["cell_type"] == "markdown":
-            if "text" in entry:
+            if "text" in entry and not entry["text"].strip():
+                problem("missing")  # written by checks.tools.translate, not yet filled in
+            elif "text" in entry:
                 cell["source"] = entry["text"]
             else:
                 problem("malformed", 'a markdown cell needs "text"')
@@ -320,13 +344,15 @@ def translate_notebook(nb: dict, cells: dict[str, dict], chapter: str
     return nb, problems
 
 
-def mark_chinese(nb: dict) -> dict:
+def mark_language(nb: dict, lang: str) -> dict:
     """Set the notebook's language (metadata.course.lang) and end its first code cell after the
-    install cell (its imports; neither an answer nor a test) with the language lines."""
-    nb["metadata"].setdefault("course", {})["lang"] = "zh"
+    install cell (its imports; neither an answer nor a test) with the language's lines
+    (checks/i18n.py's LANGUAGES)."""
+    nb["metadata"].setdefault("course", {})["lang"] = lang
+    lines = i18n.get_language(lang).notebook_lines
     for cell in nb["cells"]:
         if cell["cell_type"] == "code" and cell.get("id") != INSTALL_CELL and not _graded(cell):
-            cell["source"] = cell_source(cell).rstrip("\n") + LANG_LINES
+            cell["source"] = cell_source(cell).rstrip("\n") + lines
             break
     else:
         raise ReleaseError(f"{nb['metadata']['course'].get('chapter', 'a notebook')}: no code "
@@ -334,9 +360,15 @@ def mark_chinese(nb: dict) -> dict:
     return nb
 
 
-def _chapter_translation(chapter_dir: Path) -> tuple[dict, list[TranslationProblem]] | None:
-    """(Chinese notebook, problems) of one chapter folder; None while it has no translation."""
-    path = translation_path(chapter_dir)
+def mark_chinese(nb: dict) -> dict:
+    """mark_language(nb, "zh")."""
+    return mark_language(nb, "zh")
+
+
+def _chapter_translation(chapter_dir: Path, lang: str = "zh"
+                         ) -> tuple[dict, list[TranslationProblem]] | None:
+    """(translated notebook, problems) of one chapter folder; None while it has no translation."""
+    path = translation_path(chapter_dir, lang)
     if not path.is_file():
         return None
     notebook = chapter_dir / f"{chapter_dir.name}.ipynb"
@@ -344,14 +376,15 @@ def _chapter_translation(chapter_dir: Path) -> tuple[dict, list[TranslationProbl
         nb = json.loads(notebook.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ReleaseError(f"{notebook}: not a readable notebook ({exc})") from None
-    return translate_notebook(nb, read_translation(path), chapter_dir.name)
+    return translate_notebook(nb, read_translation(path, lang), chapter_dir.name)
 
 
-def translation_status(solutions: Path = SOLUTIONS) -> TranslationStatus:
-    """Every chapter's translation, checked against the English cells it translates."""
+def translation_status(solutions: Path = SOLUTIONS, lang: str = "zh") -> TranslationStatus:
+    """Every chapter's translation into `lang`, checked against the English cells it
+    translates."""
     status = TranslationStatus()
     for name in chapters(solutions):
-        found = _chapter_translation(Path(solutions) / name)
+        found = _chapter_translation(Path(solutions) / name, lang)
         if found is None:
             status.untranslated.append(name)
         else:
@@ -359,14 +392,34 @@ def translation_status(solutions: Path = SOLUTIONS) -> TranslationStatus:
     return status
 
 
-def _write_chinese_sources(course: Path, names: list[str], solutions: Path) -> None:
-    """Replace each copied chapter notebook of the temporary course by its Chinese version."""
+def _write_translated_sources(course: Path, names: list[str], solutions: Path,
+                              lang: str) -> None:
+    """Replace each copied chapter notebook of the temporary course by its version in `lang`."""
     for name in names:
-        found = _chapter_translation(Path(solutions) / name)
+        found = _chapter_translation(Path(solutions) / name, lang)
         target = course / "solutions" / name / f"{name}.ipynb"
         nb = json.loads(target.read_text(encoding="utf-8")) if found is None else found[0]
-        target.write_text(json.dumps(mark_chinese(nb), ensure_ascii=False, indent=1) + "\n",
-                          encoding="utf-8")
+        target.write_text(json.dumps(mark_language(nb, lang), ensure_ascii=False, indent=1)
+                          + "\n", encoding="utf-8")
+
+
+def _strip_notes(course: Path, names: list[str]) -> None:
+    """Drop the maintainer notes from the code cells of the temporary course's notebooks (before
+    nbgrader, so the checksums of locked cells are those of what the learner gets)."""
+    for name in names:
+        target = course / "solutions" / name / f"{name}.ipynb"
+        text = target.read_text(encoding="utf-8")
+        nb = json.loads(text)
+        changed = False
+        for cell in nb["cells"]:
+            if cell["cell_type"] == "code":
+                source = cell_source(cell)
+                stripped = strip_maintainer_notes(source)
+                if stripped != source:
+                    cell["source"], changed = stripped, True
+        if changed:
+            target.write_text(json.dumps(nb, ensure_ascii=False, indent=1) + "\n",
+                              encoding="utf-8")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -375,13 +428,16 @@ def _write_chinese_sources(course: Path, names: list[str], solutions: Path) -> N
 
 def generate_release(dest: Path, solutions: Path = SOLUTIONS, lang: str = "en") -> list[str]:
     """Generate the learner release of every chapter in `solutions` into `dest/NN_slug/`, in
-    `lang` ("en", or "zh": each notebook translated first, see the module's docstring).
+    `lang` (a row of checks/i18n.py's LANGUAGES: "en", the source; "zh" or another: each
+    notebook translated first, see the module's docstring). Maintainer notes are dropped
+    (MAINTAINER_NOTE).
 
     `dest` is created if needed; chapter folders already in it are replaced, nothing else in it is
     touched. Returns the chapter names. nbgrader itself only ever writes inside a temporary course.
     """
-    if lang not in RELEASES:
-        raise ReleaseError(f"no release in language {lang!r} (one of {', '.join(RELEASES)})")
+    if lang not in i18n.LANGUAGES:
+        raise ReleaseError(f"no release in language {lang!r} "
+                           f"(one of {', '.join(i18n.LANGUAGES)})")
     dest = Path(dest)
     names = chapters(solutions)
     dest.mkdir(parents=True, exist_ok=True)
@@ -393,9 +449,10 @@ def generate_release(dest: Path, solutions: Path = SOLUTIONS, lang: str = "en") 
         # The course layout (solutions/ -> notebooks/) comes from the repository's config.
         for name in names:
             shutil.copytree(Path(solutions) / name, course / "solutions" / name,
-                            ignore=shutil.ignore_patterns(*NOT_RELEASED))
-        if lang == "zh":
-            _write_chinese_sources(course, names, Path(solutions))
+                            ignore=shutil.ignore_patterns(*not_released()))
+        if not i18n.get_language(lang).is_source:
+            _write_translated_sources(course, names, Path(solutions), lang)
+        _strip_notes(course, names)
         # One call for all chapters: `*` is one assignment per chapter folder.
         run_nbgrader(course, "generate_assignment", "*", "--force")
         for name in names:
@@ -499,13 +556,15 @@ def _check(folders: dict[str, Path], solutions: Path) -> int:
     return 1 if failed else 0
 
 
-def _translation_errors(status: TranslationStatus) -> int:
+def _translation_errors(status: TranslationStatus, lang: str = "zh") -> int:
     """Print each translation that cannot ship (one line each); 1 if there is any."""
     for problem in status.errors:
         print(f"translation {problem}")
     if status.errors:
-        print(f"{len(status.errors)} translation(s) cannot ship: update the .zh.json files "
-              "(the sha256 is that of the English cell source; see checks/tools/release.py).")
+        suffix = i18n.get_language(lang).translation_suffix
+        print(f"{len(status.errors)} translation(s) cannot ship: update the {suffix} files "
+              "(`python -m checks.tools.translate NN` lists the stale cells and writes the "
+              "hashes; see checks/tools/release.py).")
     return 1 if status.errors else 0
 
 
@@ -517,7 +576,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true",
                         help="do not write; exit 1 if a release is out of date or a translation "
                              "is stale")
-    parser.add_argument("--lang", choices=[*RELEASES, "all"], default="all",
+    parser.add_argument("--lang", choices=[*i18n.LANGUAGES, "all"], default="all",
                         help="which release (default: all)")
     parser.add_argument("--solutions", type=Path, default=SOLUTIONS, metavar="DIR",
                         help="source folder (default: the repository's solutions/)")
@@ -526,20 +585,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--notebooks-zh", type=Path, default=NOTEBOOKS_ZH, metavar="DIR",
                         help="Chinese release folder (default: the repository's notebooks-zh/)")
     args = parser.parse_args(argv)
-    folders = {"en": args.notebooks, "zh": args.notebooks_zh}
+    folders = {code: lang.release_dir for code, lang in i18n.LANGUAGES.items()}
+    folders.update({"en": args.notebooks, "zh": args.notebooks_zh})
     if args.lang != "all":
         folders = {args.lang: folders[args.lang]}
     try:
-        status = translation_status(args.solutions) if "zh" in folders else TranslationStatus()
-        _report_translations(status)
+        statuses = {code: translation_status(args.solutions, code) for code in folders
+                    if not i18n.get_language(code).is_source}
+        for status in statuses.values():
+            _report_translations(status)
         if args.check:
-            return max(_check(folders, args.solutions), _translation_errors(status))
+            return max(_check(folders, args.solutions), _all_errors(statuses))
         for lang, folder in folders.items():
             _print_changes(os.path.relpath(folder), update(folder, args.solutions, lang=lang))
     except ReleaseError as exc:
         print(f"release failed: {exc}", file=sys.stderr)
         return 2
-    return _translation_errors(status)
+    return _all_errors(statuses)
+
+
+def _all_errors(statuses: dict[str, TranslationStatus]) -> int:
+    return max([0, *(_translation_errors(status, code) for code, status in statuses.items())])
 
 
 def _print_changes(rel: str, changes: dict[str, str]) -> None:

@@ -29,6 +29,7 @@ import pytest
 import torch
 
 from checks import nb04, nb05, nb06, nb11, nb13
+from checks.nb13_mistakes import NO_OFFSET
 from checks import reference as ref
 from checks.config import ModelConfig
 from checks.context import LANG_ENV
@@ -168,9 +169,8 @@ def attention(q, k, v, mask=None):                # own scores inline; transpose
     weights = masked_softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), mask)
     return weights.transpose(-2, -1) @ v, weights
 """)
-    text = str(failure_of(_check_attention_with_helpers(ns), ns["attention"]))
-    assert "attention_scores does not pass" not in text
-    assert "transposed weights (A^T V)" in text
+    failure = failure_of(_check_attention_with_helpers(ns), ns["attention"])
+    assert failure.mistake == "04.attention.transposed_weights_times_v"
 
 
 def test_chapter_04_blames_a_broken_helper_attention_calls():
@@ -179,9 +179,9 @@ def attention(q, k, v, mask=None):
     weights = masked_softmax(attention_scores(q, k), mask)
     return weights @ v, weights
 """)
-    text = str(failure_of(_check_attention_with_helpers(ns), ns["attention"]))
-    assert "your attention_scores does not pass its own check (forgot the scale" in text
-    assert "fix attention_scores first" in text
+    failure = failure_of(_check_attention_with_helpers(ns), ns["attention"])
+    assert failure.mistake == "04.attention.fix_attention_scores_first"
+    assert str(nb04.NO_SCALE) in str(failure.hint)  # the helper's own mistake, told
 
 
 _CH05 = """
@@ -208,9 +208,8 @@ def multi_head_attention(x, w_qkv, w_o, n_heads, mask=None):
 @pytest.mark.parametrize("exercise", ["split_qkv", "multi_head_attention"])
 def test_chapter_05_says_fix_split_heads_first(exercise):
     ns = learner(_CH05, attention=ref.attention)
-    text = str(failure_of(getattr(nb05, f"check_{exercise}"), ns[exercise]))
-    assert "your split_heads does not pass its own check" in text
-    assert f"{exercise} is built on it, so fix split_heads first" in text
+    failure = failure_of(getattr(nb05, f"check_{exercise}"), ns[exercise])
+    assert failure.mistake == f"05.{exercise}.fix_split_heads_first"
 
 
 _CH11_PIECES = dict(rms_norm=ref.rms_norm, split_qkv=ref.split_qkv, merge_heads=ref.merge_heads,
@@ -316,19 +315,17 @@ def generate(params, cfg, prompt_ids, max_new_tokens, *, use_cache=True, tempera
 def test_chapter_13_says_fix_forward_with_cache_first():
     ns = learner(_forward_with_cache("torch.arange(T)", "math.sqrt(cfg.head_dim)")
                  + _CH13_GENERATE_ONE_TOO_FAR, **_CH13_PIECES)
-    text = str(failure_of(nb13.check_generate, ns["generate"]))
-    assert "your forward_with_cache does not pass its own check (decode positions not " \
-           "offset" in text
-    assert "generate is built on it, so fix forward_with_cache first" in text
+    failure = failure_of(nb13.check_generate, ns["generate"])
+    assert failure.mistake == "13.generate.fix_forward_with_cache_first", str(failure)
+    assert str(NO_OFFSET) in str(failure)     # the helper's own problem, named
 
 
 def test_chapter_13_keeps_its_own_diagnosis_when_forward_with_cache_is_right():
     ns = learner(_forward_with_cache("torch.arange(start_pos, start_pos + T)",
                                      "math.sqrt(cfg.head_dim)")
                  + _CH13_GENERATE_ONE_TOO_FAR, **_CH13_PIECES)
-    text = str(failure_of(nb13.check_generate, ns["generate"]))
-    assert "start_pos one too far in the decode steps" in text
-    assert "does not pass its own check" not in text
+    failure = failure_of(nb13.check_generate, ns["generate"])
+    assert failure.mistake == "13.generate.start_pos_one_too_far", str(failure)
 
 
 # --------------------------------------------------------------------------------------------
@@ -430,8 +427,8 @@ def decoder_block(x, layer, cfg, positions):
 def test_chapter_13_names_the_scale_by_sqrt_h(seed):
     ns = learner(_forward_with_cache("torch.arange(start_pos, start_pos + T)",
                                      "math.sqrt(cfg.hidden_size)"), **_CH13_PIECES)
-    text = str(failure_of(nb13.check_forward_with_cache, ns["forward_with_cache"], seed))
-    assert "scaled the scores by 1/sqrt(H)" in text
+    failure = failure_of(nb13.check_forward_with_cache, ns["forward_with_cache"], seed)
+    assert failure.mistake == "13.forward_with_cache.scaled_by_sqrt_h", str(failure)
 
 
 def test_chapter_13_scores_by_hand_with_sqrt_d_h_pass():
@@ -452,9 +449,10 @@ def multi_head_attention(x, w_qkv, w_o, n_heads, mask=None):
     weights = masked_softmax(q @ k.transpose(-2, -1) / math.sqrt(h), mask)
     return merge_heads(weights @ v) @ w_o
 """, split_qkv=ref.split_qkv, merge_heads=ref.merge_heads, masked_softmax=ref.masked_softmax)
-    assert "sqrt(H)" in str(failure_of(nb04.check_attention_scores, ns["attention_scores"]))
-    assert "1/sqrt(H)" in str(failure_of(nb05.check_multi_head_attention,
-                                         ns["multi_head_attention"]))
+    assert failure_of(nb04.check_attention_scores, ns["attention_scores"]).mistake == \
+        "04.attention_scores.scaled_by_sqrt_h"
+    assert failure_of(nb05.check_multi_head_attention, ns["multi_head_attention"]).mistake == \
+        "05.multi_head_attention.scaled_by_sqrt_h"
 
 
 # --------------------------------------------------------------------------------------------

@@ -84,6 +84,11 @@ def _causal_ignores_k_len(q, k=None):
     return torch.tril(torch.ones(q, q, dtype=torch.bool))
 
 
+def _causal_shift_sign(q, k=None):
+    k = _k(q, k)
+    return torch.ones(q, k, dtype=torch.bool).tril(q - k)
+
+
 def _causal_transposed(q, k=None):
     return ref.causal_mask(q, k).T
 
@@ -168,56 +173,81 @@ def _additive_times_inf(mask, dtype=torch.float32):
 
 WRONG = {
     nb03.check_causal_mask: [
-        Wrong("top-left tril(ones(q, k))", _causal_top_left, "top-left aligned"),
-        Wrong("first rows of a square tril", _causal_sliced_square, "top-left aligned"),
-        Wrong("inverted triu(diagonal=1)", _causal_inverted, "inverted"),
-        Wrong("diagonal excluded", _causal_no_diagonal, "diagonal must be true"),
-        Wrong("one future key", _causal_one_ahead, "next, future key"),
-        Wrong("float mask", _causal_float, "a mask is boolean"),
-        Wrong("int mask", _causal_long, "a mask is boolean"),
-        Wrong("ignores k_len", _causal_ignores_k_len, "ignored k_len"),
-        Wrong("transposed", _causal_transposed, "transposed"),
+        Wrong("top-left tril(ones(q, k))", _causal_top_left, '03.causal_mask.top_left_aligned'),
+        Wrong("first rows of a square tril", _causal_sliced_square,
+              '03.causal_mask.top_left_aligned'),
+        Wrong("inverted triu(diagonal=1)", _causal_inverted, '03.causal_mask.inverted'),
+        Wrong("diagonal excluded", _causal_no_diagonal, '03.causal_mask.diagonal_excluded'),
+        Wrong("one future key", _causal_one_ahead, '03.causal_mask.sees_one_future_key'),
+        Wrong("float mask", _causal_float, '03.causal_mask.not_bool'),
+        Wrong("int mask", _causal_long, '03.causal_mask.not_bool'),
+        Wrong("ignores k_len", _causal_ignores_k_len, '03.causal_mask.ignored_k_len'),
+        Wrong("transposed", _causal_transposed, '03.causal_mask.transposed'),
+        Wrong("squeezed", lambda q, k=None: ref.causal_mask(q, k).squeeze(),
+              '03.causal_mask.squeezed_query_axis'),
+        Wrong("diagonal shifted by q - k", _causal_shift_sign,
+              '03.causal_mask.diagonal_shifted_wrong_way'),
+        Wrong("k_len without a default", lambda q, k: ref.causal_mask(q, k),
+              '03.causal_mask.k_len_without_default'),
     ],
     nb03.check_bidirectional_mask: [
-        Wrong("causal", _bi_causal, "returned a causal mask"),
-        Wrong("float ones", _bi_float, "a mask is boolean"),
-        Wrong("ignores k_len", _bi_ignores_k_len, "ignored k_len"),
-        Wrong("all False", _bi_zeros, "inverted"),
-        Wrong("transposed", _bi_transposed, "transposed"),
+        Wrong("causal", _bi_causal, '03.bidirectional_mask.returned_causal'),
+        Wrong("float ones", _bi_float, '03.bidirectional_mask.not_bool'),
+        Wrong("ignores k_len", _bi_ignores_k_len, '03.bidirectional_mask.ignored_k_len'),
+        Wrong("k_len without a default", lambda q, k: torch.ones(q, k, dtype=torch.bool),
+              '03.bidirectional_mask.k_len_without_default'),
+        Wrong("all False", _bi_zeros, '03.bidirectional_mask.inverted'),
+        Wrong("squeezed", lambda q, k=None: torch.ones(q, _k(q, k), dtype=torch.bool).squeeze(),
+              '03.bidirectional_mask.squeezed_query_axis'),
+        Wrong("transposed", _bi_transposed, '03.bidirectional_mask.transposed'),
     ],
     nb03.check_padding_mask: [
-        Wrong("[B, S]", lambda am: am, "returned [b, s]"),
+        Wrong("[B, S]", lambda am: am, '03.padding_mask.returned_b_s'),
         Wrong("[B, 1, S, 1] masks queries", lambda am: am[:, None, :, None],
-              "masked queries instead of keys"),
-        Wrong("inverted", lambda am: ~am[:, None, None, :], "inverted"),
+              '03.padding_mask.masked_queries'),
+        Wrong("inverted", lambda am: ~am[:, None, None, :], '03.padding_mask.inverted'),
         Wrong("queries and keys [B, 1, S, S]",
               lambda am: am[:, None, :, None] & am[:, None, None, :],
-              "masked padded queries as well as keys"),
-        Wrong("float", lambda am: am.float()[:, None, None, :], "a mask is boolean"),
-        Wrong("[B, 1, S]", lambda am: am.unsqueeze(1), "added only one axis"),
-        Wrong("[B, S, 1, 1]", lambda am: am[..., None, None], "wrong axis"),
+              '03.padding_mask.masked_queries_and_keys'),
+        Wrong("float", lambda am: am.float()[:, None, None, :], '03.padding_mask.not_bool'),
+        Wrong("[B, 1, S]", lambda am: am.unsqueeze(1), '03.padding_mask.added_one_axis'),
+        Wrong("expanded over the queries",
+              lambda am: am[:, None, None, :].expand(-1, 1, am.shape[1], -1),
+              '03.padding_mask.expanded_over_queries'),
+        Wrong("unsqueeze_ in place", lambda am: am.unsqueeze_(1).unsqueeze_(1),
+              '03.padding_mask.changed_attention_mask'),
+        Wrong("[B, S, 1, 1]", lambda am: am[..., None, None],
+              '03.padding_mask.sequence_on_wrong_axis'),
     ],
     nb03.check_combine_masks: [
-        Wrong("OR", _combine_or, "combined with or"),
-        Wrong("first mask only", lambda *masks: masks[0], "kept only the first mask"),
-        Wrong("last mask only", lambda *masks: masks[-1], "kept only the last mask"),
-        Wrong("two masks only", lambda a, b: a & b, "any number of masks"),
-        Wrong("float product", _combine_float_product, "a mask is boolean"),
-        Wrong("in place &=", _combine_in_place, "in place"),
-        Wrong("&= into a copy", _combine_in_place_clone, "must broadcast"),
-        Wrong("stack without broadcasting", _combine_stack, "must broadcast"),
+        Wrong("OR", _combine_or, '03.combine_masks.combined_with_or'),
+        Wrong("first mask only", lambda *masks: masks[0], '03.combine_masks.first_mask_only'),
+        Wrong("last mask only", lambda *masks: masks[-1], '03.combine_masks.last_mask_only'),
+        Wrong("two masks only", lambda a, b: a & b, '03.combine_masks.fixed_number_of_masks'),
+        Wrong("float product", _combine_float_product, '03.combine_masks.not_bool'),
+        Wrong("in place &=", _combine_in_place, '03.combine_masks.changed_input_mask'),
+        Wrong("&= into a copy", _combine_in_place_clone, '03.combine_masks.masks_not_broadcast'),
+        Wrong("first two masks only", lambda *masks: masks[0] & masks[1] if len(masks) > 1
+              else masks[0], '03.combine_masks.first_two_masks_only'),
+        Wrong("Python's and", lambda *masks: functools.reduce(lambda a, b: a and b, masks),
+              '03.combine_masks.python_and'),
+        Wrong("stack without broadcasting", _combine_stack, '03.combine_masks.masks_not_broadcast'),
     ],
     nb03.check_to_additive_mask: [
-        Wrong("-1e9", _additive_finite(-1e9), "large finite number"),
-        Wrong("finfo.min", _additive_finfo_min, "large finite number"),
-        Wrong("BERT-style (1 - mask) * -10000", _additive_bert_style, "large finite number"),
-        Wrong("inverted signs", _additive_inverted, "inverted signs"),
-        Wrong("dtype ignored", _additive_ignores_dtype, "ignored the `dtype` argument"),
-        Wrong("(1 - mask) * -inf", _additive_times_inf, "0 * -inf is nan"),
-        Wrong("0/1 numbers", lambda mask, dtype=torch.float32: mask.to(dtype), "0/1 numbers"),
+        Wrong("-1e9", _additive_finite(-1e9), '03.to_additive_mask.large_finite_number'),
+        Wrong("finfo.min", _additive_finfo_min, '03.to_additive_mask.large_finite_number'),
+        Wrong("BERT-style (1 - mask) * -10000", _additive_bert_style,
+              '03.to_additive_mask.large_finite_number'),
+        Wrong("inverted signs", _additive_inverted, '03.to_additive_mask.inverted_signs'),
+        Wrong("always float64", lambda mask, dtype=torch.float32: ref.to_additive_mask(
+            mask, torch.float64), '03.to_additive_mask.wrong_dtype'),
+        Wrong("dtype ignored", _additive_ignores_dtype, '03.to_additive_mask.ignored_dtype'),
+        Wrong("(1 - mask) * -inf", _additive_times_inf, '03.to_additive_mask.multiplied_by_inf'),
+        Wrong("0/1 numbers", lambda mask, dtype=torch.float32: mask.to(dtype),
+              '03.to_additive_mask.returned_0_1_numbers'),
         Wrong("boolean returned", lambda mask, dtype=torch.float32: mask.clone(),
-              "returned a boolean mask"),
-        Wrong("+inf", _additive_finite(float("inf")), "+inf instead of -inf"),
+              '03.to_additive_mask.returned_bool'),
+        Wrong("+inf", _additive_finite(float("inf")), '03.to_additive_mask.plus_inf'),
     ],
 }
 
@@ -229,10 +259,8 @@ def test_top_left_decode_step_is_explained():
     """The decode case alone (square masks agree) must still name the alignment."""
     def square_only_right(q, k=None):
         return ref.causal_mask(q, k) if k is None or k == q else _causal_top_left(q, k)
-    failure = assert_rejects(nb03.check_causal_mask,
-                             Wrong("top-left only when q != k", square_only_right, "top-left"),
-                             seed=0)
-    assert "k_len - q_len + i" in str(failure)
+    assert_rejects(nb03.check_causal_mask, Wrong("top-left only when q != k", square_only_right,
+                                                 "03.causal_mask.top_left_aligned"), seed=0)
 
 
 def test_chapter_03_reads_in_chinese(monkeypatch):

@@ -145,8 +145,10 @@ def test_sdpa_is_rejected(name):
 def test_forbidden_call_is_diagnosed_with_a_hint():
     with pytest.raises(ForbiddenCall) as info:
         nb04.check_masked_softmax(FORBIDDEN_SOFTMAX["torch.softmax"], seed=0)
-    assert "subtract each row's max" in str(info.value)
-    assert "softmax" in str(info.value)
+    assert info.value.mistake == "04.masked_softmax.calls_library_softmax"
+    with pytest.raises(ForbiddenCall) as info:
+        nb04.check_attention(FORBIDDEN_ATTENTION["F.scaled_dot_product_attention"], seed=0)
+    assert info.value.mistake == "04.attention.calls_library_attention"
 
 
 # --------------------------------------------------------------------------------------------
@@ -243,102 +245,177 @@ def _attention_with(scores_fn=None, softmax=good_masked_softmax, combine=None, p
     return attention
 
 
+def _softmax_subtracts_max_in_place(scores, mask=None):
+    scores -= scores.amax(-1, keepdim=True).nan_to_num(0.0, neginf=0.0)
+    return good_masked_softmax(scores, mask)
+
+
+def _scores_scaled_in_place(q, k):
+    q /= math.sqrt(q.shape[-1])
+    return q @ k.transpose(-2, -1)
+
+
+def _in_float32(fn):
+    """The learner's function computed in float32 whatever the inputs' dtype."""
+    def cast(*args):
+        return fn(*(a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+                    for a in args))
+    return cast
+
+
+def _int_sqrt(q):
+    return int(math.sqrt(q.shape[-1]))
+
+
+def _sqrt_h(q):
+    return math.sqrt(q.shape[-1] * (q.shape[-3] if q.dim() == 4 else 1))
+
+
+def _attention_scaled_by_sqrt_dv(q, k, v, mask=None):
+    weights = good_masked_softmax(q @ k.transpose(-2, -1) / math.sqrt(v.shape[-1]), mask)
+    return weights @ v, weights
+
+
+def _attention_scales_q_in_place(q, k, v, mask=None):
+    q.mul_(q.shape[-1] ** -0.5)
+    weights = good_masked_softmax(q @ k.transpose(-2, -1), mask)
+    return weights @ v, weights
+
+
 WRONG = {
     "project_qkv": [
         Wrong("weights transposed (F.linear)",
               lambda x, wq, wk, wv: (F.linear(x, wq), F.linear(x, wk), F.linear(x, wv)),
-              "x @ W"),
+              "04.project_qkv.applied_weights_transposed"),
         Wrong("order (q, v, k)", lambda x, wq, wk, wv: (x @ wq, x @ wv, x @ wk),
-              "k computed with w_v"),
+              "04.project_qkv.used_another_weight"),
         Wrong("w_q everywhere", lambda x, wq, wk, wv: (x @ wq, x @ wq, x @ wq),
-              "k computed with w_q"),
+              "04.project_qkv.used_another_weight"),
         Wrong("stacked tensor", lambda x, wq, wk, wv: torch.stack([x @ wq, x @ wk, x @ wv]),
-              "return the tuple"),
+              "04.project_qkv.returned_one_tensor"),
         Wrong("in-place scaling of x", lambda x, wq, wk, wv: (x.mul_(1.0) @ wq,
                                                               x.add_(1.0) @ wk, x @ wv),
-              "in place"),
+              "04.project_qkv.modified_input_in_place"),
+        # issue 28: a batch of one was never tried
+        Wrong("x.squeeze(0)", lambda x, wq, wk, wv: tuple(x.squeeze(0) @ w for w in (wq, wk, wv)),
+              "04.project_qkv.dropped_axis_of_one"),
+        Wrong("computed in float32", _in_float32(lambda x, wq, wk, wv: (x @ wq, x @ wk, x @ wv)),
+              "04.project_qkv.changed_dtype"),
     ],
     "attention_scores": [
-        Wrong("no scale", lambda q, k: q @ k.transpose(-2, -1), "forgot the scale"),
-        Wrong("divided by D", _scores_div(lambda q: q.shape[-1]), "divided by D instead"),
-        Wrong("scaled by sqrt(H)", _scores_div(
-            lambda q: math.sqrt(q.shape[-1] * (q.shape[-3] if q.dim() == 4 else 1))),
-            "sqrt(H)"),
+        Wrong("no scale", lambda q, k: q @ k.transpose(-2, -1),
+              "04.attention_scores.missing_scale"),
+        Wrong("divided by D", _scores_div(lambda q: q.shape[-1]),
+              "04.attention_scores.divided_by_d"),
+        Wrong("scaled by sqrt(H)", _scores_div(_sqrt_h), "04.attention_scores.scaled_by_sqrt_h"),
         Wrong("scaled by sqrt(S)", _scores_div(lambda q: math.sqrt(q.shape[-2])),
-              "sequence length"),
+              "04.attention_scores.scaled_by_sqrt_seq_len"),
         Wrong("multiplied by sqrt(D)", lambda q, k: q @ k.transpose(-2, -1) * q.shape[-1] ** 0.5,
-              "multiplied by sqrt(D)"),
+              "04.attention_scores.multiplied_by_sqrt_d"),
         Wrong("K Q^T", lambda q, k: k @ q.transpose(-2, -1) / math.sqrt(q.shape[-1]),
-              "Q and K swapped"),
+              "04.attention_scores.q_k_swapped"),
         Wrong("Q^T K", lambda q, k: q.transpose(-2, -1) @ k / math.sqrt(q.shape[-1]),
-              "scores = q @ k.transpose(-2, -1) is [..., S_q, S_k]"),
+              "04.attention_scores.shapes_do_not_fit"),
+        # issue 28: passed whenever D was a perfect square, and was told it used a length
+        Wrong("scaled by int(sqrt(D))", _scores_div(_int_sqrt),
+              "04.attention_scores.scaled_by_int_sqrt"),
+        Wrong("k.transpose(0, 1)", lambda q, k: q @ k.transpose(0, 1) / math.sqrt(q.shape[-1]),
+              "04.attention_scores.shapes_do_not_fit"),
+        Wrong("q scaled in place", _scores_scaled_in_place,
+              "04.attention_scores.modified_input_in_place"),
+        Wrong("computed in float32", _in_float32(ref.attention_scores),
+              "04.attention_scores.changed_dtype"),
     ],
     "masked_softmax": [
-        Wrong("query axis", _softmax_axis(-2), "query axis"),
+        Wrong("query axis", _softmax_axis(-2), "04.masked_softmax.softmax_over_queries"),
         Wrong("whole tensor", lambda s, mask=None: (s - s.max()).exp() / (s - s.max()).exp().sum(),
-              "whole tensor"),
+              "04.masked_softmax.normalised_whole_tensor"),
         Wrong("not normalised", lambda s, mask=None: (
-            s if mask is None else s.masked_fill(~mask, NEG_INF)).exp(), "row sum"),
-        Wrong("inverted mask", _softmax_mask_fill(NEG_INF, inverted=True), "mask inverted"),
-        Wrong("mask after softmax", _softmax_after, "after the softmax"),
-        Wrong("ignores the mask", lambda s, mask=None: good_masked_softmax(s), "ignored the mask"),
+            s if mask is None else s.masked_fill(~mask, NEG_INF)).exp(),
+            "04.masked_softmax.not_normalised"),
+        Wrong("inverted mask", _softmax_mask_fill(NEG_INF, inverted=True),
+              "04.masked_softmax.mask_inverted"),
+        Wrong("mask after softmax", _softmax_after, "04.masked_softmax.mask_after_softmax"),
+        Wrong("ignores the mask", lambda s, mask=None: good_masked_softmax(s),
+              "04.masked_softmax.mask_ignored"),
         Wrong("own causal mask without the diagonal", _softmax_own_causal(lambda q, k: k - q - 1),
-              "diagonal was masked"),
+              "04.masked_softmax.mask_without_diagonal"),
         Wrong("own causal mask one ahead", _softmax_own_causal(lambda q, k: k - q + 1),
-              "next (future) key"),
-        Wrong("own top-left causal mask", _softmax_own_causal(lambda q, k: 0), "top-left"),
-        Wrong("unstable: no max subtracted", _softmax_unstable, "subtract each row's own max"),
-        Wrong("unstable: global max", _softmax_global_max, "subtract each row's own max"),
-        Wrong("max before masking", _softmax_max_before_mask, "row max before masking"),
-        Wrong("fully masked rows NaN", _softmax_mask_fill(NEG_INF), "fully masked row gives nan"),
+              "04.masked_softmax.mask_one_ahead"),
+        Wrong("own top-left causal mask", _softmax_own_causal(lambda q, k: 0),
+              "04.masked_softmax.top_left_causal_mask"),
+        Wrong("unstable: no max subtracted", _softmax_unstable, "04.masked_softmax.unstable_exp"),
+        Wrong("unstable: global max", _softmax_global_max, "04.masked_softmax.unstable_exp"),
+        Wrong("max before masking", _softmax_max_before_mask,
+              "04.masked_softmax.max_before_mask"),
+        Wrong("fully masked rows NaN", _softmax_mask_fill(NEG_INF),
+              "04.masked_softmax.fully_masked_row_nan"),
         Wrong("all -inf rows (additive mask) NaN", _softmax_zeroes_only_boolean_rows,
-              "fully masked row gives nan"),
-        Wrong("finite fill -1e9", _softmax_mask_fill(-1e9), "large finite number"),
-        Wrong("masked_fill_ in place", _softmax_in_place, "in place"),
+              "04.masked_softmax.fully_masked_row_nan"),
+        Wrong("finite fill -1e9", _softmax_mask_fill(-1e9), "04.masked_softmax.finite_fill"),
+        Wrong("masked_fill_ in place", _softmax_in_place,
+              "04.masked_softmax.modified_input_in_place"),
+        Wrong("fill with finfo.min", lambda s, mask=None: _softmax_mask_fill(
+            torch.finfo(s.dtype).min)(s, mask), "04.masked_softmax.finite_fill"),
+        Wrong("max subtracted in place", _softmax_subtracts_max_in_place,
+              "04.masked_softmax.modified_input_in_place"),
+        Wrong("computed in float32", _in_float32(good_masked_softmax),
+              "04.masked_softmax.changed_dtype"),
     ],
     "attention": [
         Wrong("no scale", _attention_with(lambda q, k: q @ k.transpose(-2, -1)),
-              "forgot the scale"),
+              "04.attention.missing_scale"),
         Wrong("divided by D", _attention_with(_scores_div(lambda q: q.shape[-1])),
-              "divided by D instead"),
-        Wrong("scaled by sqrt(H)", _attention_with(_scores_div(
-            lambda q: math.sqrt(q.shape[-1] * (q.shape[-3] if q.dim() == 4 else 1)))),
-            "sqrt(H)"),
-        Wrong("softmax over queries", _attention_with(softmax=_softmax_axis(-2)), "query axis"),
+              "04.attention.divided_by_d"),
+        Wrong("scaled by sqrt(H)", _attention_with(_scores_div(_sqrt_h)),
+              "04.attention.scaled_by_sqrt_h"),
+        Wrong("softmax over queries", _attention_with(softmax=_softmax_axis(-2)),
+              "04.attention.softmax_over_queries"),
         Wrong("inverted mask", _attention_with(softmax=_softmax_mask_fill(NEG_INF, inverted=True)),
-              "mask inverted"),
-        Wrong("mask after softmax", _attention_with(softmax=_softmax_after), "after the softmax"),
+              "04.attention.mask_inverted"),
+        Wrong("mask after softmax", _attention_with(softmax=_softmax_after),
+              "04.attention.mask_after_softmax"),
         Wrong("mask off by one", _attention_with(
-            softmax=_softmax_own_causal(lambda q, k: k - q - 1)), "diagonal was masked"),
+            softmax=_softmax_own_causal(lambda q, k: k - q - 1)),
+            "04.attention.mask_without_diagonal"),
         Wrong("unstable softmax", _attention_with(softmax=_softmax_unstable),
-              "subtract each row's own max"),
+              "04.attention.unstable_exp"),
         Wrong("fully masked rows NaN", _attention_with(softmax=_softmax_mask_fill(NEG_INF)),
-              "fully masked row gives nan"),
+              "04.attention.fully_masked_row_nan"),
         Wrong("K Q^T", _attention_with(lambda q, k: k @ q.transpose(-2, -1) / math.sqrt(
-            q.shape[-1])), "Q and K swapped"),
+            q.shape[-1])), "04.attention.q_k_swapped"),
         Wrong("A^T V", _attention_with(combine=lambda w, k, v: w.transpose(-2, -1) @ v),
-              "transposed weights"),
+              "04.attention.transposed_weights_times_v"),
         Wrong("out transposed", _attention_with(
-            combine=lambda w, k, v: (w @ v).transpose(-2, -1)), "output transposed"),
+            combine=lambda w, k, v: (w @ v).transpose(-2, -1)), "04.attention.output_transposed"),
         Wrong("weights @ k", _attention_with(combine=lambda w, k, v: w @ k),
-              "instead of the values"),
-        Wrong("(weights, out)", _attention_with(pair=lambda out, w: (w, out)), "wrong order"),
+              "04.attention.mixed_keys"),
+        Wrong("(weights, out)", _attention_with(pair=lambda out, w: (w, out)),
+              "04.attention.pair_order_swapped"),
         Wrong("only out", lambda q, k, v, mask=None: good_attention(q, k, v, mask)[0],
-              "return the pair"),
+              "04.attention.returned_only_out"),
         # mistakes of the helpers attention is built from, named with their step
         Wrong("scaled by sqrt(S)", _attention_with(_scores_div(lambda q: math.sqrt(q.shape[-2]))),
-              "in the scores (attention_scores): scaled by the square root of a sequence"),
+              "04.attention.scaled_by_sqrt_seq_len"),
         Wrong("multiplied by sqrt(D)", _attention_with(
             lambda q, k: q @ k.transpose(-2, -1) * q.shape[-1] ** 0.5),
-            "in the scores (attention_scores): multiplied by sqrt(D)"),
+            "04.attention.multiplied_by_sqrt_d"),
         Wrong("softmax over the whole tensor", _attention_with(
             softmax=lambda s, mask=None: (s - s.max()).exp() / (s - s.max()).exp().sum()),
-            "in the softmax (masked_softmax): normalised over the whole tensor"),
+            "04.attention.normalised_whole_tensor"),
         Wrong("softmax not normalised", _attention_with(softmax=lambda s, mask=None: (
             s if mask is None else s.masked_fill(~mask, NEG_INF)).exp()),
-            "in the softmax (masked_softmax): exponentiated without dividing by the row sum"),
+            "04.attention.not_normalised"),
         Wrong("softmax max before masking", _attention_with(softmax=_softmax_max_before_mask),
-              "in the softmax (masked_softmax): took the row max before masking"),
+              "04.attention.max_before_mask"),
+        # issue 28 and new: scales that pass or read as another mistake at some seeds
+        Wrong("scaled by int(sqrt(D))", _attention_with(_scores_div(_int_sqrt)),
+              "04.attention.scaled_by_int_sqrt"),
+        Wrong("scaled by sqrt(D_v)", _attention_scaled_by_sqrt_dv,
+              "04.attention.scaled_by_sqrt_dv"),
+        Wrong("q scaled in place", _attention_scales_q_in_place,
+              "04.attention.modified_input_in_place"),
+        Wrong("computed in float32", _in_float32(good_attention), "04.attention.changed_dtype"),
     ],
 }
 
@@ -367,39 +444,41 @@ def _scores_with_key_bias(q, k):
 
 GOOD_SCORES = CORRECT["attention_scores"]["divided_by_sqrt_d"]
 
-# (name, learner's attention_scores, learner's masked_softmax, words the hint must contain)
+# (name, learner's attention_scores, learner's masked_softmax, the mistake named, and the
+# helper's own mistake its hint tells, if a known one)
 HELPER_CASES = [
     ("unknown softmax mistake", GOOD_SCORES, _softmax_shifted_by_mean,
-     "your masked_softmax does not pass its own check"),
+     "04.attention.fix_masked_softmax_first", None),
     ("unknown scores mistake", _scores_with_key_bias, good_masked_softmax,
-     "your attention_scores does not pass its own check"),
+     "04.attention.fix_attention_scores_first", None),
     ("softmax over the whole tensor", GOOD_SCORES,
      lambda s, mask=None: (s - s.max()).exp() / (s - s.max()).exp().sum(),
-     "masked_softmax does not pass its own check (normalised over the whole tensor"),
+     "04.attention.fix_masked_softmax_first", nb04.WHOLE_TENSOR),
     ("unstable softmax", GOOD_SCORES, _softmax_unstable,
-     "masked_softmax does not pass its own check (exp overflowed"),
+     "04.attention.fix_masked_softmax_first", nb04.OVERFLOW),
     ("unscaled scores", lambda q, k: q @ k.transpose(-2, -1), good_masked_softmax,
-     "attention_scores does not pass its own check (forgot the scale"),
+     "04.attention.fix_attention_scores_first", nb04.NO_SCALE),
 ]
 
 
 @pytest.mark.parametrize("seed", SEEDS[:2])
 @pytest.mark.parametrize("case", HELPER_CASES, ids=[c[0] for c in HELPER_CASES])
 def test_attention_names_the_broken_helper(case, seed):
-    _, scores_fn, softmax, diagnosis = case
-    wrong = Wrong(case[0], _attention_with(scores_fn, softmax), diagnosis)
+    _, scores_fn, softmax, mistake, helper_mistake = case
+    wrong = Wrong(case[0], _attention_with(scores_fn, softmax), mistake)
     checker = functools.partial(nb04.check_attention, attention_scores=scores_fn,
                                 masked_softmax=softmax)
     failure = assert_rejects(checker, wrong, seed)
-    assert "overflow" not in str(failure).lower() or "exp overflowed" in diagnosis
+    if helper_mistake is not None:  # the hint tells the helper's own mistake
+        assert str(helper_mistake) in str(failure.hint)
+    assert str(nb04.OVERFLOW) not in str(failure.hint) or helper_mistake is nb04.OVERFLOW
 
 
 def test_unknown_helper_mistake_without_helpers_does_not_blame_overflow():
     with pytest.raises(CheckFailure) as info:
         with contextlib.redirect_stdout(io.StringIO()):
             nb04.check_attention(_attention_with(softmax=_softmax_shifted_by_mean), seed=0)
-    text = str(info.value)
-    assert "overflow" not in text and "masked_softmax=masked_softmax" in text
+    assert info.value.mistake == "04.attention.weights_unexplained"
 
 
 def test_correct_attention_passes_whatever_its_unused_helpers_do():
@@ -412,7 +491,7 @@ def test_wrong_attention_with_good_helpers_keeps_its_own_diagnosis():
     checker = functools.partial(nb04.check_attention, attention_scores=GOOD_SCORES,
                                 masked_softmax=good_masked_softmax)
     wrong = Wrong("A^T V", _attention_with(combine=lambda w, k, v: w.transpose(-2, -1) @ v),
-                  "transposed weights")
+                  "04.attention.transposed_weights_times_v")
     assert_rejects(checker, wrong, 0)
 
 
@@ -420,7 +499,7 @@ def test_unexplained_failure_with_passing_helpers_points_at_how_they_are_combine
     checker = functools.partial(nb04.check_attention, attention_scores=GOOD_SCORES,
                                 masked_softmax=good_masked_softmax)
     wrong = Wrong("own scores inline", _attention_with(_scores_with_key_bias),
-                  "pass their own checks, so look at how attention puts them together")
+                  "04.attention.helpers_combined_wrongly")
     assert_rejects(checker, wrong, 0)
 
 
@@ -428,7 +507,7 @@ def test_unstarted_helpers_are_not_blamed():
     checker = functools.partial(nb04.check_attention, attention_scores=not_started,
                                 masked_softmax=not_started)
     wrong = Wrong("no scale", _attention_with(lambda q, k: q @ k.transpose(-2, -1)),
-                  "in the scores (attention_scores): forgot the scale")
+                  "04.attention.missing_scale")
     assert_rejects(checker, wrong, 0)
 
 

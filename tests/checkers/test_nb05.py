@@ -161,6 +161,18 @@ def qkv_chunk3(qkv, n_heads, n_kv_heads, head_dim):
                  zip(qkv.chunk(3, dim=-1), (n_heads, n_kv_heads, n_kv_heads)))
 
 
+def qkv_kv_repeated(qkv, n_heads, n_kv_heads, head_dim):
+    q, k, v = ref.split_qkv(qkv, n_heads, n_kv_heads, head_dim)
+    group = n_heads // n_kv_heads
+    return q, k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+
+
+def qkv_chunk3_head_dim(qkv, n_heads, n_kv_heads, head_dim):
+    b, s, _ = qkv.shape
+    return tuple(t.reshape(b, s, n, head_dim).transpose(1, 2) for t, n in
+                 zip(qkv.chunk(3, dim=-1), (n_heads, n_kv_heads, n_kv_heads)))
+
+
 def qkv_swapped(qkv, n_heads, n_kv_heads, head_dim):
     sizes = [n_kv_heads * head_dim, n_heads * head_dim, n_kv_heads * head_dim]
     k, q, v = qkv.split(sizes, dim=-1)  # K | Q | V
@@ -182,7 +194,8 @@ def qkv_with(split):
 
 
 def mha_with(*, split=ref.split_heads, merge=ref.merge_heads, order=(0, 1, 2), scale=None,
-             use_wo=True, wo_transposed=False, invert_mask=False, one_head=False):
+             use_wo=True, wo_transposed=False, invert_mask=False, one_head=False,
+             ignore_mask=False, own_causal=False, nan_rows=False):
     def mha(x, w_qkv, w_o, n_heads, mask=None):
         h = x.shape[-1]
         n = 1 if one_head else n_heads
@@ -190,10 +203,13 @@ def mha_with(*, split=ref.split_heads, merge=ref.merge_heads, order=(0, 1, 2), s
         q, k, v = (split(parts[i], n) for i in order)
         d = q.shape[-1]
         scores = q @ k.transpose(-2, -1) / math.sqrt(scale or d)
-        if mask is not None:
+        if own_causal:
+            mask = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool).tril()
+        if mask is not None and not ignore_mask:
             m = ~mask.bool() if invert_mask else mask.bool()
             scores = scores.masked_fill(~m, float("-inf"))
-        out = merge(torch.softmax(scores, dim=-1).nan_to_num(0.0) @ v)
+        weights = torch.softmax(scores, dim=-1)
+        out = merge((weights if nan_rows else weights.nan_to_num(0.0)) @ v)
         if not use_wo:
             return out
         return out @ (w_o.T if wo_transposed else w_o)
@@ -219,62 +235,88 @@ def mha_uses_torch_module(x, w_qkv, w_o, n_heads, mask=None):
 WRONG = {
     nb05.check_split_heads: [
         Wrong("view [B, N, S, D] without transpose", split_view_no_transpose,
-              "heads mixing tokens"),
-        Wrong("no transpose (tokens-first)", split_tokens_first, "heads-first"),
-        Wrong("head-minor split", split_head_minor, "head-minor"),
-        Wrong("splits the sequence token-wise", split_tokenwise, "token-wise"),
-        Wrong("transposes the wrong axes", split_wrong_axes, "wrong axes"),
+              "05.split_heads.reshaped_without_transpose"),
+        Wrong("no transpose (tokens-first)", split_tokens_first,
+              "05.split_heads.missing_transpose"),
+        Wrong("head-minor split", split_head_minor, "05.split_heads.split_head_minor"),
+        Wrong("splits the sequence token-wise", split_tokenwise, "05.split_heads.split_tokens"),
+        Wrong("transposes the wrong axes", split_wrong_axes,
+              "05.split_heads.transposed_wrong_axes"),
     ],
     nb05.check_merge_heads: [
         Wrong("reshape without transposing back", merge_view_no_transpose,
-              "without transposing back"),
-        Wrong("head-minor merge", merge_head_minor, "head-minor"),
-        Wrong("transpose but no flatten", lambda x: x.transpose(1, 2), "did not flatten"),
-        Wrong("sums the heads", lambda x: x.sum(1), "summed the heads"),
-        Wrong("view after transpose", merge_transpose_view, "contiguous"),
+              "05.merge_heads.merged_without_transpose"),
+        Wrong("head-minor merge", merge_head_minor, "05.merge_heads.merged_head_minor"),
+        Wrong("transpose but no flatten", lambda x: x.transpose(1, 2),
+              "05.merge_heads.not_flattened"),
+        Wrong("sums the heads", lambda x: x.sum(1), "05.merge_heads.summed_heads"),
+        Wrong("view after transpose", merge_transpose_view, "05.merge_heads.view_on_transposed"),
     ],
     nb05.check_fuse_qkv_weights: [
         Wrong("concatenated along rows", lambda q, k, v: torch.cat([q, k, v], dim=0),
-              "wrong axis"),
-        Wrong("order K | Q | V", lambda q, k, v: torch.cat([k, q, v], dim=1), "wrong order"),
-        Wrong("order Q | V | K", lambda q, k, v: torch.cat([q, v, k], dim=1), "wrong order"),
-        Wrong("stacked", lambda q, k, v: torch.stack([q, k, v]), "stacked"),
-        Wrong("[out, in] layout", lambda q, k, v: torch.cat([q.T, k.T, v.T], dim=0), "[out, in]"),
+              "05.fuse_qkv_weights.concatenated_rows"),
+        Wrong("order K | Q | V", lambda q, k, v: torch.cat([k, q, v], dim=1),
+              "05.fuse_qkv_weights.blocks_out_of_order"),
+        Wrong("order Q | V | K", lambda q, k, v: torch.cat([q, v, k], dim=1),
+              "05.fuse_qkv_weights.blocks_out_of_order"),
+        Wrong("stacked", lambda q, k, v: torch.stack([q, k, v]), "05.fuse_qkv_weights.stacked"),
+        Wrong("[out, in] layout", lambda q, k, v: torch.cat([q.T, k.T, v.T], dim=0),
+              "05.fuse_qkv_weights.out_in_layout"),
     ],
     nb05.check_split_qkv: [
-        Wrong("slices K | Q | V", qkv_swapped, "slices swapped"),
-        Wrong("returns (q, v, k)", qkv_returned_q_v_k, "slices swapped"),
+        Wrong("slices K | Q | V", qkv_swapped, "05.split_qkv.slices_swapped"),
+        Wrong("returns (q, v, k)", qkv_returned_q_v_k, "05.split_qkv.slices_swapped"),
         Wrong("view without transpose", qkv_with(split_view_no_transpose),
-              "heads mixing tokens"),
+              "05.split_qkv.reshaped_without_transpose"),
         Wrong("view without transpose on a slice (raises)", split_qkv_view_no_transpose,
-              "heads mixing tokens"),
-        Wrong("tokens-first", qkv_with(split_tokens_first), "heads-first"),
-        Wrong("head-minor", qkv_with(split_head_minor), "head-minor"),
-        Wrong("K/V sliced with N_h heads", qkv_kv_with_n_heads, "n_kv_heads"),
-        Wrong("chunk(3)", qkv_chunk3, "n_kv_heads"),
+              "05.split_qkv.viewed_slice_heads_first"),
+        Wrong("tokens-first", qkv_with(split_tokens_first), "05.split_qkv.missing_transpose"),
+        Wrong("head-minor", qkv_with(split_head_minor), "05.split_qkv.split_head_minor"),
+        Wrong("K/V sliced with N_h heads", qkv_kv_with_n_heads,
+              "05.split_qkv.kv_sliced_with_n_heads"),
+        Wrong("chunk(3)", qkv_chunk3, "05.split_qkv.split_in_three_equal_parts"),
+        # issue 28: K and V repeated to N_h heads were told the slicing was wrong
+        Wrong("K/V already repeated", qkv_kv_repeated, "05.split_qkv.kv_already_repeated"),
+        Wrong("chunk(3), then reshape with head_dim", qkv_chunk3_head_dim,
+              "05.split_qkv.split_in_three_equal_parts"),
     ],
     nb05.check_multi_head_attention: [
-        Wrong("forgot W_O", mha_with(use_wo=False), "forgot W_O"),
-        Wrong("W_O transposed", mha_with(wo_transposed=True), "W_O transposed"),
+        Wrong("forgot W_O", mha_with(use_wo=False), "05.multi_head_attention.missing_w_o"),
+        Wrong("W_O transposed", mha_with(wo_transposed=True),
+              "05.multi_head_attention.w_o_transposed"),
         Wrong("split without transpose", mha_with(split=split_view_no_transpose),
-              "heads mixing tokens"),
+              "05.multi_head_attention.reshaped_without_transpose"),
         Wrong("split and merge without transpose",
               mha_with(split=split_view_no_transpose, merge=merge_view_no_transpose),
-              "heads mixing tokens"),
+              "05.multi_head_attention.split_merge_without_transpose"),
         Wrong("merge without transpose", mha_with(merge=merge_view_no_transpose),
-              "without transposing back"),
+              "05.multi_head_attention.merged_without_transpose"),
         Wrong("head-minor heads", mha_with(split=split_head_minor, merge=merge_head_minor),
-              "head-minor"),
-        Wrong("Q and K swapped", mha_with(order=(1, 0, 2)), "slices swapped"),
-        Wrong("K and V swapped", mha_with(order=(0, 2, 1)), "slices swapped"),
+              "05.multi_head_attention.split_head_minor"),
+        Wrong("Q and K swapped", mha_with(order=(1, 0, 2)),
+              "05.multi_head_attention.slices_swapped"),
+        Wrong("K and V swapped", mha_with(order=(0, 2, 1)),
+              "05.multi_head_attention.slices_swapped"),
         Wrong("scaled by sqrt(H)", lambda x, wqkv, wo, n, mask=None:
-              mha_with(scale=x.shape[-1])(x, wqkv, wo, n, mask), "1/sqrt(H)"),
-        Wrong("one big head", mha_with(one_head=True), "one big head"),
-        Wrong("mask inverted", mha_with(invert_mask=True), "mask inverted"),
+              mha_with(scale=x.shape[-1])(x, wqkv, wo, n, mask),
+              "05.multi_head_attention.scaled_by_sqrt_h"),
+        Wrong("one big head", mha_with(one_head=True), "05.multi_head_attention.one_big_head"),
+        Wrong("mask inverted", mha_with(invert_mask=True),
+              "05.multi_head_attention.mask_inverted"),
+        Wrong("no scale", mha_with(scale=1), "05.multi_head_attention.missing_scale"),
+        Wrong("ignores the mask", mha_with(ignore_mask=True),
+              "05.multi_head_attention.mask_ignored"),
+        Wrong("own causal mask", mha_with(own_causal=True),
+              "05.multi_head_attention.own_causal_mask"),
+        Wrong("fully masked rows NaN", mha_with(nan_rows=True),
+              "05.multi_head_attention.fully_masked_row_nan"),
+        Wrong("computed in float32", lambda x, wqkv, wo, n, mask=None: mha_by_hand(
+            x.float(), wqkv.float(), wo.float(), n, mask),
+            "05.multi_head_attention.changed_dtype"),
         Wrong("calls scaled_dot_product_attention", mha_calls_sdpa,
-              "scaled_dot_product_attention"),
+              "05.multi_head_attention.calls_sdpa"),
         Wrong("uses nn.MultiheadAttention", mha_uses_torch_module,
-              "multi_head_attention_forward"),
+              "05.multi_head_attention.calls_torch_multihead_attention"),
     ],
 }
 

@@ -319,6 +319,21 @@ def gqa_squeezed(q, k, v, mask=None):
     return gqa_folded(q, k, v, mask).squeeze()
 
 
+def gqa_masked_rows_see_key_0(q, k, v, mask=None):
+    """Lets every query see key 0, so that no row is fully masked (no NaN)."""
+    if mask is not None:
+        mask = mask.clone().expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2]).clone()
+        mask[..., 0] = True
+    return gqa_folded(q, k, v, mask)
+
+
+def gqa_mask_of_head_0(q, k, v, mask=None):
+    """Takes the mask's head axis as one to pick from: every head gets head 0's mask."""
+    if mask is not None and mask.dim() == 4:
+        mask = mask[:, :1]
+    return gqa_folded(q, k, v, mask)
+
+
 def _index_float(h, n_h, n_kv):
     return h / (n_h // n_kv)
 
@@ -341,58 +356,81 @@ def _repeat_tiled_cat(x, n_rep):
 WRONG = {
     nb06.check_kv_head_index: [
         Wrong("h % N_kv", lambda h, n_h, n_kv: h % n_kv, "06.kv_head_index.round_robin_groups"),
-        Wrong("h // N_kv", lambda h, n_h, n_kv: h // n_kv, "06.kv_head_index.divided_by_n_kv_heads"),
-        Wrong("N_h instead of N_kv (identity)", lambda h, n_h, n_kv: h, "06.kv_head_index.returned_the_query_head"),
-        Wrong("divides by N_h", lambda h, n_h, n_kv: h // n_h, "06.kv_head_index.divided_by_n_heads"),
-        Wrong("1-based", lambda h, n_h, n_kv: h // (n_h // n_kv) + 1, "06.kv_head_index.counted_heads_from_1"),
+        Wrong("h // N_kv", lambda h, n_h, n_kv: h // n_kv,
+              "06.kv_head_index.divided_by_n_kv_heads"),
+        Wrong("N_h instead of N_kv (identity)", lambda h, n_h, n_kv: h,
+              "06.kv_head_index.returned_the_query_head"),
+        Wrong("divides by N_h", lambda h, n_h, n_kv: h // n_h,
+              "06.kv_head_index.divided_by_n_heads"),
+        Wrong("1-based", lambda h, n_h, n_kv: h // (n_h // n_kv) + 1,
+              "06.kv_head_index.counted_heads_from_1"),
         Wrong("float", _index_float, "06.kv_head_index.float_division"),
-        Wrong("rounded", lambda h, n_h, n_kv: round(h / (n_h // n_kv)), "06.kv_head_index.rounded_to_nearest"),
-        Wrong("tensor", lambda h, n_h, n_kv: torch.tensor(h // (n_h // n_kv)), "06.kv_head_index.returned_a_tensor"),
+        Wrong("rounded", lambda h, n_h, n_kv: round(h / (n_h // n_kv)),
+              "06.kv_head_index.rounded_to_nearest"),
+        Wrong("tensor", lambda h, n_h, n_kv: torch.tensor(h // (n_h // n_kv)),
+              "06.kv_head_index.returned_a_tensor"),
         Wrong("ceil", lambda h, n_h, n_kv: math.ceil(h / (n_h // n_kv)),
               "06.kv_head_index.rounded_up"),
         Wrong("group size N_kv // N_h", lambda h, n_h, n_kv: h // (n_kv // n_h),
               "06.kv_head_index.group_size_inverted"),
     ],
     nb06.check_repeat_kv: [
-        Wrong("tiling with repeat", lambda x, n: x.repeat(1, n, 1, 1), "06.repeat_kv.tiled_instead_of_interleaved"),
+        Wrong("tiling with repeat", lambda x, n: x.repeat(1, n, 1, 1),
+              "06.repeat_kv.tiled_instead_of_interleaved"),
         Wrong("tiling with cat", _repeat_tiled_cat, "06.repeat_kv.tiled_instead_of_interleaved"),
         Wrong("tiling with expand", lambda x, n: x[:, None].expand(
-            x.shape[0], n, *x.shape[1:]).reshape(x.shape[0], -1, *x.shape[2:]), "06.repeat_kv.tiled_instead_of_interleaved"),
-        Wrong("sequence axis", lambda x, n: x.repeat_interleave(n, dim=2), "06.repeat_kv.repeated_sequence_axis"),
-        Wrong("feature axis", lambda x, n: x.repeat_interleave(n, dim=-1), "06.repeat_kv.repeated_feature_axis"),
-        Wrong("no dim", lambda x, n: x.repeat_interleave(n), "06.repeat_kv.repeat_interleave_without_dim"),
+            x.shape[0], n, *x.shape[1:]).reshape(x.shape[0], -1, *x.shape[2:]),
+              "06.repeat_kv.tiled_instead_of_interleaved"),
+        Wrong("sequence axis", lambda x, n: x.repeat_interleave(n, dim=2),
+              "06.repeat_kv.repeated_sequence_axis"),
+        Wrong("feature axis", lambda x, n: x.repeat_interleave(n, dim=-1),
+              "06.repeat_kv.repeated_feature_axis"),
+        Wrong("no dim", lambda x, n: x.repeat_interleave(n),
+              "06.repeat_kv.repeat_interleave_without_dim"),
         Wrong("unchanged", lambda x, n: x, "06.repeat_kv.returned_x_unchanged"),
-        Wrong("float32", lambda x, n: repeat_kv_expand(x, n).float(), "06.repeat_kv.changed_the_dtype"),
-        Wrong("in place", lambda x, n: repeat_kv_expand(x.mul_(1.5), n), "06.repeat_kv.changed_x_in_place"),
+        Wrong("float32", lambda x, n: repeat_kv_expand(x, n).float(),
+              "06.repeat_kv.changed_the_dtype"),
+        Wrong("in place", lambda x, n: repeat_kv_expand(x.mul_(1.5), n),
+              "06.repeat_kv.changed_x_in_place"),
         Wrong("expand without reshape", lambda x, n: x[:, :, None].expand(
             x.shape[0], x.shape[1], n, *x.shape[2:]), "06.repeat_kv.kept_the_repeat_axis"),
         Wrong(".view of an expanded x", lambda x, n: x[:, :, None].expand(
             x.shape[0], x.shape[1], n, *x.shape[2:]).view(x.shape[0], -1, *x.shape[2:]),
               "06.repeat_kv.viewed_an_expanded_tensor"),
+        Wrong("KV heads reversed", lambda x, n: x.flip(1).repeat_interleave(n, dim=1),
+              "06.repeat_kv.heads_in_another_order"),
         Wrong("batch tiled", lambda x, n: x.repeat(n, 1, 1, 1), "06.repeat_kv.repeated_batch_axis"),
     ],
     nb06.check_grouped_query_attention: [
-        Wrong("repeat_interleave", gqa_repeat_interleave, "06.grouped_query_attention.copied_kv_per_query_head"),
-        Wrong("expand + reshape", gqa_expand_reshape, "06.grouped_query_attention.made_expanded_kv_contiguous"),
-        Wrong("broadcast matmul", gqa_broadcast_matmul, "06.grouped_query_attention.broadcast_kv_in_matmul"),
+        Wrong("repeat_interleave", gqa_repeat_interleave,
+              "06.grouped_query_attention.copied_kv_per_query_head"),
+        Wrong("expand + reshape", gqa_expand_reshape,
+              "06.grouped_query_attention.made_expanded_kv_contiguous"),
+        Wrong("broadcast matmul", gqa_broadcast_matmul,
+              "06.grouped_query_attention.broadcast_kv_in_matmul"),
         Wrong("per-group broadcast matmul", gqa_group_loop_broadcast,
               "06.grouped_query_attention.broadcast_kv_in_matmul"),
         Wrong("advanced indexing", gqa_index, "06.grouped_query_attention.indexed_kv_heads"),
         Wrong("cat of slices", gqa_loop_cat, "06.grouped_query_attention.copied_kv_per_query_head"),
-        Wrong("preallocated buffer", gqa_preallocated, "06.grouped_query_attention.filled_a_repeated_kv_tensor"),
+        Wrong("preallocated buffer", gqa_preallocated,
+              "06.grouped_query_attention.filled_a_repeated_kv_tensor"),
         Wrong("SDPA", gqa_sdpa, "06.grouped_query_attention.calls_scaled_dot_product_attention"),
         Wrong("tiling order (h % N_kv)", _gqa_with_map(lambda h, n_h, n_kv: h % n_kv),
               "06.grouped_query_attention.round_robin_groups"),
-        Wrong("q viewed as [B, G, N_kv]", gqa_group_view_swapped, "06.grouped_query_attention.round_robin_groups"),
+        Wrong("q viewed as [B, G, N_kv]", gqa_group_view_swapped,
+              "06.grouped_query_attention.round_robin_groups"),
         Wrong("h // N_kv", _gqa_with_map(lambda h, n_h, n_kv: h // n_kv),
               "06.grouped_query_attention.divided_by_n_kv_heads"),
         Wrong("no scale", gqa_no_scale, "06.grouped_query_attention.missing_scale"),
         Wrong("scaled by sqrt(H)", gqa_scaled_by_h, "06.grouped_query_attention.scaled_by_sqrt_h"),
-        Wrong("softmax over queries", gqa_query_axis_softmax, "06.grouped_query_attention.softmax_over_queries"),
-        Wrong("unstable softmax", gqa_unstable_softmax, "06.grouped_query_attention.unstable_softmax"),
+        Wrong("softmax over queries", gqa_query_axis_softmax,
+              "06.grouped_query_attention.softmax_over_queries"),
+        Wrong("unstable softmax", gqa_unstable_softmax,
+              "06.grouped_query_attention.unstable_softmax"),
         Wrong("ignores the mask", gqa_ignores_mask, "06.grouped_query_attention.ignored_the_mask"),
         Wrong("NaN rows", gqa_nan_rows, "06.grouped_query_attention.fully_masked_rows_nan"),
-        Wrong("finite fill", gqa_finite_fill, "06.grouped_query_attention.fully_masked_rows_mean_of_v"),
+        Wrong("finite fill", gqa_finite_fill,
+              "06.grouped_query_attention.fully_masked_rows_mean_of_v"),
         Wrong("float32 for float64", gqa_float32, "06.grouped_query_attention.changed_the_dtype"),
         Wrong("returns (out, weights)", lambda q, k, v, mask=None: (gqa_folded(q, k, v, mask),
                                                                     None),
@@ -407,6 +445,10 @@ WRONG = {
               "06.grouped_query_attention.masked_after_softmax"),
         Wrong("q scaled in place", gqa_scales_q_in_place,
               "06.grouped_query_attention.changed_inputs_in_place"),
+        Wrong("fully masked rows see key 0", gqa_masked_rows_see_key_0,
+              "06.grouped_query_attention.fully_masked_rows_not_zero"),
+        Wrong("head 0's mask for every head", gqa_mask_of_head_0,
+              "06.grouped_query_attention.some_query_heads_wrong"),
         Wrong("squeezed output", gqa_squeezed, "06.grouped_query_attention.squeezed_size_one_axes"),
     ],
     nb06.check_kv_cache_bytes: [
@@ -421,6 +463,8 @@ WRONG = {
         Wrong("elements, not bytes", _cache(drop="bytes_per_elem"),
               "06.kv_cache_bytes.counted_elements"),
         Wrong("no sequence length", _cache(drop="seq_len"), "06.kv_cache_bytes.left_out_seq_len"),
+        Wrong("seq_len + 1", lambda L, B, S, n, d, s: 2 * L * B * (S + 1) * n * d * s,
+              "06.kv_cache_bytes.off_by_a_factor"),
         Wrong("GB", lambda *a: ref.kv_cache_bytes(*a) / 10**9, "06.kv_cache_bytes.returned_gb"),
     ],
 }

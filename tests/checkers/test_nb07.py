@@ -107,17 +107,24 @@ def _equivariance(mode):
             return diff.max().item()
         if mode == "no abs, reversed":
             return (out[:, perm] - lhs).max().item()
+        if mode == "norm":
+            return diff.norm().item()
+        if mode == "int":
+            return int(diff.abs().max())
+        if mode == "abs after max":
+            return diff.max().abs().item()
         raise ValueError(mode)
     return error
 
 
 def _sinusoid(seq_len, hidden, *, base=10000.0, pair_exponent=False, swap=False, halves=False,
-              first=0, multiply=False, own_exponent=False):
+              first=0, multiply=False, own_exponent=False, pairs_from=0):
     """Written as a learner would, with one mistake switched on."""
     pe = torch.zeros(seq_len, hidden)
     for pos in range(first, first + seq_len):
         for i in range(hidden // 2):
-            power = base ** ((i if pair_exponent else 2 * i) / hidden)
+            pair = i + pairs_from
+            power = base ** ((pair if pair_exponent else 2 * pair) / hidden)
             angle = pos * power if multiply else pos / power
             cos_angle = pos / base ** ((2 * i + 1) / hidden) if own_exponent else angle
             a, b = (math.cos(angle), math.sin(cos_angle)) if swap else \
@@ -131,46 +138,72 @@ def _sinusoid(seq_len, hidden, *, base=10000.0, pair_exponent=False, swap=False,
 
 WRONG = {
     nb07.check_permute_tokens: [
-        Wrong("batch axis", lambda x, perm: x[perm], "batch axis"),
-        Wrong("feature axis", lambda x, perm: x[..., perm], "feature axis"),
+        Wrong("batch axis", lambda x, perm: x[perm], "07.permute_tokens.permuted_batch_axis"),
+        Wrong("feature axis", lambda x, perm: x[..., perm],
+              "07.permute_tokens.permuted_feature_axis"),
         Wrong("feature axis via transpose", lambda x, perm: x.transpose(1, 2)[:, perm]
-              .transpose(1, 2), "sequence axis"),
-        Wrong("inverse permutation", lambda x, perm: x[:, torch.argsort(perm)], "inverse"),
-        Wrong("scatter instead of gather", _scatter, "inverse"),
-        Wrong("unchanged", lambda x, perm: x, "unchanged"),
-        Wrong("in place", _in_place, "in place"),
+              .transpose(1, 2), "07.permute_tokens.permuted_feature_axis"),
+        Wrong("inverse permutation", lambda x, perm: x[:, torch.argsort(perm)],
+              "07.permute_tokens.inverse_permutation"),
+        Wrong("scatter instead of gather", _scatter, "07.permute_tokens.inverse_permutation"),
+        Wrong("unchanged", lambda x, perm: x, "07.permute_tokens.returned_x_unchanged"),
+        Wrong("in place", _in_place, "07.permute_tokens.modified_x_in_place"),
+        # new: the tailored hints of Tensor.permute, which reorders axes, not tokens
+        Wrong("Tensor.permute with a list", lambda x, perm: x.permute(perm.tolist()),
+              "07.permute_tokens.reordered_axes"),
+        Wrong("Tensor.permute with the tensor", lambda x, perm: x.permute(perm),
+              "07.permute_tokens.reordered_axes"),
     ],
     nb07.check_permutation_matrix: [
         Wrong("transposed", lambda perm: ref.permutation_matrix(perm).T.contiguous(),
-              "transposed"),
-        Wrong("columns permuted", lambda perm: torch.eye(len(perm))[:, perm], "transposed"),
-        Wrong("one_hot without float", lambda perm: F.one_hot(perm, len(perm)), "float32"),
-        Wrong("bool matrix", lambda perm: F.one_hot(perm, len(perm)).bool(), "dtype"),
-        Wrong("identity", lambda perm: torch.eye(len(perm)), "identity"),
+              "07.permutation_matrix.transposed"),
+        Wrong("columns permuted", lambda perm: torch.eye(len(perm))[:, perm],
+              "07.permutation_matrix.transposed"),
+        Wrong("one_hot without float", lambda perm: F.one_hot(perm, len(perm)),
+              "07.permutation_matrix.not_float32"),
+        Wrong("bool matrix", lambda perm: F.one_hot(perm, len(perm)).bool(),
+              "07.permutation_matrix.not_float32"),
+        Wrong("identity", lambda perm: torch.eye(len(perm)), "07.permutation_matrix.ignores_perm"),
+        Wrong("float64 matrix", lambda perm: torch.eye(len(perm), dtype=torch.float64)[perm],
+              "07.permutation_matrix.not_float32"),
     ],
     nb07.check_equivariance_error: [
         Wrong("fn(X) - fn(PX) without permuting", _equivariance("unpermuted"),
-              "without permuting"),
-        Wrong("inverse permutation on one side", _equivariance("inverse"), "inverse"),
-        Wrong("mean instead of max", _equivariance("mean"), "mean"),
-        Wrong("returns a tensor", _equivariance("tensor"), "python float"),
-        Wrong("no abs", _equivariance("no abs"), "absolute value"),
+              "07.equivariance_error.compared_without_permuting"),
+        Wrong("inverse permutation on one side", _equivariance("inverse"),
+              "07.equivariance_error.inverse_permutation"),
+        Wrong("mean instead of max", _equivariance("mean"), "07.equivariance_error.took_mean"),
+        Wrong("returns a tensor", _equivariance("tensor"),
+              "07.equivariance_error.returned_tensor"),
+        Wrong("no abs", _equivariance("no abs"), "07.equivariance_error.missing_abs"),
         Wrong("no abs, reversed difference", _equivariance("no abs, reversed"),
-              "absolute value"),
+              "07.equivariance_error.missing_abs"),
+        Wrong("abs after the max", _equivariance("abs after max"),
+              "07.equivariance_error.missing_abs"),
+        Wrong("norm of the difference", _equivariance("norm"), "07.equivariance_error.took_norm"),
+        Wrong("int(...)", _equivariance("int"), "07.equivariance_error.returned_int"),
     ],
     nb07.check_sinusoidal_positions: [
-        Wrong("sin and cos swapped", lambda s, h: _sinusoid(s, h, swap=True), "swapped"),
-        Wrong("exponent i/H", lambda s, h: _sinusoid(s, h, pair_exponent=True), "exponent i/H"),
+        Wrong("sin and cos swapped", lambda s, h: _sinusoid(s, h, swap=True),
+              "07.sinusoidal_positions.sin_cos_swapped"),
+        Wrong("exponent i/H", lambda s, h: _sinusoid(s, h, pair_exponent=True),
+              "07.sinusoidal_positions.exponent_i_over_h"),
         Wrong("halves instead of interleaved", lambda s, h: _sinusoid(s, h, halves=True),
-              "interleaved"),
-        Wrong("base 1000", lambda s, h: _sinusoid(s, h, base=1000.0), "base 1000"),
-        Wrong("positions from 1", lambda s, h: _sinusoid(s, h, first=1), "position 0"),
+              "07.sinusoidal_positions.sin_cos_in_halves"),
+        Wrong("base 1000", lambda s, h: _sinusoid(s, h, base=1000.0),
+              "07.sinusoidal_positions.base_1000"),
+        Wrong("positions from 1", lambda s, h: _sinusoid(s, h, first=1),
+              "07.sinusoidal_positions.positions_start_at_1"),
         Wrong("multiplied by the power", lambda s, h: _sinusoid(s, h, multiply=True),
-              "divide"),
+              "07.sinusoidal_positions.multiplied_by_power"),
         Wrong("cos with its own exponent", lambda s, h: _sinusoid(s, h, own_exponent=True),
-              "share"),
-        Wrong("transposed", lambda s, h: ref.sinusoidal_positions(s, h).T, "transposed"),
-        Wrong("float64", lambda s, h: ref.sinusoidal_positions(s, h).double(), "float32"),
+              "07.sinusoidal_positions.odd_feature_own_exponent"),
+        Wrong("transposed", lambda s, h: ref.sinusoidal_positions(s, h).T,
+              "07.sinusoidal_positions.transposed"),
+        Wrong("float64", lambda s, h: ref.sinusoidal_positions(s, h).double(),
+              "07.sinusoidal_positions.not_float32"),
+        Wrong("pair index from 1", lambda s, h: _sinusoid(s, h, pairs_from=1),
+              "07.sinusoidal_positions.pair_index_from_1"),
     ],
 }
 

@@ -13,8 +13,8 @@ from checks import reference as ref
 from checks.context import LANG_ENV
 from checks.engine import CheckFailure, ForbiddenCall
 
-from ..support.catalogue import (failure_text, SEEDS, Exercise, Wrong, assert_passes, assert_passes_thorough,
-                                 assert_rejects, implementations)
+from ..support.catalogue import (SEEDS, Exercise, Wrong, assert_passes, assert_passes_thorough,
+                                 assert_rejects, failure_text, implementations)
 
 CHECKERS = {
     "layer_norm": nb10.check_layer_norm,
@@ -59,13 +59,6 @@ def rms_norm_float64_inside(x, gamma, eps=1e-5):
     return (x64 / (x64.square().mean(-1, keepdim=True) + eps).sqrt()).to(x.dtype) * gamma
 
 
-def rms_norm_gamma_in_float32(x, gamma, eps=1e-5):
-    """Multiplies by gamma before the cast back: one rounding apart, inside every tolerance."""
-    x32 = x.float()
-    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return (normed * gamma.float()).to(x.dtype)
-
-
 def pre_norm_two_lines(x, sublayer, norm):
     h = norm(x)
     return x + sublayer(h)
@@ -81,8 +74,7 @@ CORRECT = {
     # pass with the ban lifted (test_library_references_pass_with_the_ban_lifted).
     "layer_norm": implementations(layer_norm_two_pass, layer_norm_var_mean,
                                   layer_norm_biased_var),
-    "rms_norm": implementations(rms_norm_rsqrt, rms_norm_div_sqrt, rms_norm_float64_inside,
-                                rms_norm_gamma_in_float32),
+    "rms_norm": implementations(rms_norm_rsqrt, rms_norm_div_sqrt, rms_norm_float64_inside),
     "pre_norm_residual": implementations(ref.pre_norm_residual, pre_norm_two_lines),
     "post_norm_residual": implementations(ref.post_norm_residual, post_norm_two_lines),
 }
@@ -185,6 +177,15 @@ def _ln_eps_ignored(x, gamma, beta, eps=1e-5):
     return layer_norm_two_pass(x, gamma, beta)
 
 
+def _ln_default_eps_1e6(x, gamma, beta, eps=1e-6):
+    return layer_norm_two_pass(x, gamma, beta, eps)
+
+
+def _ln_std_biased_plus_eps(x, gamma, beta, eps=1e-5):
+    mean = x.mean(-1, keepdim=True)
+    return gamma * (x - mean) / (x.std(-1, keepdim=True, unbiased=False) + eps) + beta
+
+
 def _ln_no_eps_keyword(x, gamma, beta):
     return layer_norm_two_pass(x, gamma, beta)
 
@@ -239,6 +240,10 @@ def _rms_gamma_inside(x, gamma, eps=1e-5):
     return (y / torch.sqrt(y.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
+def _rms_default_eps_1e6(x, gamma, eps=1e-6):
+    return rms_norm_rsqrt(x, gamma, eps)
+
+
 def _rms_eps_ignored(x, gamma, eps=1e-5):
     return rms_norm_rsqrt(x, gamma)
 
@@ -273,6 +278,32 @@ def _rms_via_linalg_norm_low_precision(x, gamma, eps=1e-5):
     return x / torch.sqrt(rms * rms + eps) * gamma
 
 
+def _rms_gamma_in_float32(x, gamma, eps=1e-5):
+    """Multiplies by gamma before the cast back: one rounding apart when gamma has x's dtype,
+    but a float32 gamma's result comes back in x's dtype instead of float32 (issue 28)."""
+    x32 = x.float()
+    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return (normed * gamma.float()).to(x.dtype)
+
+
+def _rms_gamma_cast_down(x, gamma, eps=1e-5):
+    x32 = x.float()
+    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return normed.to(x.dtype) * gamma.to(x.dtype)
+
+
+def _rms_squared_mean(x, gamma, eps=1e-5):
+    x32 = x.float()
+    return (x32 / torch.sqrt(x32.mean(-1, keepdim=True) ** 2 + eps)).to(x.dtype) * gamma
+
+
+def _rms_in_place_after_float(x, gamma, eps=1e-5):
+    """`.float()` of a float32 tensor is the tensor itself: `h *= ...` writes into x."""
+    h = x.float()
+    h *= torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return h.to(x.dtype) * gamma
+
+
 # ---- wrong implementations: residuals -------------------------------------------------------
 
 def _pre_in_place(x, sublayer, norm):
@@ -291,6 +322,20 @@ def _post_in_place(x, sublayer, norm):
     return norm(x)
 
 
+def _pre_residual_detached(x, sublayer, norm):
+    return x.detach() + sublayer(norm(x))
+
+
+def _pre_sublayer_no_grad(x, sublayer, norm):
+    with torch.no_grad():
+        h = sublayer(norm(x))
+    return x + h
+
+
+def _post_residual_detached(x, sublayer, norm):
+    return norm(x.detach() + sublayer(x))
+
+
 def _post_norm_twice(x, sublayer, norm):
     out = norm(x + sublayer(x))
     assert out.shape == norm(x + sublayer(x)).shape
@@ -300,88 +345,129 @@ def _post_norm_twice(x, sublayer, norm):
 WRONG = {
     "layer_norm": [
         Wrong("torch.var default (unbiased)", _ln(var_fn=lambda x, m: x.var(-1, keepdim=True)),
-              "unbiased"),
-        Wrong("x.std(-1) + eps (Annotated Transformer)", _ln_annotated, "unbiased"),
+              "10.layer_norm.unbiased_variance"),
+        Wrong("x.std(-1) + eps (Annotated Transformer)", _ln_annotated,
+              "10.layer_norm.unbiased_variance"),
         Wrong("eps outside the sqrt", _ln(denom=lambda v, e: torch.sqrt(v) + e),
-              "outside the square root"),
-        Wrong("no eps", _ln(denom=lambda v, e: torch.sqrt(v)), "left out eps"),
-        Wrong("over the sequence axis", _ln_over(1), "sequence axis"),
-        Wrong("over the batch axis", _ln_over(0), "batch axis"),
-        Wrong("over every entry", _ln_over(None), "every entry"),
-        Wrong("mean without keepdim", _ln_no_keepdim, "keepdim"),
-        Wrong("hard-coded dim=2", _ln_dim2, "last axis"),
-        Wrong("gamma ignored", _ln(combine=lambda xh, g, b: xh + b), "left out gamma"),
-        Wrong("beta ignored", _ln(combine=lambda xh, g, b: g * xh), "left out beta"),
-        Wrong("gamma and beta swapped", _ln(combine=lambda xh, g, b: b * xh + g), "swapped"),
+              "10.layer_norm.eps_outside_sqrt"),
+        Wrong("no eps", _ln(denom=lambda v, e: torch.sqrt(v)), "10.layer_norm.left_out_eps"),
+        Wrong("over the sequence axis", _ln_over(1), "10.layer_norm.mean_over_wrong_axis"),
+        Wrong("over the batch axis", _ln_over(0), "10.layer_norm.mean_over_wrong_axis"),
+        Wrong("over every entry", _ln_over(None), "10.layer_norm.mean_over_every_entry"),
+        Wrong("mean without keepdim", _ln_no_keepdim, "10.layer_norm.mean_without_keepdim"),
+        Wrong("hard-coded dim=2", _ln_dim2, "10.layer_norm.hard_coded_axis"),
+        Wrong("gamma ignored", _ln(combine=lambda xh, g, b: xh + b),
+              "10.layer_norm.left_out_gamma"),
+        Wrong("beta ignored", _ln(combine=lambda xh, g, b: g * xh), "10.layer_norm.left_out_beta"),
+        Wrong("gamma and beta swapped", _ln(combine=lambda xh, g, b: b * xh + g),
+              "10.layer_norm.swapped_gamma_and_beta"),
         Wrong("beta before gamma", _ln(combine=lambda xh, g, b: (xh + b) * g),
-              "added beta before scaling"),
-        Wrong("mean not subtracted", _ln_no_mean, "did not subtract the mean"),
-        Wrong("divides by the RMS of x", _ln_rms_of_x, "root mean square of x itself"),
-        Wrong("divides by the variance", _ln(denom=lambda v, e: v + e), "divided by the variance"),
-        Wrong("eps argument ignored", _ln_eps_ignored, "ignored the `eps` argument"),
-        Wrong("no eps keyword", _ln_no_eps_keyword, "keyword argument"),
-        Wrong("one-pass variance E[x²] - E[x]²", _ln_one_pass, "catastrophic cancellation"),
-        Wrong("float32 inside for float64", _ln_float32, "computed in float32"),
-        Wrong("returns float64", _ln_float64_out, "did not cast"),
-        Wrong("in place", _ln_in_place, "in place"),
-        Wrong("detached", _ln_detached, "no gradient"),
+              "10.layer_norm.beta_before_gamma"),
+        Wrong("mean not subtracted", _ln_no_mean, "10.layer_norm.did_not_subtract_mean"),
+        Wrong("divides by the RMS of x", _ln_rms_of_x, "10.layer_norm.divided_by_rms_of_x"),
+        Wrong("divides by the variance", _ln(denom=lambda v, e: v + e),
+              "10.layer_norm.divided_by_variance"),
+        Wrong("eps argument ignored", _ln_eps_ignored, "10.layer_norm.ignored_eps_argument"),
+        Wrong("default eps 1e-6", _ln_default_eps_1e6, "10.layer_norm.default_eps_1e6"),
+        Wrong("std(unbiased=False) + eps", _ln_std_biased_plus_eps,
+              "10.layer_norm.eps_outside_sqrt"),
+        Wrong("no eps keyword", _ln_no_eps_keyword, "10.layer_norm.no_eps_keyword"),
+        Wrong("one-pass variance E[x²] - E[x]²", _ln_one_pass, "10.layer_norm.one_pass_variance"),
+        Wrong("float32 inside for float64", _ln_float32, "10.layer_norm.computed_in_float32"),
+        Wrong("returns float64", _ln_float64_out, "10.layer_norm.float64_not_cast_back"),
+        Wrong("in place", _ln_in_place, "10.layer_norm.modified_x_in_place"),
+        Wrong("detached", _ln_detached, "10.layer_norm.cut_off_from_autograd"),
     ],
     "rms_norm": [
         Wrong("over the sequence axis", _rms(ms=lambda x: x.pow(2).mean(1, keepdim=True)),
-              "sequence axis"),
+              "10.rms_norm.mean_over_wrong_axis"),
         Wrong("over the batch axis", _rms(ms=lambda x: x.pow(2).mean(0, keepdim=True)),
-              "batch axis"),
-        Wrong("over every entry", _rms(ms=lambda x: x.pow(2).mean()), "every entry"),
-        Wrong("mean without keepdim", _rms_no_keepdim, "keepdim"),
-        Wrong("hard-coded dim=2", _rms_dim2, "last axis"),
+              "10.rms_norm.mean_over_wrong_axis"),
+        Wrong("over every entry", _rms(ms=lambda x: x.pow(2).mean()),
+              "10.rms_norm.mean_over_every_entry"),
+        Wrong("mean without keepdim", _rms_no_keepdim, "10.rms_norm.mean_without_keepdim"),
+        Wrong("hard-coded dim=2", _rms_dim2, "10.rms_norm.hard_coded_axis"),
         Wrong("eps outside the sqrt", _rms(denom=lambda m, e: torch.sqrt(m) + e),
-              "outside the square root"),
-        Wrong("no eps", _rms(denom=lambda m, e: torch.sqrt(m)), "left out eps"),
-        Wrong("eps argument ignored", _rms_eps_ignored, "ignored the `eps` argument"),
-        Wrong("mean subtracted", _rms_mean_subtracted, "subtracted the mean"),
-        Wrong("gamma ignored", _rms(combine=lambda n, g: n), "left out gamma"),
-        Wrong("gamma added", _rms(combine=lambda n, g: n + g), "added gamma"),
-        Wrong("gamma before the RMS", _rms_gamma_inside, "before computing the rms"),
-        Wrong("no square root", _rms(denom=lambda m, e: m + e), "root mean square"),
+              "10.rms_norm.eps_outside_sqrt"),
+        Wrong("no eps", _rms(denom=lambda m, e: torch.sqrt(m)), "10.rms_norm.left_out_eps"),
+        Wrong("eps argument ignored", _rms_eps_ignored, "10.rms_norm.ignored_eps_argument"),
+        Wrong("default eps 1e-6", _rms_default_eps_1e6, "10.rms_norm.default_eps_1e6"),
+        Wrong("mean subtracted", _rms_mean_subtracted, "10.rms_norm.subtracted_mean"),
+        Wrong("gamma ignored", _rms(combine=lambda n, g: n), "10.rms_norm.left_out_gamma"),
+        Wrong("gamma added", _rms(combine=lambda n, g: n + g), "10.rms_norm.added_gamma"),
+        Wrong("gamma before the RMS", _rms_gamma_inside, "10.rms_norm.gamma_before_rms"),
+        Wrong("no square root", _rms(denom=lambda m, e: m + e),
+              "10.rms_norm.divided_by_mean_square"),
         Wrong("sum of squares", _rms(ms=lambda x: x.pow(2).sum(-1, keepdim=True)),
-              "sum of squares"),
-        Wrong("no float32 inside", _rms(upcast=False), "overflows float16"),
-        Wrong("float32 inside, not cast back", _rms(cast_back=False), "cast the normalised x back"),
-        Wrong("scaling in low precision", _rms_rsqrt_in_low_precision, "at least partly"),
-        Wrong("vector_norm in low precision", _rms_via_linalg_norm_low_precision, "float"),
-        Wrong("in place", _rms_in_place, "in place"),
-        Wrong("detached", _rms_detached, "no gradient"),
+              "10.rms_norm.sum_of_squares"),
+        Wrong("no float32 inside", _rms(upcast=False), "10.rms_norm.half_precision_inside"),
+        Wrong("float32 inside, not cast back", _rms(cast_back=False),
+              "10.rms_norm.returned_float32_intermediate"),
+        Wrong("scaling in low precision", _rms_rsqrt_in_low_precision,
+              "10.rms_norm.partly_half_precision"),
+        Wrong("vector_norm in low precision", _rms_via_linalg_norm_low_precision,
+              "10.rms_norm.half_precision_inside"),
+        Wrong("in place", _rms_in_place, "10.rms_norm.modified_x_in_place"),
+        Wrong("detached", _rms_detached, "10.rms_norm.cut_off_from_autograd"),
+        Wrong("gamma multiplied before the cast back", _rms_gamma_in_float32,
+              "10.rms_norm.cast_after_gamma"),
+        Wrong("gamma cast down to x's dtype", _rms_gamma_cast_down, "10.rms_norm.cast_after_gamma"),
+        Wrong("mean(x)² instead of mean(x²)", _rms_squared_mean, "10.rms_norm.squared_the_mean"),
+        Wrong("h = x.float(); h *= ...", _rms_in_place_after_float,
+              "10.rms_norm.modified_x_in_place"),
     ],
     "pre_norm_residual": [
-        Wrong("missing residual", lambda x, s, n: s(n(x)), "missing residual"),
-        Wrong("post-norm", lambda x, s, n: n(x + s(x)), "post-norm"),
+        Wrong("missing residual", lambda x, s, n: s(n(x)),
+              "10.pre_norm_residual.missing_residual"),
+        Wrong("post-norm", lambda x, s, n: n(x + s(x)), "10.pre_norm_residual.norm_after_the_add"),
         Wrong("normalised residual", lambda x, s, n: n(x) + s(n(x)),
-              "residual path carries x itself"),
-        Wrong("norm on the output", lambda x, s, n: x + n(s(x)), "output instead of its input"),
-        Wrong("norm on input and output", lambda x, s, n: x + n(s(n(x))), "both"),
-        Wrong("residual twice", lambda x, s, n: x + x + s(n(x)), "residual twice"),
-        Wrong("no norm", lambda x, s, n: x + s(x), "forgot the norm"),
-        Wrong("sublayer never called", lambda x, s, n: x + n(x), "sublayer was never called"),
+              "10.pre_norm_residual.normalised_residual"),
+        Wrong("norm on the output", lambda x, s, n: x + n(s(x)),
+              "10.pre_norm_residual.norm_on_sublayer_output"),
+        Wrong("norm on input and output", lambda x, s, n: x + n(s(n(x))),
+              "10.pre_norm_residual.norm_on_input_and_output"),
+        Wrong("residual twice", lambda x, s, n: x + x + s(n(x)),
+              "10.pre_norm_residual.residual_twice"),
+        Wrong("no norm", lambda x, s, n: x + s(x), "10.pre_norm_residual.forgot_the_norm"),
+        Wrong("sublayer never called", lambda x, s, n: x + n(x),
+              "10.pre_norm_residual.sublayer_never_called"),
         Wrong("sublayer fed x", lambda x, s, n: n(x) + s(x),
-              "sublayer received x itself, not norm(x)"),
-        Wrong("x += ...", _pre_in_place, "in place"),
-        Wrong("sublayer called twice", _pre_sublayer_twice, "called sublayer 2 times"),
-        Wrong("detached", lambda x, s, n: (x + s(n(x))).detach(), "no gradient"),
+              "10.pre_norm_residual.sublayer_got_the_wrong_tensor"),
+        Wrong("x += ...", _pre_in_place, "10.pre_norm_residual.modified_x_in_place"),
+        Wrong("sublayer called twice", _pre_sublayer_twice,
+              "10.pre_norm_residual.called_more_than_once"),
+        Wrong("detached", lambda x, s, n: (x + s(n(x))).detach(),
+              "10.pre_norm_residual.cut_off_from_autograd"),
+        Wrong("x.detach() + ...", _pre_residual_detached,
+              "10.pre_norm_residual.residual_path_detached"),
+        Wrong("sublayer under no_grad", _pre_sublayer_no_grad,
+              "10.pre_norm_residual.sublayer_path_detached"),
     ],
     "post_norm_residual": [
-        Wrong("missing final norm", lambda x, s, n: x + s(x), "forgot the final norm"),
-        Wrong("pre-norm", lambda x, s, n: x + s(n(x)), "wrote pre-norm"),
-        Wrong("missing residual", lambda x, s, n: n(s(x)), "missing residual"),
+        Wrong("missing final norm", lambda x, s, n: x + s(x),
+              "10.post_norm_residual.forgot_the_final_norm"),
+        Wrong("pre-norm", lambda x, s, n: x + s(n(x)), "10.post_norm_residual.wrote_pre_norm"),
+        Wrong("missing residual", lambda x, s, n: n(s(x)),
+              "10.post_norm_residual.missing_residual"),
         Wrong("norm on the output, then add", lambda x, s, n: x + n(s(x)),
-              "normalised the sublayer's output and then added x"),
+              "10.post_norm_residual.norm_on_sublayer_output"),
         Wrong("x added after the norm", lambda x, s, n: n(x + s(x)) + x,
-              "added the residual again after the norm"),
-        Wrong("residual twice inside", lambda x, s, n: n(x + x + s(x)), "residual twice inside"),
-        Wrong("sublayer fed norm(x)", lambda x, s, n: n(x + s(n(x))), "sublayer's input too"),
-        Wrong("norm fed x", lambda x, s, n: n(x) + s(x), "norm received x itself"),
-        Wrong("x += ...", _post_in_place, "in place"),
-        Wrong("norm called twice", _post_norm_twice, "called norm 2 times"),
-        Wrong("detached", lambda x, s, n: n(x + s(x)).detach(), "no gradient"),
+              "10.post_norm_residual.residual_added_after_the_norm"),
+        Wrong("residual twice inside", lambda x, s, n: n(x + x + s(x)),
+              "10.post_norm_residual.residual_twice"),
+        Wrong("sublayer fed norm(x)", lambda x, s, n: n(x + s(n(x))),
+              "10.post_norm_residual.normalised_sublayer_input"),
+        Wrong("norm fed x", lambda x, s, n: n(x) + s(x),
+              "10.post_norm_residual.norm_got_the_wrong_tensor"),
+        Wrong("x += ...", _post_in_place, "10.post_norm_residual.modified_x_in_place"),
+        Wrong("norm called twice", _post_norm_twice,
+              "10.post_norm_residual.called_more_than_once"),
+        Wrong("detached", lambda x, s, n: n(x + s(x)).detach(),
+              "10.post_norm_residual.cut_off_from_autograd"),
+        Wrong("norm(x.detach() + ...)", _post_residual_detached,
+              "10.post_norm_residual.residual_path_detached"),
+        Wrong("sublayer output detached", lambda x, s, n: n(x + s(x).detach()),
+              "10.post_norm_residual.sublayer_path_detached"),
     ],
 }
 
@@ -391,7 +477,8 @@ EXERCISES = [Exercise(CHECKERS[name], CORRECT[name], WRONG[name]) for name in CH
 
 def test_pure_low_precision_is_told_to_upcast():
     failure = assert_rejects(nb10.check_rms_norm,
-                             Wrong("no float32 inside", _rms(upcast=False), "float32"), seed=0)
+                             Wrong("no float32 inside", _rms(upcast=False),
+                                   "10.rms_norm.half_precision_inside"), seed=0)
     assert "x.float()" in str(failure)
 
 
@@ -446,3 +533,30 @@ def test_chapter_10_reads_in_chinese(monkeypatch):
     with pytest.raises(CheckFailure) as info:
         nb10.check_pre_norm_residual(lambda x, sublayer, norm: norm(x + sublayer(x)), seed=0)
     assert "在残差相加之后才用 Norm" in str(info.value), str(info.value)
+
+
+# ---- the chapter's in-place hints are what the engine's in-place check shows ---------------
+
+@pytest.mark.parametrize("name,fn,hint", [
+    ("layer_norm", _ln_in_place, nb10._IN_PLACE_NORM),
+    ("rms_norm", _rms_in_place_after_float, nb10._IN_PLACE_NORM),
+    ("pre_norm_residual", _pre_in_place, nb10.RESIDUAL_IN_PLACE),
+    ("post_norm_residual", _post_in_place, nb10.RESIDUAL_IN_PLACE),
+])
+def test_in_place_edits_get_the_chapters_hint(name, fn, hint):
+    failure = assert_rejects(CHECKERS[name], Wrong("in place", fn, f"10.{name}.{hint.key}"),
+                             seed=0)
+    assert failure.hint == hint and "in place" in failure.message
+
+
+def test_a_float32_gamma_on_half_precision_x_gives_float32():
+    """The contract's rule, cast back to x's dtype, then multiply by gamma: a float32 gamma makes
+    the result float32, so multiplying before the cast back shows (issue 28)."""
+    x = torch.randn(2, 3, 16).to(torch.bfloat16)
+    gamma = 1 + torch.randn(16)
+    assert ref.rms_norm(x, gamma).dtype == torch.float32
+    assert _rms_gamma_in_float32(x, gamma).dtype == torch.bfloat16
+    failure = assert_rejects(nb10.check_rms_norm,
+                             Wrong("gamma first", _rms_gamma_in_float32,
+                                   "10.rms_norm.cast_after_gamma"), seed=0)
+    assert "float32 gamma gives a float32 result" in str(failure), str(failure)

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from checks import LLAMA2_7B, ModelConfig, nb12
+from checks import LLAMA2_7B, ModelConfig, nb12, nb12_sampling
 from checks import reference as ref
 from checks.engine import ForbiddenCall
 from checks.reference import model as ref_model
@@ -99,13 +99,13 @@ def _init_no_head(cfg, generator=None, dtype=torch.float32):
 
 def _forward_with(*, final_norm=True, eps=True, tied=False, blocks=None, reset=False,
                   embed_scale=False, use_positions=True, first_row=False, out=None,
-                  norm_every=False, require_positions=False):
+                  norm_every=False, require_positions=False, start=0, head_t=False):
     """A learner-style model_forward (chapter 11's decoder_block, one-hot embedding lookup, a
     matmul head), with one thing changed."""
     def forward(token_ids, params, cfg, positions):
         s = token_ids.shape[1]
         if positions is None or not use_positions:
-            positions = torch.arange(s)
+            positions = torch.arange(start, start + s)
         if first_row and positions.dim() == 2:
             positions = positions[0]
         emb = F.one_hot(token_ids, cfg.vocab_size).to(params["embed"].dtype) @ params["embed"]
@@ -120,7 +120,7 @@ def _forward_with(*, final_norm=True, eps=True, tied=False, blocks=None, reset=F
         if final_norm and not norm_every:
             x = ref.rms_norm(x, params["final_norm"], cfg.norm_eps if eps else 1e-5)
         head = params["embed"].T if tied else params["lm_head"]
-        logits = torch.einsum("bsh,hv->bsv", x, head)
+        logits = x @ head.T if head_t else torch.einsum("bsh,hv->bsv", x, head)
         return out(logits) if out else logits
 
     if require_positions:
@@ -132,7 +132,7 @@ def _forward_with(*, final_norm=True, eps=True, tied=False, blocks=None, reset=F
 
 
 def _loss_with(*, shift="right", reduction="mean", axis=-1, log=True, softmax=True, stable=True,
-               item=False, detach=False, sign=1.0):
+               item=False, detach=False, sign=1.0, log_of_softmax=False):
     """A learner-style next_token_loss (log_softmax and gather), with one thing changed."""
     def next_token_loss(logits, token_ids):
         if shift == "right":
@@ -148,6 +148,8 @@ def _loss_with(*, shift="right", reduction="mean", axis=-1, log=True, softmax=Tr
         elif not stable:
             e = torch.exp(pred)
             logp = torch.log(e / e.sum(-1, keepdim=True))
+        elif log_of_softmax:
+            logp = torch.log(torch.softmax(pred, dim=axis))
         elif log:
             logp = torch.log_softmax(pred, dim=axis)
         else:
@@ -159,6 +161,8 @@ def _loss_with(*, shift="right", reduction="mean", axis=-1, log=True, softmax=Tr
             loss = -picked.sum()
         elif reduction == "bs":
             loss = -picked.sum() / logits.shape[0] / logits.shape[1]
+        elif reduction == "sum_time":
+            loss = -picked.sum(-1).mean()
         elif reduction == "per_seq":
             loss = -picked.mean(-1)
         else:
@@ -189,8 +193,8 @@ def _sampler_with(*, greedy="argmax", temp="divide", top_k_mode="ok", fill=float
     """A learner-style sample_next_token (softmax and torch.multinomial), one thing changed."""
     def sample_next_token(logits, *, temperature=1.0, top_k=None, generator=None):
         if temperature == 0 and greedy != "divide":
-            out = logits.argmin(-1) if greedy == "argmin" else logits.argmax(-1,
-                                                                             keepdim=keepdim)
+            out = logits.argmin(-1) if greedy == "argmin" else logits.argmax(
+                0 if greedy == "axis0" else -1, keepdim=keepdim)
             return out.float() if as_float else out
         scores = logits
         if in_place:
@@ -201,10 +205,19 @@ def _sampler_with(*, greedy="argmax", temp="divide", top_k_mode="ok", fill=float
             scores = logits * temperature
         if top_k is not None and top_k_mode != "ignored":
             k = top_k + 1 if top_k_mode == "plus_one" else top_k
-            k = min(k, scores.shape[-1])
-            values = torch.topk(scores, k, dim=-1, largest=top_k_mode != "smallest").values
+            k = k if top_k_mode == "no_clamp" else min(k, scores.shape[-1])
+            top = torch.topk(scores, k, dim=-1, largest=top_k_mode != "smallest")
+            values = top.values
             if top_k_mode == "smallest":
                 drop = scores > values[..., -1:]
+            elif top_k_mode == "exact_k":     # exactly k tokens: ties with the k-th dropped
+                drop = torch.ones_like(scores, dtype=torch.bool).scatter(-1, top.indices, False)
+            elif top_k_mode == "le":
+                drop = scores <= values[..., -1:]
+            elif top_k_mode == "row0":        # row 0's threshold for every row
+                drop = scores < values[0, -1]
+            elif top_k_mode == "no_keepdim":
+                drop = scores < values[..., -1]
             else:
                 drop = scores < values[..., -1:]
             scores = scores.masked_fill(drop, fill)
@@ -226,102 +239,154 @@ def _sampler_with(*, greedy="argmax", temp="divide", top_k_mode="ok", fill=float
     return sample_next_token
 
 
+def _init_one_ones(cfg, generator=None, dtype=torch.float32):
+    """Every norm of the model one torch.ones tensor."""
+    params = _init(cfg, generator, dtype)
+    ones = torch.ones(cfg.hidden_size, dtype=dtype)
+    for layer in params["layers"]:
+        layer["attn_norm"] = layer["ffn_norm"] = ones
+    params["final_norm"] = ones
+    return params
+
+
+def _forward_embed_overwritten(token_ids, params, cfg, positions=None):
+    embed = params["embed"]         # the name of chapter 02's function, now a tensor
+    x = embed(token_ids, params["embed"])
+    return x @ params["lm_head"]
+
+
+def _loss_unflattened(logits, ids):
+    return F.cross_entropy(logits[:, :-1], ids[:, 1:])
+
+
 WRONG = {
     nb12.check_init_model_params: [
-        Wrong("tied LM head", _init_with(tied=True), "tied"),
+        Wrong("tied LM head", _init_with(tied=True), '12.init_model_params.tied_lm_head'),
         Wrong("lm_head [V, H]", _init_with(head_shape=lambda cfg: (cfg.vocab_size,
                                                                     cfg.hidden_size)),
-              "[h, |v|]"),
+              '12.init_model_params.lm_head_v_by_h'),
         Wrong("lm_head [H, H] like W_O", _init_with(head_shape=lambda cfg: (cfg.hidden_size,
                                                                              cfg.hidden_size)),
-              "output projection w_o"),
-        Wrong("no lm_head at all", _init_no_head, "matrix of its own"),
-        Wrong("[block] * L", _init_with(blocks="repeated"), "its own weights"),
-        Wrong("every block from a fixed seed", _init_with(blocks="seeded"), "its own weights"),
-        Wrong("L - 1 blocks", _init_with(layers_delta=-1), "cfg.n_layers"),
-        Wrong("layers as a tuple", _init_with(as_tuple=True), "expected a list"),
-        Wrong("final norm at zero", _init_with(final_norm=torch.zeros), "all ones"),
-        Wrong("embedding with std 1", _init_with(embed_std=1.0), "std 1"),
+              '12.init_model_params.lm_head_shaped_like_wo'),
+        Wrong("no lm_head at all", _init_no_head, '12.init_model_params.no_lm_head'),
+        Wrong("[block] * L", _init_with(blocks="repeated"), '12.init_model_params.blocks_share_weights'),
+        Wrong("every block from a fixed seed", _init_with(blocks="seeded"), '12.init_model_params.blocks_share_weights'),
+        Wrong("L - 1 blocks", _init_with(layers_delta=-1), '12.init_model_params.wrong_number_of_blocks'),
+        Wrong("layers as a tuple", _init_with(as_tuple=True), '12.init_model_params.layers_not_a_list'),
+        Wrong("final norm at zero", _init_with(final_norm=torch.zeros), '12.init_model_params.norm_at_zero'),
+        Wrong("embedding with std 1", _init_with(embed_std=1.0), '12.init_model_params.std_one'),
         Wrong("generator not passed to the blocks", _init_with(pass_gen=False),
-              "pass generator=generator on to init_block_params"),
+              '12.init_model_params.generator_not_passed_to_blocks'),
         Wrong("dtype not passed to the blocks", _init_with(pass_dtype=False),
-              "pass dtype=dtype on to every block"),
+              '12.init_model_params.dtype_not_passed_to_blocks'),
         Wrong("new Generator() when None", _init_with(none_gen=torch.Generator),
-              "global generator"),
+              '12.init_model_params.new_generator_when_none'),
+        Wrong("one torch.ones for every norm", _init_one_ones,
+              "12.init_model_params.one_tensor_two_names"),
     ],
     nb12.check_model_forward: [
-        Wrong("no final norm", _forward_with(final_norm=False), "no final rmsnorm"),
-        Wrong("final norm eps ignored", _forward_with(eps=False), "cfg.norm_eps"),
-        Wrong("tied LM head", _forward_with(tied=True), "embedding table (transposed)"),
-        Wrong("first block only", _forward_with(blocks=lambda ls: ls[:1]), "only the first block"),
-        Wrong("every block fed the embeddings", _forward_with(reset=True), "only the last block"),
-        Wrong("blocks reversed", _forward_with(blocks=lambda ls: ls[::-1]), "reverse order"),
+        Wrong("no final norm", _forward_with(final_norm=False), '12.model_forward.no_final_norm'),
+        Wrong("final norm eps ignored", _forward_with(eps=False), '12.model_forward.final_norm_eps_ignored'),
+        Wrong("tied LM head", _forward_with(tied=True), '12.model_forward.embedding_as_lm_head'),
+        Wrong("first block only", _forward_with(blocks=lambda ls: ls[:1]), '12.model_forward.first_block_only'),
+        Wrong("every block fed the embeddings", _forward_with(reset=True), '12.model_forward.last_block_only'),
+        Wrong("blocks reversed", _forward_with(blocks=lambda ls: ls[::-1]), '12.model_forward.blocks_reversed'),
         Wrong("block 0 repeated", _forward_with(blocks=lambda ls: [ls[0]] * len(ls)),
-              "params['layers'][0] l times"),
-        Wrong("embeddings scaled by sqrt(H)", _forward_with(embed_scale=True), "sqrt(h)"),
-        Wrong("positions ignored", _forward_with(use_positions=False), "ignored `positions`"),
-        Wrong("first row of positions", _forward_with(first_row=True), "first row of positions"),
-        Wrong("final norm after every block", _forward_with(norm_every=True), "after every block"),
+              '12.model_forward.first_block_repeated'),
+        Wrong("embeddings scaled by sqrt(H)", _forward_with(embed_scale=True), '12.model_forward.embeddings_scaled'),
+        Wrong("positions ignored", _forward_with(use_positions=False), '12.model_forward.positions_ignored'),
+        Wrong("first row of positions", _forward_with(first_row=True), '12.model_forward.first_row_of_positions'),
+        Wrong("final norm after every block", _forward_with(norm_every=True), '12.model_forward.final_norm_after_every_block'),
         Wrong("returns softmax", _forward_with(out=lambda t: t.softmax(-1)),
-              "returned probabilities"),
+              '12.model_forward.returned_probabilities'),
         Wrong("returns log_softmax", _forward_with(out=lambda t: t.log_softmax(-1)),
-              "log-probabilities"),
+              '12.model_forward.returned_log_probabilities'),
         Wrong("last position only", _forward_with(out=lambda t: t[:, -1]),
-              "only the last position"),
+              '12.model_forward.last_position_only'),
         Wrong("positions required", _forward_with(require_positions=True),
-              "positions is optional"),
+              '12.model_forward.positions_required'),
+        Wrong("default positions from 1", _forward_with(start=1),
+              "12.model_forward.default_positions_not_from_zero"),
+        Wrong("x @ lm_head.T", _forward_with(head_t=True), "12.model_forward.lm_head_transposed"),
+        Wrong("embed = params['embed']", _forward_embed_overwritten,
+              "12.model_forward.function_name_overwritten"),
+        Wrong("last block skipped", _forward_with(blocks=lambda ls: ls[:-1]),
+              "12.model_forward.last_block_skipped"),
+        Wrong("no blocks", _forward_with(blocks=lambda ls: []), "12.model_forward.no_blocks"),
     ],
     nb12.check_next_token_loss: [
-        Wrong("no shift", _loss_with(shift="none"), "no shift"),
-        Wrong("shifted the wrong way", _loss_with(shift="wrong"), "shifted the wrong way"),
-        Wrong("torch.roll", _loss_with(shift="roll"), "wrapped around"),
-        Wrong("summed", _loss_with(reduction="sum"), "summed instead of averaged"),
-        Wrong("divided by B * S", _loss_with(reduction="bs"), "divided by b * s"),
-        Wrong("per sequence", _loss_with(reduction="per_seq"), "one loss per sequence"),
-        Wrong("per token", _loss_with(reduction="none"), "one loss per prediction"),
-        Wrong("log_softmax over the sequence axis", _loss_with(axis=1), "wrong axis"),
-        Wrong("log_softmax over the batch axis", _loss_with(axis=0), "wrong axis"),
-        Wrong("forgot the log", _loss_with(log=False), "forgot the log"),
-        Wrong("no log_softmax at all", _loss_with(softmax=False), "forgot the log-softmax"),
-        Wrong("no minus sign", _loss_with(sign=-1.0), "minus sign"),
-        Wrong("naive log(exp / sum exp)", _loss_with(stable=False), "not stable"),
-        Wrong(".item()", _loss_with(item=True), "without .item()"),
-        Wrong("rebuilt with torch.tensor", _loss_with(detach=True), "differentiable"),
+        Wrong("no shift", _loss_with(shift="none"), '12.next_token_loss.no_shift'),
+        Wrong("shifted the wrong way", _loss_with(shift="wrong"), '12.next_token_loss.shifted_the_wrong_way'),
+        Wrong("torch.roll", _loss_with(shift="roll"), '12.next_token_loss.wrapped_around_with_roll'),
+        Wrong("summed", _loss_with(reduction="sum"), '12.next_token_loss.summed'),
+        Wrong("divided by B * S", _loss_with(reduction="bs"), '12.next_token_loss.divided_by_b_times_s'),
+        Wrong("per sequence", _loss_with(reduction="per_seq"), '12.next_token_loss.loss_per_sequence'),
+        Wrong("per token", _loss_with(reduction="none"), '12.next_token_loss.loss_per_prediction'),
+        Wrong("log_softmax over the sequence axis", _loss_with(axis=1), '12.next_token_loss.log_softmax_over_sequence'),
+        Wrong("log_softmax over the batch axis", _loss_with(axis=0), '12.next_token_loss.log_softmax_over_batch'),
+        Wrong("forgot the log", _loss_with(log=False), '12.next_token_loss.forgot_the_log'),
+        Wrong("no log_softmax at all", _loss_with(softmax=False), '12.next_token_loss.no_log_softmax'),
+        Wrong("no minus sign", _loss_with(sign=-1.0), '12.next_token_loss.no_minus_sign'),
+        Wrong("naive log(exp / sum exp)", _loss_with(stable=False), '12.next_token_loss.unstable_for_large_logits'),
+        Wrong(".item()", _loss_with(item=True), '12.next_token_loss.returned_python_number'),
+        Wrong("rebuilt with torch.tensor", _loss_with(detach=True), '12.next_token_loss.not_differentiable'),
+        Wrong("log(softmax(x))", _loss_with(log_of_softmax=True), "12.next_token_loss.log_of_softmax"),
+        Wrong("F.cross_entropy without flattening", _loss_unflattened,
+              "12.next_token_loss.cross_entropy_not_flattened"),
+        Wrong("summed over positions", _loss_with(reduction="sum_time"),
+              "12.next_token_loss.summed_over_positions"),
     ],
     nb12.check_model_param_count: [
-        Wrong("LM head tied/left out", _count_with(head="none"), "counted only one"),
-        Wrong("embedding left out", _count_with(embed=0), "counted only one"),
-        Wrong("LM head as H x H (W_O)", _count_with(head="wo"), "output projection w_o"),
-        Wrong("no final norm", _count_with(final_norm=0), "final rmsnorm"),
+        Wrong("LM head tied/left out", _count_with(head="none"), '12.model_param_count.one_vxh_matrix_counted'),
+        Wrong("embedding left out", _count_with(embed=0), '12.model_param_count.one_vxh_matrix_counted'),
+        Wrong("LM head as H x H (W_O)", _count_with(head="wo"), '12.model_param_count.lm_head_as_h_by_h'),
+        Wrong("no final norm", _count_with(final_norm=0), '12.model_param_count.final_norm_left_out'),
         Wrong("a final norm per block", lambda cfg: _count_with()(cfg) + (cfg.n_layers - 1) *
-              cfg.hidden_size, "final norm in every block"),
-        Wrong("L - 1 blocks", _count_with(blocks=-1), "l - 1 blocks"),
-        Wrong("L + 1 blocks", _count_with(blocks=1), "l + 1 blocks"),
-        Wrong("MHA blocks under GQA", _count_with(mha=True), "4 h x h"),
-        Wrong("LM head bias", _count_with(bias=1), "bias"),
-        Wrong("float", _count_with(as_float=True), "float"),
+              cfg.hidden_size, '12.model_param_count.final_norm_per_block'),
+        Wrong("L - 1 blocks", _count_with(blocks=-1), '12.model_param_count.l_minus_one_blocks'),
+        Wrong("L + 1 blocks", _count_with(blocks=1), '12.model_param_count.l_plus_one_blocks'),
+        Wrong("MHA blocks under GQA", _count_with(mha=True), '12.model_param_count.mha_blocks'),
+        Wrong("LM head bias", _count_with(bias=1), '12.model_param_count.lm_head_bias'),
+        Wrong("float", _count_with(as_float=True), '12.model_param_count.returned_float'),
+        Wrong("one block", lambda cfg: _count_with(blocks=1 - cfg.n_layers)(cfg),
+              "12.model_param_count.one_block"),
+        Wrong("blocks without their norms",
+              lambda cfg: _count_with()(cfg) - 2 * cfg.hidden_size * cfg.n_layers,
+              "12.model_param_count.block_norms_left_out"),
     ],
     nb12.check_sample_next_token: [
-        Wrong("T = 0 divides by zero", _sampler_with(greedy="divide"), "greedy"),
-        Wrong("greedy argmin", _sampler_with(greedy="argmin"), "argmin"),
-        Wrong("keepdim [B, 1]", _sampler_with(keepdim=True), "[b, 1]"),
-        Wrong("float tokens", _sampler_with(as_float=True), "torch.int64"),
+        Wrong("T = 0 divides by zero", _sampler_with(greedy="divide"), '12.sample_next_token.divided_by_zero_temperature'),
+        Wrong("greedy argmin", _sampler_with(greedy="argmin"), '12.sample_next_token.greedy_argmin'),
+        Wrong("keepdim [B, 1]", _sampler_with(keepdim=True), '12.sample_next_token.returned_b_by_1'),
+        Wrong("float tokens", _sampler_with(as_float=True), '12.sample_next_token.token_ids_not_int64'),
         Wrong("temperature multiplies", _sampler_with(temp="multiply"),
-              "multiplied the logits by t"),
-        Wrong("temperature ignored", _sampler_with(temp="ignore"), "ignored the temperature"),
-        Wrong("top_k ignored", _sampler_with(top_k_mode="ignored"), "ignored top_k"),
-        Wrong("k smallest", _sampler_with(top_k_mode="smallest"), "smallest"),
-        Wrong("k + 1 kept", _sampler_with(top_k_mode="plus_one"), "k + 1"),
-        Wrong("dropped logits set to 0", _sampler_with(fill=0.0), "instead of -inf"),
-        Wrong("uniform draw", _sampler_with(draw="uniform"), "uniformly over the vocabulary"),
-        Wrong("softmax over the batch axis", _sampler_with(axis=0), "batch axis (dim=0)"),
+              '12.sample_next_token.temperature_multiplied'),
+        Wrong("temperature ignored", _sampler_with(temp="ignore"), '12.sample_next_token.temperature_ignored'),
+        Wrong("top_k ignored", _sampler_with(top_k_mode="ignored"), '12.sample_next_token.top_k_ignored'),
+        Wrong("k smallest", _sampler_with(top_k_mode="smallest"), '12.sample_next_token.kept_k_smallest'),
+        Wrong("k + 1 kept", _sampler_with(top_k_mode="plus_one"), '12.sample_next_token.kept_k_plus_one'),
+        Wrong("dropped logits set to 0", _sampler_with(fill=0.0), '12.sample_next_token.dropped_logits_set_to_zero'),
+        Wrong("uniform draw", _sampler_with(draw="uniform"), '12.sample_next_token.uniform_over_vocabulary'),
+        Wrong("softmax over the batch axis", _sampler_with(axis=0), '12.sample_next_token.uniform_over_vocabulary'),
         Wrong("one uniform for the whole batch", _sampler_with(draw="shared_u"),
-              "same token"),
-        Wrong("generator ignored", _sampler_with(use_generator=False), "`generator` argument"),
+              '12.sample_next_token.one_draw_for_all_rows'),
+        Wrong("generator ignored", _sampler_with(use_generator=False), '12.sample_next_token.generator_ignored'),
         Wrong("torch.distributions.Categorical", _sampler_with(draw="categorical"),
-              "cannot take a generator"),
-        Wrong("fixed seed inside", _sampler_with(fixed_seed=True), "fixed seed"),
-        Wrong("logits /= T in place", _sampler_with(in_place=True), "in place"),
+              '12.sample_next_token.generator_ignored'),
+        Wrong("fixed seed inside", _sampler_with(fixed_seed=True), '12.sample_next_token.fixed_seed_inside'),
+        Wrong("logits /= T in place", _sampler_with(in_place=True), '12.sample_next_token.logits_changed_in_place'),
+        Wrong("exactly k tokens (ties dropped)", _sampler_with(top_k_mode="exact_k"),
+              "12.sample_next_token.ties_dropped"),
+        Wrong("masked with <=", _sampler_with(top_k_mode="le"),
+              "12.sample_next_token.kept_k_minus_one"),
+        Wrong("row 0's threshold for every row", _sampler_with(top_k_mode="row0"),
+              "12.sample_next_token.one_threshold_for_the_batch"),
+        Wrong("topk values[..., -1] without keepdim", _sampler_with(top_k_mode="no_keepdim"),
+              "12.sample_next_token.threshold_without_keepdim"),
+        Wrong("top_k not clamped to |V|", _sampler_with(top_k_mode="no_clamp"),
+              "12.sample_next_token.top_k_larger_than_vocabulary"),
+        Wrong("argmax over the batch axis", _sampler_with(greedy="axis0"),
+              "12.sample_next_token.argmax_over_batch_axis"),
     ],
 }
 
@@ -362,13 +427,13 @@ def test_frequency_tolerance_bounds_the_failure_probability():
 def test_sampling_check_compares_at_most_max_comparisons(monkeypatch):
     """The union bound counts MAX_COMPARISONS distributions of at most MAX_VOCAB tokens."""
     seen = []
-    original = nb12._expect_distribution
+    original = nb12_sampling.expect_distribution
 
     def counting(c, samples, probs, wrong, label):
         seen.append(probs.numel())
         return original(c, samples, probs, wrong, label)
 
-    monkeypatch.setattr(nb12, "_expect_distribution", counting)
+    monkeypatch.setattr(nb12_sampling, "expect_distribution", counting)
     for thorough in (False, True):
         seen.clear()
         nb12.check_sample_next_token(REFERENCE[nb12.check_sample_next_token], seed=11,

@@ -337,6 +337,15 @@ class SharedKVCache(ListCache):
         self.v = self.k
 
 
+class OneTensorForKAndVCache(ListCache):
+    """One [L, B, N_kv, S_max, D_h] tensor, given out as both K and V."""
+
+    def __init__(self, cfg, batch_size, max_seq_len, dtype=torch.float32, device=None):
+        super().__init__(cfg, batch_size, max_seq_len, dtype, device)
+        buffer = torch.zeros(cfg.n_layers, *self.k[0].shape, dtype=dtype)
+        self.k, self.v = buffer, buffer
+
+
 class ContiguousCache(ListCache):
     """Returns `.contiguous()` slices: copies, since a slice of the position axis is not."""
 
@@ -372,6 +381,35 @@ class KOnlyWrittenCache(ListCache):
         self.k[layer_idx][:, :, start_pos:end] = k
 
 
+class AppendOnlyCache(ListCache):
+    """Named its method `append` (as for a list) instead of `update`."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.append = super().update
+
+    update = None
+
+
+class LayerZeroCache(ListCache):
+    """Allocates every layer, but reads and writes layer 0's buffers whatever layer_idx says."""
+
+    def update(self, layer_idx, k, v, start_pos):
+        return super().update(0, k, v, start_pos)
+
+
+class UpToStartCache(ListCache):
+    def update(self, layer_idx, k, v, start_pos):
+        super().update(layer_idx, k, v, start_pos)
+        return self.k[layer_idx][:, :, :start_pos], self.v[layer_idx][:, :, :start_pos]
+
+
+class OneShortCache(ListCache):
+    def update(self, layer_idx, k, v, start_pos):
+        k_all, v_all = super().update(layer_idx, k, v, start_pos)
+        return k_all[:, :, :-1], v_all[:, :, :-1]
+
+
 class OverflowStartOnlyCache(ListCache):
     """Tests only where a chunk starts: one that runs past the end meets a slice too short."""
 
@@ -402,6 +440,14 @@ KV_WRONG = [
     Wrong("reallocates in update", ReallocatingCache, "13.KVCache.replaces_buffers_in_update"),
     Wrong("subclasses the reference", SubclassedReference, "13.KVCache.subclasses_reference"),
     Wrong("K and V share one buffer", SharedKVCache, "13.KVCache.k_and_v_share_one_buffer"),
+    Wrong("one tensor as K and V", OneTensorForKAndVCache,
+          "13.KVCache.k_and_v_share_one_buffer"),
+    Wrong("method named append", AppendOnlyCache, "13.KVCache.no_update_method"),
+    Wrong("every layer in layer 0's buffers", LayerZeroCache,
+          "13.KVCache.layers_share_one_buffer"),
+    Wrong("returns positions before start_pos", UpToStartCache,
+          "13.KVCache.returns_positions_before_start"),
+    Wrong("returns one position short", OneShortCache, "13.KVCache.returns_one_position_short"),
     Wrong("returns .contiguous() copies", ContiguousCache, "13.KVCache.returns_copies"),
     Wrong("returns torch.cat of cached and new", CatReturnCache, "13.KVCache.returns_copies"),
     Wrong("returns repeated KV heads", RepeatedReturnCache, "13.KVCache.returns_repeated_heads"),
@@ -416,7 +462,8 @@ KV_WRONG = [
 
 def _forward(token_ids, params, cfg, cache, start_pos, *, offset=True, mask="bottom_right",
              store="rotated", use_returned=True, repeat=False, update_start=None,
-             only_layer=None, scale_h=False, first_position=0):
+             only_layer=None, scale_h=False, first_position=0, last_only=False,
+             tokens_first=False, update_twice=False):
     t = token_ids.shape[1]
     end = start_pos + t
     positions = torch.arange(start_pos, end) if offset else torch.arange(t)
@@ -432,9 +479,13 @@ def _forward(token_ids, params, cfg, cache, start_pos, *, offset=True, mask="bot
         if repeat:
             g = cfg.n_heads // cfg.n_kv_heads
             stored, v = stored.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+        if tokens_first:   # [B, T, N_kv, D_h], the layout before split_heads' transpose
+            stored, v = stored.transpose(1, 2), v.transpose(1, 2)
         if only_layer is None or i == only_layer:
             k_all, v_all = cache.update(i if only_layer is None else 0, stored, v,
                                         start_pos if update_start is None else update_start)
+        if update_twice:   # once for K, once again "for V"
+            _, v_all = cache.update(i, stored, v, start_pos)
         if store == "rerotate":
             k_all = ref.apply_rope(k_all, torch.arange(end), **rope)
         if not use_returned:
@@ -452,6 +503,8 @@ def _forward(token_ids, params, cfg, cache, start_pos, *, offset=True, mask="bot
         x = x + ref.merge_heads(out) @ layer["wo"]
         x = x + ref.swiglu_ffn(ref.rms_norm(x, layer["ffn_norm"], cfg.norm_eps),
                                layer["w_gate"], layer["w_up"], layer["w_down"])
+    if last_only:   # chapter 12's last_only, where every position's logits are asked for
+        x = x[:, -1:]
     return ref.rms_norm(x, params["final_norm"], cfg.norm_eps) @ params["lm_head"]
 
 
@@ -493,6 +546,12 @@ FORWARD_WRONG = [
           "13.forward_with_cache.scaled_by_sqrt_h"),
     Wrong("positions counted from 1", _fwd(first_position=1),
           "13.forward_with_cache.positions_one_too_far"),
+    Wrong("logits of the last position only", _fwd(last_only=True),
+          "13.forward_with_cache.returns_last_position_only"),
+    Wrong("K/V tokens-first into the cache", _fwd(tokens_first=True),
+          "13.forward_with_cache.kv_not_heads_first"),
+    Wrong("update called twice per layer", _fwd(update_twice=True),
+          "13.forward_with_cache.update_not_once_per_layer"),
 ]
 
 
@@ -505,7 +564,7 @@ def _generate(params, cfg, prompt_ids, max_new_tokens, *, use_cache=True, temper
     use_cache = use_cache or mistake == "uncached uses cache"
     b, p = prompt_ids.shape
     tokens = prompt_ids.clone()
-    n = max_new_tokens + (mistake == "one too many")
+    n = max_new_tokens + (mistake == "one too many") - (mistake == "one too few")
     cache = ref.KVCache(cfg, b, p + 2 * n + 2)
     with torch.no_grad():
         for step in range(n):
@@ -519,7 +578,8 @@ def _generate(params, cfg, prompt_ids, max_new_tokens, *, use_cache=True, temper
                 logits = forward(prompt_ids, params, cfg, cache, 0)
             else:
                 start = {"not advanced": p, "skip": p + step}.get(mistake, p + step - 1)
-                logits = forward(tokens[:, -1:], params, cfg, cache, start)
+                last = tokens[:, -1] if mistake == "1-D decode tokens" else tokens[:, -1:]
+                logits = forward(last, params, cfg, cache, start)
             row = logits[:, 0] if mistake == "first position" and step == 0 else logits[:, -1]
             nxt = sample_next_token(
                 row, temperature=0.0 if mistake == "greedy always" else temperature,
@@ -581,6 +641,16 @@ def _uncached_by_fresh_caches(params, cfg, prompt_ids, max_new_tokens, *, use_ca
     return tokens
 
 
+def _rolls_the_prompt(params, cfg, prompt_ids, max_new_tokens, *, use_cache=True,
+                      temperature=0.0, generator=None):
+    """Right tokens, but the prompt's tensor doubles as a rolling window of the last P tokens."""
+    out = _generate(params, cfg, prompt_ids, max_new_tokens, use_cache=use_cache,
+                    temperature=temperature, generator=generator)
+    if max_new_tokens:
+        prompt_ids.copy_(out[:, -prompt_ids.shape[1]:])
+    return out
+
+
 def _calls_reference_generate(params, cfg, prompt_ids, max_new_tokens, **kwargs):
     return ref.generate(params, cfg, prompt_ids, max_new_tokens, **kwargs)
 
@@ -592,6 +662,7 @@ GENERATE_WRONG = [
     Wrong("logits of position 0", _gen("first position"), "13.generate.logits_of_first_position"),
     Wrong("returns new tokens only", _gen("new only"), "13.generate.returns_new_tokens_only"),
     Wrong("one token too many", _gen("one too many"), "13.generate.one_token_too_many"),
+    Wrong("one token too few", _gen("one too few"), "13.generate.one_token_too_few"),
     Wrong("feeds the last token back (wasted forward)", _gen("wasted forward"),
           "13.generate.forward_after_last_token"),
     Wrong("wasted forward without the cache", _gen("wasted forward uncached"),
@@ -614,6 +685,12 @@ GENERATE_WRONG = [
           "13.generate.cache_stores_k_before_rope"),
     Wrong("forward ignores the cache", _gen(forward=_fwd(use_returned=False)),
           "13.generate.ignores_the_cache"),
+    Wrong("keeps a rolling window in prompt_ids", _rolls_the_prompt,
+          "13.generate.changes_prompt_in_place"),
+    Wrong("decode tokens as [B]", _gen("1-D decode tokens"),
+          "13.generate.decode_tokens_without_sequence_axis"),
+    Wrong("decode tokens as [B], solution-style forward", _gen("1-D decode tokens", _fwd()),
+          "13.generate.decode_tokens_without_sequence_axis"),
 ]
 
 # ------------------------------------------------------------------------------------------------
@@ -675,6 +752,8 @@ def _learner_decode(mistake=None):
             return weights + cache
         if mistake == "bytes for the weights only":
             return weights * s + cache
+        if mistake == "bytes for the cache only":
+            return weights + cache * s
         total = (weights + cache) * s
         if mistake == "GiB":
             return total / 2**30
@@ -686,6 +765,8 @@ def _learner_decode(mistake=None):
 
 def _learner_intensity(mistake=None):
     def arithmetic_intensity(flops, num_bytes):
+        if mistake == "tensor":
+            return torch.tensor(flops) / num_bytes
         if mistake == "inverted":
             return num_bytes / flops
         if mistake == "floor division":
@@ -756,6 +837,8 @@ DECODE_WRONG = [
           "13.decode_step_bytes.bytes_per_elem_for_weights_only"),
     Wrong("new position counted twice", _learner_decode("new position twice"),
           "13.decode_step_bytes.new_position_twice"),
+    Wrong("bytes_per_elem for the cache only", _learner_decode("bytes for the cache only"),
+          "13.decode_step_bytes.bytes_per_elem_for_cache_only"),
 ]
 
 INTENSITY_WRONG = [
@@ -767,6 +850,8 @@ INTENSITY_WRONG = [
           "13.arithmetic_intensity.flops_counted_twice"),
     Wrong("floor division, then float", _learner_intensity("floor division, then float"),
           "13.arithmetic_intensity.floor_division"),
+    Wrong("returns a tensor", _learner_intensity("tensor"),
+          "13.arithmetic_intensity.returns_no_float"),
     Wrong("divided by bits", _learner_intensity("bits"),
           "13.arithmetic_intensity.divided_by_bits"),
 ]

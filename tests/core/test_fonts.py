@@ -141,6 +141,7 @@ def _chapter_01_figure(tmp_path, mode: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
 
 
+@pytest.mark.slow
 def test_chapter_01s_first_figure_is_silent_with_an_empty_matplotlib_cache(tmp_path):
     done = _chapter_01_figure(tmp_path, "as-shipped")
     assert done.returncode == 0, done.stderr
@@ -148,6 +149,7 @@ def test_chapter_01s_first_figure_is_silent_with_an_empty_matplotlib_cache(tmp_p
     assert done.stderr == ""
 
 
+@pytest.mark.slow
 def test_without_the_bold_stand_in_the_fresh_machine_warns(tmp_path):
     # The test above can fail: the packaged font has no bold face, and chapter 01 asks for one.
     done = _chapter_01_figure(tmp_path, "without-stand-in")

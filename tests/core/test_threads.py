@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 # What the kernel's import cell does, with ipykernel imported first as in a Jupyter kernel.
 PROBE = """
 import sys, torch

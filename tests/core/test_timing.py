@@ -82,6 +82,7 @@ def test_byte_formulas_agree_with_the_earlier_chapters():
     assert 0.9 < intensity < 1.0
 
 
+@pytest.mark.slow
 def test_headless_command_runs_tiny(tmp_path):
     out, fig = tmp_path / "timing.json", tmp_path / "roofline.png"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -102,6 +103,7 @@ def test_headless_command_runs_tiny(tmp_path):
     assert fig.stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_command_refuses_cuda_without_a_gpu():
     if torch.cuda.is_available():
         pytest.skip("a GPU is available here")
@@ -166,6 +168,7 @@ def _smollm_available() -> bool:
 
 
 @pytest.mark.skipif(not _smollm_available(), reason="SmolLM2's package is not installed")
+@pytest.mark.slow
 def test_headless_command_runs_the_real_model(tmp_path):
     out = tmp_path / "smollm.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -35,6 +35,8 @@ from checks.engine import CheckFailure
 
 from .test_release_notebooks_run import RELEASE, kernel_env
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "build" / "test-artifacts" / "browser"
 RELEASES = {"en": RELEASE, "zh": ROOT / "notebooks-zh"}

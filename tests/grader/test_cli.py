@@ -121,6 +121,7 @@ def results_of(report) -> list:
     return notebooks
 
 
+@pytest.mark.grader_workers
 def test_grade_a_class_folder_past_a_hanging_and_a_broken_submission(tmp_path):
     """`python -m checks grade` as a process: the hanging notebook scores zero within its time
     limit, the broken one costs one line, the solution still gets full marks, inputs unchanged;
@@ -172,6 +173,7 @@ def test_grade_a_class_folder_past_a_hanging_and_a_broken_submission(tmp_path):
     assert results_of(one_at_a_time) == results_of(report)
 
 
+@pytest.mark.grader_workers
 def test_a_changed_file_stops_grading_with_an_incident_report(tmp_path):
     """The walls keep submissions from changing files; should anything change one anyway, the
     run stops after the notebook being graded, naming it (here the test itself changes a file
@@ -309,6 +311,7 @@ def _grading_processes(grader: int) -> list[int]:
     return found
 
 
+@pytest.mark.grader_workers
 def test_a_killed_grading_process_costs_nothing(tmp_path):
     """SIGKILL to one of --jobs' grading processes (the OOM killer, an operator, a submission's
     worker where there are no walls) breaks the pool: the notebooks it was grading are graded

@@ -286,6 +286,7 @@ def folder(tmp_path_factory):
     return tmp_path_factory.mktemp("submissions")
 
 
+@pytest.mark.grader_workers
 def test_solution_gets_full_marks_and_stays_untouched():
     result = grade_untouched(sub.SOLUTION_01)
     assert result.chapter == "01_notation" and result.error is None
@@ -296,6 +297,7 @@ def test_solution_gets_full_marks_and_stays_untouched():
     assert data["points"] == 6 and data["passed"] == 4 and len(data["exercises"]) == 4
 
 
+@pytest.mark.grader_workers
 def test_fresh_release_scores_zero_not_started(folder):
     path = sub.RELEASE_01 if sub.RELEASE_01.is_file() else \
         sub.write(sub.release(), folder / "release" / "01_notation.ipynb")
@@ -304,6 +306,7 @@ def test_fresh_release_scores_zero_not_started(folder):
     assert {e.status for e in result.exercises} == {"not started"}
 
 
+@pytest.mark.grader_workers
 def test_tampered_tests_are_restored_and_sys_exit_costs_only_its_exercise(folder):
     nb = sub.solution()
     sub.delete(nb, "check_head_dim")  # correct answer, test deleted: restored, still earns
@@ -324,6 +327,7 @@ def test_tampered_tests_are_restored_and_sys_exit_costs_only_its_exercise(folder
             result["tensor_shape"].max_points) == ("passed", 2, 2)
 
 
+@pytest.mark.grader_workers
 def test_a_cell_that_kills_the_worker_costs_only_its_exercise(folder):
     """The worker dies in head_dim's answer cell: that cell is skipped, a fresh worker runs the
     cells before it again, and the exercises after it keep their points."""
@@ -340,6 +344,7 @@ def test_a_cell_that_kills_the_worker_costs_only_its_exercise(folder):
         "its answer cell was skipped: the worker process died (exit status 1)"
 
 
+@pytest.mark.grader_workers
 def test_a_learner_s_exception_keeps_its_type_and_message(folder):
     """Carried as type name and text, never re-instantiated from its arguments: a
     UnicodeDecodeError (five arguments to build) stays one, its text the learner's, not
@@ -360,6 +365,7 @@ def test_a_learner_s_exception_keeps_its_type_and_message(folder):
         result["validate_config"].message, result["validate_config"].message
 
 
+@pytest.mark.grader_workers
 def test_a_hidden_test_that_calls_a_broken_exercise_says_fix_it_first(folder):
     """bpe_decode is right, bpe_encode (code points, not UTF-8 bytes) is not: bpe_decode's
     hidden test decodes bpe_encode's output and meets KeyError: 25105. As the self-checks do,
@@ -378,6 +384,7 @@ def test_a_hidden_test_that_calls_a_broken_exercise_says_fix_it_first(folder):
     assert decode.mistake == "02.bpe_decode.fix_bpe_encode_first"
 
 
+@pytest.mark.grader_workers
 def test_hidden_tests_never_reach_the_worker(folder):
     """A submission that records the source of everything compiled in its worker (an audit hook
     on compile) and raises what it saw of the hidden tests as a message: nothing of them was
@@ -429,6 +436,7 @@ def test_rebuilt_exceptions_are_the_learner_s_type_and_text():
     assert isinstance(odd, Exception)
 
 
+@pytest.mark.grader_workers
 def test_the_notebook_budget_ends_a_notebook_of_slow_cells(folder):
     """Cells that each stay under the cell limit cannot add up past the notebook's budget."""
     nb = sub.solution()
@@ -653,6 +661,7 @@ def test_the_reservation_is_what_an_address_space_limit_refuses():
 
 @pytest.mark.parametrize("memory_by, isolation", [("cgroup", "auto"), ("rss", "auto"),
                                                    ("rss", "none")])
+@pytest.mark.grader_workers
 def test_memory_limit_counts_memory_used_not_address_space(memory_by, isolation):
     if memory_by == "cgroup":
         cgroup = MemoryCgroup.create(2**30)
@@ -759,6 +768,7 @@ def faults_graded(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(FAULTS))
 @pytest.mark.parametrize("chapter", sorted(BROKEN))
+@pytest.mark.grader_workers
 def test_a_fault_costs_only_its_exercise_and_those_that_call_it(faults_graded, chapter, kind):
     done, graded = faults_graded
     assert done.returncode == 0, done.stderr[-3000:]
@@ -781,6 +791,7 @@ def test_a_fault_costs_only_its_exercise_and_those_that_call_it(faults_graded, c
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ZH_FAULTS)
+@pytest.mark.grader_workers
 def test_a_fault_in_a_chinese_submission_costs_the_same_and_reads_in_chinese(faults_graded, kind):
     """The same points as the English release, and the grader's own words (why the cell was
     skipped, what the worker did) in the submission's language."""

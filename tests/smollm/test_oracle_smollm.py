@@ -42,6 +42,8 @@ if not smollm.available():
 
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 NEW_TOKENS = 32
 MARGIN = 1e-3        # smallest gap between the best and second-best logit of a greedy choice
 # Largest |ours - Hugging Face| logit allowed: float32 through 30 blocks, logits up to ~40

@@ -20,6 +20,8 @@ import pytest
 from checks.tools import benchmark
 
 
+@pytest.mark.slow
+@pytest.mark.grader_workers
 def test_quick_benchmark_runs_every_section(tmp_path):
     out = tmp_path / "benchmark.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

