@@ -193,10 +193,19 @@ def _parser() -> argparse.ArgumentParser:
                        metavar="N", help="most notebooks graded for one student, those named "
                        "after a chapter first (default: %(default)s)")
     grade.set_defaults(run=_grade)
+    # Listed for --help; `python -m checks` (and main) hand them over before parsing.
+    commands.add_parser("gradescope", add_help=False,
+                        help="build a Gradescope autograder (a zip) for chapters "
+                             f"({PROG} gradescope --help)")
+    commands.add_parser("doctor", add_help=False,
+                        help="what this machine has for the course, for a bug report")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] in (["gradescope"], ["doctor"]):
+        return _hand_over(argv[0], argv[1:])
     args = _parser().parse_args(argv)
     os.environ[GRADING_ENV] = "1"  # checks behave as under a grader, here and in the workers
     make_undumpable()  # a worker running as this user cannot read this process's memory
@@ -216,6 +225,16 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: " + _("interrupted"), file=sys.stderr)
         return 130
+
+
+def _hand_over(command: str, argv: list[str]) -> int:
+    if command == "gradescope":
+        from .gradescope.build import main as gradescope
+
+        return gradescope(argv)
+    from ..doctor import main as doctor
+
+    return doctor(argv)
 
 
 # --------------------------------------------------------------------------------------------
