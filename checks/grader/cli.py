@@ -34,6 +34,7 @@ from .limits import Limits, cores
 from .read import CEILING_BYTES, CEILING_CELLS, Caps, chapter_notebooks
 from .outputs.gradebook import counted
 from .outputs.late import due_argument, extensions_argument, late_text
+from .outputs.roster import roster_argument
 from .outputs.summary import summary_text
 from .outputs.writer import GradeOutputs
 from .report import (PROG, Progress, grade_table, pts, report_incident, report_problem,
@@ -183,6 +184,9 @@ def _parser() -> argparse.ArgumentParser:
                             "timestamp.txt is later are marked late in every output")
     grade.add_argument("--extensions", type=extensions_argument, metavar="FILE",
                        help="a CSV of student,due rows: those students' own deadlines")
+    grade.add_argument("--roster", type=roster_argument, metavar="FILE",
+                       help="a CSV naming the students (columns folder, id, name, login, "
+                            "section): the gradebook gets their LMS ids and a row each")
     grade.add_argument("--max-size", type=_capped(_size, CEILING_BYTES), default=Caps.max_bytes,
                        metavar="SIZE", help="largest notebook file graded, checked before it is "
                        "read (default: %(default)s bytes; at most 64M)")

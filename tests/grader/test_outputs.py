@@ -631,6 +631,44 @@ def test_a_re_run_with_another_due_time_recomputes_lateness(graded, tmp_path):
     assert by_student["blank"]["late"] is None
 
 
+def test_a_roster_gives_the_gradebook_lms_ids_names_and_every_student(tmp_path):
+    from checks.grader.outputs import roster as rosters
+
+    table = tmp_path / "roster.csv"
+    table.write_text("Folder,ID,Name,Section\ncomplete,1001,Ada Lovelace,A\n"
+                     "absent,1002,Alan Turing,B\n")
+    roster = rosters.roster_argument(str(table))
+    records = [{"student": s, "chapter": CHAPTER, "points": p, "max_points": 6, "path": s,
+                "exercises": []} for s, p in (("complete", 6), ("stranger", 2))]
+    rows = list(csv.reader(io.StringIO(gradebook.gradebook_csv(records, roster))))
+    assert rows[0] == gradebook.CANVAS_COLUMNS + [CHAPTER]
+    assert rows[2:] == [["Ada Lovelace", "", "1001", "complete", "A", "6"],
+                        ["Alan Turing", "", "1002", "absent", "B", ""],
+                        ["stranger", "", "", "stranger", "", "2"]]
+    assert gradebook.gradebook_csv(records) == gradebook.gradebook_csv(records, None)
+    for text, words in [("name,id\nx,1\n", "no folder column"), ("", "empty"),
+                        ("folder\na\na\n", "row 3: 'a' is named twice"),
+                        ("folder,id\n,5\n", "row 2: no folder")]:
+        table.write_text(text)
+        with pytest.raises(argparse.ArgumentTypeError, match=words):
+            rosters.roster_argument(str(table))
+
+
+def test_a_roster_on_a_re_run(graded, tmp_path):
+    base, out, _ = graded
+    report = tmp_path / "grades.json"
+    shutil.copyfile(out / "grades.json", report)
+    table = tmp_path / "roster.csv"
+    table.write_text("folder,id,name,section\ncomplete,1001,Ada Lovelace,A\n"
+                     "absent,1002,Alan Turing,B\n")
+    done = grade(base, "--json", report, "--csv", tmp_path / "gradebook.csv", "--roster", table)
+    assert done.returncode == 0, done.stderr
+    rows = list(csv.reader((tmp_path / "gradebook.csv").open()))
+    assert rows[2][:6] == ["Ada Lovelace", "", "1001", "complete", "A", "6"]
+    assert rows[3][:6] == ["Alan Turing", "", "1002", "absent", "B", ""]
+    assert len(rows) == 2 + 2 + 4  # the roster's two, then the other four graded folders
+
+
 def test_the_late_tag_and_the_class_summary_in_chinese(monkeypatch):
     """What the instructor's terminal shows after the grades, under LLAMA_COURSE_LANG=zh: the
     grade table's late tag and the class summary (numbers, names and diagnoses as they are)."""

@@ -35,13 +35,14 @@ class FileOutput:
     what: str
     render: Callable[[list[dict]], str]
     as_each_finishes: bool = True  # else only once grading ends (drawing charts takes a while)
+    with_roster: bool = False  # render(records, roster): the --roster table as well
 
 
 # Every output that is one file made from the records, in the order they are written. The JSON
 # report (merged with an earlier run's, or on stdout) and the feedback pages (one per record)
 # are written by GradeOutputs itself.
 FILE_OUTPUTS = (
-    FileOutput("csv", "CSV", gradebook_csv),
+    FileOutput("csv", "CSV", gradebook_csv, with_roster=True),
     FileOutput("csv_exercises", "CSV", exercises_csv),
     FileOutput("report", "HTML", class_report_html, as_each_finishes=False),
 )
@@ -54,6 +55,7 @@ class GradeOutputs:
         self.feedback = options.feedback
         self.due = options.due
         self.extensions = options.extensions  # {student: due}
+        self.roster = options.roster  # {folder: id, name, login, section}
         self.regrade = options.regrade
         self.source = Path(options.source or SOURCE_DIR).resolve()
         self.regraded: list[Path] = []  # unchanged submissions graded again: the grader changed
@@ -154,7 +156,8 @@ class GradeOutputs:
         for output in FILE_OUTPUTS:
             target = getattr(self.options, output.option)
             if target is not None and (final or output.as_each_finishes):
-                atomic_write(target, output.render(records))
+                atomic_write(target, output.render(records, self.roster) if output.with_roster
+                             else output.render(records))
 
     def write_kept_feedback(self) -> None:
         """Feedback pages for the records kept from the earlier run (they may be new here)."""
