@@ -49,8 +49,8 @@ test: $(STAMP) $(ORACLE) $(MODEL) $(CORPUS) lint
 
 # The edit-test loop: every test that is neither marked slow (notebooks, nbgrader, the browser,
 # fresh environments, the real model) nor starts the grader's workers: the checkers' contract and
-# their chapters' tests, the engine, the wire, the reference's oracles, the layout. About a minute
-# on two cores; make test stays the one full command.
+# their chapters' tests, the engine, the wire, the reference's oracles, the layout (how long it
+# takes: docs/facts.md); make test stays the one full command.
 test-fast: $(STAMP) $(ORACLE) $(CORPUS)
 	$(TEST_ENV) $(PY) -m pytest -q -n $(TEST_JOBS) -p no:cacheprovider \
 	  -m "not slow and not grader_workers" tests

@@ -141,7 +141,8 @@ CJK_FONT = Font(
 #: What ends a Chinese notebook's first code cell (its imports): checks.i18n reads the variable
 #: whenever it shows a message; the course's CJK font labels the figures in Chinese.
 ZH_LINES = ('\n\n# 中文版：检查结果用中文显示（想看英文，先把 LLAMA_COURSE_LANG 设为 "en"）。\n'
-            '# 图中的中文用课程自带的字体；它排在字体列表首位，公式标签（$...$）里的中文也能显示。\n'
+            '# 图中的中文用课程自带的字体；它排在字体列表首位，'
+            '公式标签（$...$）里的中文也能显示。\n'
             'import os\n'
             '\n'
             'import matplotlib\n'

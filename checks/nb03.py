@@ -287,7 +287,10 @@ def check_combine_masks(f, *, seed: int | None = None, thorough: bool = False) -
             _expect_mask(c, c.call(*masks), ref.combine_masks(*masks),
                          what=f"combine_masks({label})", dims=dims, wrong=_combine_mixups(masks))
 
-        # Same shapes first, so that writing into the first mask shows up.
+        # Same shapes first, so that writing into the first mask shows up; first two masks
+        # whose AND and OR differ from either of them (random ones may nest).
+        x = torch.tensor([[True, True, False, False], [True, False, True, False]])
+        run([x, x.flip(0)], _("two {shape} masks").format(shape="[2, 4]"), ("S_q", "S_k"))
         for _n in range(3 if thorough else 1):
             x, y = _random_bool(c, sq, sk), _random_bool(c, sq, sk)
             run([x, y], _("two random {shape} masks").format(shape=f"[{sq}, {sk}]"),

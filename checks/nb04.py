@@ -131,10 +131,10 @@ SCALE_BY_H_ITSELF = Mistake("divided_by_h", N_(
     "one head's width (the last dimension of q) (and divided by H itself, not its square "
     "root)"))
 UNEXPLAINED = Mistake("weights_unexplained", N_(
-    "the weights are not the masked softmax of Q K^T / sqrt(D) over the keys, and no known "
-    "mistake reproduces them; test the pieces your attention uses by passing them in: "
-    "check_attention(attention, attention_scores=attention_scores, "
-    "masked_softmax=masked_softmax)"))
+    "the weights are not softmax(Q K^T / sqrt(D)) over the keys with masked keys at 0 (the "
+    "entry above is one that differs); to see which piece is off, pass the pieces your "
+    "attention uses to the check: check_attention(attention, "
+    "attention_scores=attention_scores, masked_softmax=masked_softmax)"))
 SHAPES = Mistake("shapes_do_not_fit", N_(
     "check the shapes: scores = q @ k.transpose(-2, -1) is [..., S_q, S_k] (not k @ q^T), and "
     "out = weights @ v is [..., S_q, D_v]"), raises=[("*", None)])
@@ -164,6 +164,9 @@ OTHER_WEIGHT = Mistake("used_another_weight", N_(
     "order (q, k, v)"))
 ONLY_OUT = Mistake("returned_only_out", N_(
     "returned only the output: attention returns both, `return out, weights`"))
+OUT_UNEXPLAINED = Mistake("output_not_weights_times_v", N_(
+    "the weights are right, but out is not weights @ v: row m of out mixes the rows of v "
+    "with query m's weights, out [..., S_q, D_v]"))
 HELPERS_COMBINED = Mistake("helpers_combined_wrongly", N_(
     "your attention_scores and masked_softmax pass their own checks, so look at how attention "
     "puts them together: weights = masked_softmax(attention_scores(q, k), mask), out = weights "
@@ -310,16 +313,18 @@ def _mask_variants(got, scores, mask) -> dict:
 
 
 def _attention_hint(mask, shape, *, large: bool, weights: bool = False):
-    """What to say when no known variant reproduces attention's output: instability only where
-    the scores are large enough to overflow; otherwise, how to find the broken piece."""
-    default = _step(SOFTMAX_STEP, OVERFLOW) if large else UNEXPLAINED
+    """What to say when no known variant reproduces attention's output (its weights, or out
+    once the weights passed): instability only where the scores are large enough to overflow;
+    otherwise which property failed, and how to find the broken piece."""
+    unexplained = UNEXPLAINED if weights else OUT_UNEXPLAINED
+    default = _step(SOFTMAX_STEP, OVERFLOW) if large else unexplained
     nonfinite = _nonfinite_hint(mask, shape, default, weights=weights)
 
     def hint(got):
         found = nonfinite(got)
         if found == FULLY_MASKED_NAN:
             return _step(SOFTMAX_STEP, found)
-        return UNEXPLAINED if found is None and not large else found
+        return unexplained if found is None and not large else found
     return hint
 
 

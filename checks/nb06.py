@@ -485,6 +485,20 @@ RETURNED_TUPLE = Mistake("returned_out_and_weights", N_(
 GQA_DTYPE = Mistake("changed_the_dtype", N_(
     "return q's dtype: compute in float32 only when the inputs are float32 (float64 inputs give "
     "a float64 output)"))
+MASK_ON_FOLDED = Mistake("mask_on_folded_scores", N_(
+    "applied the mask to the folded [B, N_kv, G * S_q, S_k] scores, whose rows are G query "
+    "heads' S_q rows each: view the scores back as [B, N_h, S_q, S_k] before masking (the mask "
+    "broadcasts against that shape)"))
+
+
+def _mask_on_folded(g: int, s_q: int) -> Mistake:
+    """MASK_ON_FOLDED, recognised from the broadcast error of a [.., S_q, S_k] mask against
+    [.., G * S_q, S_k] scores (distinct primes: no other mistake gives these two sizes)."""
+    sizes = rf"\({g * s_q}\) must match the size of tensor b \({s_q}\)|" \
+            rf"\({s_q}\) must match the size of tensor b \({g * s_q}\)"
+    return Mistake(MASK_ON_FOLDED.key, MASK_ON_FOLDED, raises=[("RuntimeError", sizes)])
+
+
 GQA_IN_PLACE = Mistake("changed_inputs_in_place", N_(
     "scale or mask new tensors (`q = q / math.sqrt(d)`, `masked_fill`) instead of writing into "
     "q, k or v (`q /= ...`, `masked_fill_`): the caller still needs them, and in a model they "
@@ -547,6 +561,7 @@ def _run_gqa(c: Check, watch: _Watch, sizes, *, mask_kind=None, dtype=torch.floa
     watch.sizes_text = (f"B={b}, N_h={n_h}, N_kv={n_kv}, G={g}, S_q={s_q}, S_k={s_k}, D={d}, "
                         f"D_v={d_v}")
     args = (q, k, v) if mask is None else (q, k, v, mask)
+    c.errors = (_mask_on_folded(g, s_q),) if mask is not None and g > 1 else ()
     got = c.call(*args)
     watch.divisors = ()
     if isinstance(got, tuple):

@@ -14,6 +14,7 @@ so that "used arange(S) instead of positions" gives wrong answers.
 from __future__ import annotations
 
 import math
+
 import torch
 
 from . import reference as ref
@@ -46,7 +47,6 @@ PER_FEATURE = Mistake("one_frequency_per_feature", N_("one frequency per feature
 IGNORED_BASE = Mistake("ignored_base", N_("ignored the `base` argument (used 10000)"))
 FLOAT_DTYPE = Mistake("not_float32", N_("return float32 (compute in float64 if you like, then "
     "`.float()`)"))
-
 POSITIONS_IGNORED = Mistake("positions_ignored", N_("ignored `positions`: used torch.arange(S) "
     "(0, 1, 2, ...) instead of the positions given; a decode step or a later chunk starts at "
     "start_pos, not 0"))
@@ -65,7 +65,6 @@ BATCH_LOST = Mistake("first_row_of_positions", N_("positions [B, S] give angles 
     "every sequence keeps its own row of positions"))
 BATCH_FLAT = Mistake("flattened_the_batch", N_("flattened the batch: positions [B, S] give "
     "angles [B, S, D_r/2], not [B * S, D_r/2]"))
-
 ROT_CLOCKWISE = Mistake("clockwise", N_("rotates the wrong way (clockwise): R(alpha) = [[cos, "
     "-sin], [sin, cos]], the minus sign belongs in the top-right entry, so that R(pi/2) turns "
     "(1, 0) into (0, 1)"))
@@ -77,7 +76,6 @@ ROT_DEGREES = Mistake("degrees", N_("alpha is in radians: torch.cos and torch.si
     "do not convert"))
 ROT_SHAPE = Mistake("not_2x2", N_("return the matrix as a [2, 2] tensor: [[cos, -sin], [sin, "
     "cos]]"))
-
 OTHER_PAIRING_HALF = Mistake("half_pairing", N_("used the other pairing convention: with "
     "interleaved=True pair i is the ADJACENT features (2i, 2i+1) (the article's); you paired "
     "(i, i + D_r/2), the 'half' convention of Hugging Face checkpoints"))
@@ -174,12 +172,18 @@ SEQUENCE_AXIS = Mistake("positions_on_the_heads_axis", N_("x is heads-first, [B,
     "positions run along dim 2, so angles [S, D_r/2] broadcast against x's last two axes as "
     "they are (no axis added between S and the pairs)"),
     raises=[("RuntimeError", _BROADCAST)])
-# Two mistakes at once: told with both messages.
-BOTH = N_("{first}; and {second}")
+FIXED_AXES = Mistake("assumed_four_axes", N_("x may have any number of leading axes, [..., "
+    "D_r] (one token is [D_r]): index the last axis only, `x[..., 0::2]`, and keep `...` in "
+    "shapes"), raises=[("IndexError", r"too many indices"), ("ValueError", r"values to unpack")])
+NEW_AXIS_NOT_LAST = Mistake("new_axis_not_last", N_("positions[:, None] adds the new axis after "
+    "the first one: positions [B, S] become [B, 1, S]; add it last, `positions[..., None] * "
+    "freqs`"), raises=[("RuntimeError", _BROADCAST)])
+PASS_FIRST = Mistake("pass_through_first", N_("put the pass-through features first: the output "
+    "keeps x's feature order, the rotated first rotary_dim features, then the others"))
+BOTH = N_("{first}; and {second}")  # two mistakes at once
 WRONG_WAY_AND_PAIRING = Mistake("rotated_the_wrong_way_and_other_pairing", BOTH)
 SWAPPED_AND_WRONG_WAY = Mistake("sin_cos_swapped_and_wrong_way", N_("{mistake} (and rotated the "
     "wrong way)"))
-
 PERM_INVERSE = Mistake("inverse_permutation", N_("returned the inverse permutation (half -> "
     "interleaved): p lists, for each position of the half layout, the interleaved feature that "
     "goes there: the even features first, then the odd ones, [0, 2, 4, ..., 1, 3, 5, ...]"))
@@ -280,12 +284,8 @@ def _rope64(x: torch.Tensor, positions: torch.Tensor, *, base: float = 10000.0,
 
 
 def _rope_tolerance(x: torch.Tensor, positions: torch.Tensor) -> tuple[float, float]:
-    """Tolerances for apply_rope: the dtype's, widened for half precision and long positions.
-
-    Float32 angles m * theta carry a relative error of a few 1e-7 (how theta is computed, exp/log
-    or pow, changes the last bits), so the absolute error of the output grows with the position
-    and with the size of x. fp16/bf16 results pass through a few roundings of the dtype.
-    """
+    """The dtype's, widened for fp16/bf16 (a few roundings) and long positions: float32 angles
+    m * theta carry a relative error of a few 1e-7, so the output's grows with m and |x|."""
     scale = max(float(x.detach().abs().max()), 1e-3)
     atol, rtol = tolerance(x.dtype)
     if x.dtype == torch.float16:
@@ -374,7 +374,7 @@ def _angle_mixups(positions: torch.Tensor, freqs: torch.Tensor) -> dict:
 
 
 def check_rope_angles(f, *, seed: int | None = None, thorough: bool = False) -> None:
-    with Check("rope_angles", f, seed=seed, errors=[OUTER_ON_BATCH]) as c:
+    with Check("rope_angles", f, seed=seed, errors=[OUTER_ON_BATCH, NEW_AXIS_NOT_LAST]) as c:
         cases = []
         for trial in range(3 if thorough else 1):
             b, s, half = c.sizes(3, 2, 9)
@@ -577,7 +577,8 @@ def _expect_rotated(c: Check, x: torch.Tensor, cos: torch.Tensor, sin: torch.Ten
 
 
 def check_rotate_pairs(f, *, seed: int | None = None, thorough: bool = False) -> None:
-    with Check("rotate_pairs", f, seed=seed, errors=[VIEW_NOT_CONTIGUOUS, ANGLES_AS_GIVEN],
+    with Check("rotate_pairs", f, seed=seed,
+               errors=[VIEW_NOT_CONTIGUOUS, FIXED_AXES, ANGLES_AS_GIVEN],
                in_place=ROTATE_IN_PLACE) as c:
         for _n in range(3 if thorough else 1):
             b, n, s = c.sizes(3, 2, 8)
@@ -676,6 +677,7 @@ def _rope_mixups(x: torch.Tensor, positions: torch.Tensor, base: float, rotary_d
         mixups[PASS_ZEROED] = lambda: torch.cat([want[..., :d_r],
                                                  torch.zeros_like(want[..., d_r:])], dim=-1)
         mixups[PASS_DROPPED] = lambda: want[..., :d_r]
+        mixups[PASS_FIRST] = lambda: torch.cat([want[..., d_r:], want[..., :d_r]], dim=-1)
     if positions.dim() == 2:
         mixups[BATCH_FIRST_ROW] = v(first_row=True)
         if x.shape[0] == x.shape[1]:

@@ -15,7 +15,7 @@ generator seed gives the same samples and different seeds different ones.
 
 Known mistakes are recognised by computing them from the same inputs with the reference pieces
 (checks.nb12_forward, checks.nb12_loss, checks.nb12_sampling declare them; the random
-initialisation's rules are checks.init_check's, shared with chapter 11). Some properties cannot be
+initialisation's rules are checks.nb11_init's, shared with chapter 11). Some properties cannot be
 observed when the grader calls the function in another process (a gradient does not travel;
 torch's global generator is the other process's; the positions a forward hands its blocks): those
 are checked when the function runs here, which is always the case in the notebook and in the
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from . import init_check as init
+from . import nb11_init as init
 from . import nb12_forward as fwd
 from . import nb12_loss as loss
 from . import nb12_sampling as smp

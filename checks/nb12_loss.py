@@ -38,7 +38,8 @@ DIVIDED_BY_BS = Mistake("divided_by_b_times_s", N_(
     "divided by B * S: there are only S - 1 predictions per sequence (the last position has no "
     "next token); average over B * (S - 1)"))
 PER_TOKEN = Mistake("loss_per_prediction", N_(
-    "returned one loss per prediction: average them into one scalar (reduction='mean', or .mean())"))
+    "returned one loss per prediction: average them into one scalar (reduction='mean', or "
+    ".mean())"))
 PER_SEQUENCE = Mistake("loss_per_sequence", N_(
     "returned one loss per sequence: average over the batch as well, into one scalar"))
 SHAPE_ONE = Mistake("shape_one", N_(
@@ -58,7 +59,8 @@ NO_MINUS = Mistake("no_minus_sign", N_(
     "forgot the minus sign: the loss is -log p(target), which is positive"))
 UNSTABLE = Mistake("unstable_for_large_logits", N_(
     "not stable for large logits: exp() overflows (or softmax underflows to 0 and log(0) = -inf); "
-    "use log_softmax (x - logsumexp(x)) or F.cross_entropy, which subtract the largest logit first"))
+    "use log_softmax (x - logsumexp(x)) or F.cross_entropy, which subtract the largest logit "
+    "first"))
 LOG_OF_SOFTMAX = Mistake("log_of_softmax", N_(
     "took log(softmax(x)): softmax underflows to exactly 0 for a logit far below the largest "
     "(about 100 below in float32), and log(0) = -inf; use log_softmax (x - logsumexp(x)) or "

@@ -274,9 +274,10 @@ def case_label(v: int, temperature: float, top_k: int | None, defaults: bool = F
                ties: bool = False) -> str:
     if defaults:
         return _("{count} tokens, defaults (temperature=1.0, top_k=None)").format(count=v)
-    label = _("{count} tokens, temperature={temperature}, top_k={top_k}").format(
-        count=v, temperature=f"{temperature:g}", top_k=top_k)
-    return label + (_(", two logits tied with the k-th largest") if ties else "")
+    label = (_("{count} tokens, temperature={temperature}, top_k={top_k}, two logits tied with "
+               "the k-th largest") if ties else
+             _("{count} tokens, temperature={temperature}, top_k={top_k}"))
+    return label.format(count=v, temperature=f"{temperature:g}", top_k=top_k)
 
 
 def statistical_case(c: Check, v: int, temperature: float, top_k: int | None, *,

@@ -42,9 +42,8 @@ choice wins by a clear margin, so that rounding can never flip a token.
 
 The checks' internals live in checks/nb13_cache.py, nb13_generate.py and nb13_roofline.py, the
 mistakes they name in checks/nb13_mistakes.py (and the roofline's module); each check imports
-them when it runs. This module keeps, besides the checks, only what the notebook and the grader's
-worker need of it (`tensor_nbytes`, the counting table): the worker's copy of this module holds
-those and its top-level imports, and none of the nb13_*.py modules.
+them when it runs. The notebook's `tensor_nbytes` comes from checks/held.py: the worker's copy of
+this module holds its top-level imports and none of the nb13_*.py modules.
 """
 
 from __future__ import annotations
@@ -54,13 +53,13 @@ import math
 import numbers
 
 import torch
-import torch.nn.functional as F
 
 from .config import LLAMA2_7B, ModelConfig
 from .engine import Check, CheckFailure, LearnerError, NotStarted, builds_on
 from .i18n import _
 from .reference import generation as gen
 from .reference import roofline
+from .held import tensor_nbytes
 
 # --------------------------------------------------------------------------------------------
 # Small helpers
@@ -85,117 +84,6 @@ def _one_thread(check):
 
 
 
-
-
-# --------------------------------------------------------------------------------------------
-# What a cache object holds (the notebook's tensor_nbytes; the KVCache check's view test)
-
-
-def _storages(obj, depth: int = 0, seen: set | None = None) -> dict[int, torch.Tensor]:
-    """The floating-point tensors reachable from obj's attributes, one per distinct storage."""
-    seen = set() if seen is None else seen
-    found: dict[int, torch.Tensor] = {}
-    if id(obj) in seen or depth > 5:
-        return found
-    seen.add(id(obj))
-    if isinstance(obj, torch.Tensor):
-        if obj.is_floating_point():
-            found[obj.untyped_storage().data_ptr()] = obj
-        return found
-    if isinstance(obj, dict):
-        items = list(obj.values())
-    elif isinstance(obj, (list, tuple)):
-        items = list(obj)
-    elif hasattr(obj, "__dict__") and not isinstance(obj, type) and \
-            type(obj).__module__.split(".")[0] not in ("torch", "builtins"):
-        items = list(vars(obj).values())
-    else:
-        return found
-    for item in items:
-        found.update(_storages(item, depth + 1, seen))
-    return found
-
-
-def _numbers_held(storages: dict[int, torch.Tensor]) -> int:
-    return sum(t.untyped_storage().nbytes() // t.element_size() for t in storages.values())
-
-
-def tensor_nbytes(obj) -> int:
-    """Bytes of memory held by the floating-point tensors reachable from obj's attributes (lists,
-    tuples and dicts included), each underlying storage counted once: what a cache object costs."""
-    return sum(t.untyped_storage().nbytes() for t in _storages(obj).values())
-
-
-
-# --------------------------------------------------------------------------------------------
-# The embedding table that counts the tokens looked up in it (generate's check hands it over)
-
-
-class _CountingTable(torch.Tensor):
-    """The embedding table, counting the token ids looked up in it (one entry per lookup call).
-
-    Lookups seen: `table[ids]`, `F.embedding(ids, table)`, `torch.embedding`, `index_select`,
-    `one_hot @ table`. Results of other operations with the table's shape (`.to`, `.contiguous`
-    ...) count too; everything else comes back as a plain tensor.
-    """
-
-    _log: "_Recorder"
-
-    @staticmethod
-    def wrap(data: torch.Tensor, log: "_Recorder") -> "_CountingTable":
-        table = torch.Tensor._make_subclass(_CountingTable, data.detach(), False)
-        table._log = log
-        return table
-
-    @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        table = next((a for a in list(args) + list(kwargs.values())
-                      if isinstance(a, _CountingTable)), None)
-        with torch._C.DisableTorchFunctionSubclass():
-            out = func(*args, **kwargs)
-            n = _looked_up(func, args, kwargs)
-            if table is not None and n is not None:
-                table._log(n)
-            elif (table is not None and isinstance(out, torch.Tensor) and out is not table
-                  and out.shape == table.shape):
-                out = cls.wrap(out, table._log)
-            elif isinstance(out, _CountingTable) and out is not table:
-                out = out.as_subclass(torch.Tensor)
-        return out
-
-
-def _ids_count(ids) -> int | None:
-    if isinstance(ids, torch.Tensor) and not ids.is_floating_point() and ids.dtype != torch.bool:
-        return ids.numel()
-    if isinstance(ids, (list, tuple)) and ids and all(isinstance(i, int) for i in ids):
-        return len(ids)
-    return None
-
-
-def _looked_up(func, args, kwargs) -> int | None:
-    """How many token ids this call looks up in the table (None: not a lookup)."""
-    def arg(i, name):
-        return args[i] if len(args) > i else kwargs.get(name)
-
-    first = arg(0, "input")
-    if func is F.embedding:
-        return _ids_count(first)
-    if func is torch.embedding:
-        return _ids_count(arg(1, "indices"))
-    if func is torch.Tensor.__getitem__ and isinstance(first, _CountingTable):
-        index = args[1]
-        if isinstance(index, tuple):
-            index = index[0] if index else None
-        return _ids_count(index)
-    if func in (torch.index_select, torch.Tensor.index_select) and \
-            isinstance(first, _CountingTable):
-        return _ids_count(arg(2, "index"))
-    if func in (torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.mm,
-                torch.Tensor.mm) and len(args) > 1 and \
-            isinstance(args[1], _CountingTable) and isinstance(first, torch.Tensor):
-        return math.prod(first.shape[:-1])
-    return None
 
 
 # --------------------------------------------------------------------------------------------

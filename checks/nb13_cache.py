@@ -17,7 +17,8 @@ from . import reference as ref
 from .config import ModelConfig
 from .engine import Check, CheckFailure, LearnerError
 from .i18n import N_, _
-from .nb13 import _numbers_held, _storages
+from .held import numbers_held
+from .held import storages as storages_of
 from .nb13_mistakes import (AT_ZERO, CFG_MAX_LEN, COPY, DTYPE_IGNORED, IGNORED_CACHE,
                             KV_SHARE_BUFFER, K_ONLY, NEW_ONLY, NOT_HEADS_FIRST, NOT_PREALLOCATED,
                             NO_MASK, NO_OFFSET, NO_UPDATE_METHOD, OFFSET_PLUS_ONE, ONE_LAYER,
@@ -243,8 +244,8 @@ def _construct(c: Check, cls, cfg, batch, s_max, **kwargs):
 
 
 def _check_allocation(c: Check, cache, cfg, batch, s_max, dtype) -> dict[int, torch.Tensor]:
-    storages = _storages(cache)
-    held = _numbers_held(storages)
+    storages = storages_of(cache)
+    held = numbers_held(storages)
     per = batch * s_max * cfg.head_dim
     want = 2 * cfg.n_layers * cfg.n_kv_heads * per
     sizes = f"L={cfg.n_layers}, B={batch}, N_kv={cfg.n_kv_heads}, S_max={s_max}, D_h={cfg.head_dim}"
@@ -321,7 +322,7 @@ def _expect_update(c: Check, cache, storages, sims, layer, k, v, start, want_k, 
             wrong[RETURNS_REPEATED] = want.repeat_interleave(t.shape[1] // want.shape[1], 1)
         c.expect_tensor(t, want, what=_("{what} from {call}").format(what=what, call=label),
                         dims=dims, wrong=wrong)
-    if set(_storages(cache)) != set(storages):
+    if set(storages_of(cache)) != set(storages):
         c.fail(_("after {call} the cache holds different tensors than it was created with.")
                .format(call=label),
                REALLOCATED)

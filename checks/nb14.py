@@ -38,6 +38,7 @@ import torch.nn.functional as F
 
 from .config import ModelConfig
 from .engine import Check, describe, is_remote
+from .grader.tensors import writes_back
 from .i18n import N_, _
 from .mistakes import Mistake
 from .reference import training as tr
@@ -237,9 +238,12 @@ def _call_in_place(c: Check, *args, **kwargs):
 
     unpack.__name__ = getattr(fn, "__name__", c.exercise)
     c.fn = unpack
+    # Graded in a worker, the arguments come back as the learner's function left them.
+    token = writes_back.set(True)
     try:
         return c.call(_Arguments(args, kwargs))
     finally:
+        writes_back.reset(token)
         c.fn = fn
 
 
@@ -283,6 +287,25 @@ def _close(a: torch.Tensor, b: torch.Tensor, atol: float, rtol: float = 1e-5) ->
 
 def _all_close(xs, ys, atol: float, rtol: float = 1e-5) -> bool:
     return len(xs) == len(ys) and all(_close(a, b, atol, rtol) for a, b in zip(xs, ys))
+
+
+def _mostly_close(xs, ys, atol: float, rtol: float, far: float) -> bool:
+    """All entries close, except a few (at most 0.2 % of them, and at most `far` apart): AdamW's
+    first steps move an entry by about lr whatever its gradient's size, so an entry whose gradient
+    is within rounding of zero may move either way (two correct ways of computing the same loss
+    differ there); a mistake moves most entries."""
+    if len(xs) != len(ys) or any(a.shape != b.shape for a, b in zip(xs, ys)):
+        return False
+    off, total = 0, 0
+    for a, b in zip(xs, ys):
+        a64, b64 = a.double(), b.double()
+        diff = (a64 - b64).abs()
+        bad = diff > atol + rtol * b64.abs()
+        if bool((diff[bad] > far).any()) or not bool(a64.isfinite().all()):
+            return False
+        off += int(bad.sum())
+        total += a.numel()
+    return off <= max(2, total // 500)
 
 
 # --------------------------------------------------------------------------------------------
@@ -344,17 +367,17 @@ def check_get_batch(f, *, seed: int | None = None, thorough: bool = False) -> No
             if starts is None:
                 c.fail(_("{what}: a row of x is not {count} consecutive tokens of data.").format(
                     what=what, count=t), PAST_END if n == t + 1 else None)
-            for row, s in enumerate(starts):
-                if s + t + 1 > n:
+            back = any(st >= 1 and torch.equal(y[row], data[st - 1:st + t - 1])
+                       for row, st in enumerate(starts))
+            for row, st in enumerate(starts):
+                if st + t + 1 > n:
                     c.fail(_("{what}: row {row} starts at {start}; its y would need token "
                              "{last}, past the end of the data.").format(
-                                 what=what, row=row, start=s, last=s + t), PAST_END)
-                if not torch.equal(y[row], data[s + 1:s + t + 1]):
-                    hint = SHIFTED_BACK if s >= 1 and torch.equal(y[row], data[s - 1:s + t - 1]) \
-                        else None
+                                 what=what, row=row, start=st, last=st + t), PAST_END)
+                if not torch.equal(y[row], data[st + 1:st + t + 1]):
                     c.fail(_("{what}: row {row} of y is not row {row} of x shifted by one token "
                              "(data[i + 1 : i + context_len + 1]).").format(what=what, row=row),
-                           hint)
+                           SHIFTED_BACK if back else None)
             if b > 1 and len(set(starts)) == 1 and len(set(x_want[:, 0].tolist())) > 1:
                 c.fail(_("{what}: every row of x is the same window.").format(what=what),
                        SAME_WINDOW)
@@ -723,7 +746,10 @@ def check_train_step(f, *, seed: int | None = None, thorough: bool = False) -> N
             n_steps = 3
             batches = [(c.randint(0, cfg.vocab_size, (b, t)), c.randint(0, cfg.vocab_size, (b, t)))
                        for _n in range(n_steps)]
-            scales = [1.0, 3.0, 0.4]
+            local = not is_remote(f)
+            # The check's own forward changes the gradients' sizes from step to step; a function
+            # graded in a worker runs its own forward (the reference's there), at scale 1.
+            scales = [1.0, 3.0, 0.4] if local else [1.0, 1.0, 1.0]
             lrs = [float(c.choice([1e-2, 2e-2])) for _n in range(n_steps)]
             wd = float(c.choice([0.3, 0.5]))
             # max_norm well below the gradients' norm, so that every step is clipped
@@ -746,7 +772,7 @@ def check_train_step(f, *, seed: int | None = None, thorough: bool = False) -> N
             for step, ((x, y), lr) in enumerate(zip(batches, lrs)):
                 before = [p.detach().clone() for p in tensors]
                 got = _call_in_place(c, params, cfg, x, y, state, lr=lr, max_norm=max_norm,
-                                     weight_decay=wd, forward=forward)
+                                     weight_decay=wd, **({"forward": forward} if local else {}))
                 now = [p.detach().clone() for p in tensors]
                 what = _("train_step call {n} (B={b}, T={t}, lr={lr:g}, max_norm={max_norm:.3g}, "
                          "weight_decay={wd:g})").format(n=step + 1, b=b, t=t, lr=lr,
@@ -758,20 +784,25 @@ def check_train_step(f, *, seed: int | None = None, thorough: bool = False) -> N
                            .format(what=what, got=describe(got)), NOT_A_FLOAT)
                 got_losses.append(float(got))
 
-                def matching(upto=step):
+                far = 2.5 * max(lrs)
+
+                def matching(upto=step, with_params=True):
                     return next((m for kind, m in _TRAIN_MISTAKES if all(
-                        math.isclose(got_losses[s], variants[kind][0][s], rel_tol=1e-4)
-                        and _all_close(got_params[s], variants[kind][1][s], 1e-5, 1e-4)
-                        for s in range(upto + 1))), None)
+                        math.isclose(got_losses[i], variants[kind][0][i], rel_tol=1e-4)
+                        and (not with_params or i == upto or _mostly_close(
+                            got_params[i], variants[kind][1][i], 1e-5, 1e-4, far))
+                        for i in range(upto + 1)) and (not with_params or _mostly_close(
+                            got_params[upto], variants[kind][1][upto], 1e-5, 1e-4, far))),
+                        None)
 
                 if not math.isclose(got_losses[-1], want_losses[step], rel_tol=1e-4,
                                     abs_tol=1e-6):
-                    hint = matching()
-                    if hint is None and not forward.calls:
+                    hint = matching(with_params=False)
+                    if hint is None and local and not forward.calls:
                         hint = IGNORED_FORWARD
                     c.fail(_("{what} returned the loss {got:.6g}, expected {want:.6g}.").format(
                         what=what, got=got_losses[-1], want=want_losses[step]), hint)
-                if not _all_close(now, want_params[step], 1e-5, 1e-4):
+                if not _mostly_close(now, want_params[step], 1e-5, 1e-4, far):
                     hint = TRAIN_NOT_IN_PLACE if _all_close(now, before, 0.0, 0.0) else matching()
                     c.fail(_("{what}: the parameters after the step differ from one step of "
                              "AdamW on the clipped gradients of the batch's mean loss.").format(
@@ -792,7 +823,8 @@ def check_evaluate(f, *, seed: int | None = None, thorough: bool = False) -> Non
             b, t = c.sizes(2, 3, 9)
             n_batches = c.randint(3, 6)
             gseed = c.randint(0, 2**31)
-            scales = [1.0 + 0.5 * i for i in range(n_batches + 4)]
+            local = not is_remote(f)
+            scales = [1.0 + 0.5 * i if local else 1.0 for i in range(n_batches + 4)]
             want_forward = _Forward(scales)
             want = tr.evaluate(params, cfg, data, batch_size=b, context_len=t,
                                n_batches=n_batches, generator=torch.Generator().manual_seed(gseed),
@@ -801,8 +833,8 @@ def check_evaluate(f, *, seed: int | None = None, thorough: bool = False) -> Non
             what = _("evaluate(data [{n}], batch_size={b}, context_len={t}, n_batches={k})")\
                 .format(n=n, b=b, t=t, k=n_batches)
             got = c.call(params, cfg, data, batch_size=b, context_len=t, n_batches=n_batches,
-                         generator=torch.Generator().manual_seed(gseed), forward=forward)
-            local = not is_remote(f)
+                         generator=torch.Generator().manual_seed(gseed),
+                         **({"forward": forward} if local else {}))
             if local and not forward.calls:
                 c.fail(_("{what} never called the forward it was given.").format(what=what),
                        IGNORED_FORWARD)

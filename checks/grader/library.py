@@ -28,8 +28,9 @@ COURSE_SOURCE = PACKAGE.parent / "solutions"  # a clone's; absent from a wheel
 WORKER_GRADER_MODULES = ("grader/__init__.py", "grader/worker_side.py", "grader/channel.py",
                          "grader/wire.py", "grader/tensors.py", "grader/audit.py")
 WORKER_MODULES = ("__init__.py", "config.py", "context.py", "environment.py", "display.py",
-                  "engine.py", "i18n.py", "mistakes.py", "exercises.py", "borrow.py", "figures.py",
-                  "diagrams.py", "timing.py", "nb[0-9][0-9].py", "nb[0-9][0-9]_*.py",
+                  "engine.py", "i18n.py", "mistakes.py", "exercises.py", "held.py", "borrow.py",
+                  "figures.py", "diagrams.py", "timing.py", "shakespeare.py",
+                  "training_run.py", "nb[0-9][0-9].py", "nb[0-9][0-9]_*.py",
                   "reference/*.py", "smollm/*.py", *WORKER_GRADER_MODULES)
 WORKER_DATA = ("locale/*/LC_MESSAGES/*.mo",)  # copied as they are: the messages' translations
 _library_plans: dict[tuple, tuple[dict[str, bytes], dict[str, set[str] | None]]] = {}

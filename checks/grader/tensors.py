@@ -6,6 +6,7 @@ for the worker to call, so they live here, in the worker's library."""
 
 from __future__ import annotations
 
+import contextvars
 from typing import Any
 
 import torch
@@ -89,3 +90,58 @@ def as_is(x):
     """Unpickling helper: the value itself (a tensor sent without its gradient tracking)."""
     return x
 
+
+# Set (to True) by a check whose exercise changes its arguments in place by design (chapter 14's
+# clip_grad_norm, adamw_step, train_step): a call forwarded to the worker then brings the
+# arguments back as the learner's function left them, and `write_back` puts them into the
+# grader's own objects, instead of failing as "changed its input in place".
+writes_back: contextvars.ContextVar = contextvars.ContextVar("checks_writes_back", default=False)
+
+
+def write_back(local: Any, remote: Any, depth: int = 0) -> bool:
+    """Make `local` (the grader's arguments) what `remote` (the same arguments as the worker
+    left them, decoded) holds: tensors copied into in place (same shape and dtype), dicts and
+    lists updated in place; False (nothing more changed) where the two do not fit together."""
+    if depth > wire.MAX_DEPTH:
+        return False
+    if isinstance(remote, wire.Unsendable) or type(remote).__name__ == "RemoteObject":
+        return True  # not plain data (a config, a generator): it stays the grader's own
+    if isinstance(local, torch.Tensor):
+        if not isinstance(remote, torch.Tensor) or remote.shape != local.shape:
+            return False
+        with torch.no_grad():
+            local.copy_(remote.to(local.dtype))
+        return True
+    if isinstance(local, dict) and isinstance(remote, dict):
+        for key in [k for k in local if k not in remote]:
+            del local[key]
+        for key, value in remote.items():
+            if key in local and isinstance(local[key], (torch.Tensor, list, dict)) and \
+                    type(local[key]) is type(value) and write_back(local[key], value, depth + 1):
+                continue
+            local[key] = value
+        return True
+    if isinstance(local, list) and isinstance(remote, list):
+        if len(local) == len(remote):
+            return all(write_back(a, b, depth + 1) or _set(local, i, b)
+                       for i, (a, b) in enumerate(zip(local, remote)))
+        local[:] = remote
+        return True
+    if isinstance(local, tuple) and isinstance(remote, tuple) and len(local) == len(remote):
+        return all(write_back(a, b, depth + 1) or _same(a, b) for a, b in zip(local, remote))
+    return _same(local, remote)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal plain values (never a tensor's elementwise ==)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return False
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - a value without a plain equality
+        return False
+
+
+def _set(items: list, index: int, value: Any) -> bool:
+    items[index] = value
+    return True

@@ -243,6 +243,8 @@ class _WorkerSide:
             except BaseException as exc:  # noqa: BLE001
                 result["error"] = _error_dict(exc)
         result["changed"] = changed_inputs(before)
+        if result["changed"]:  # the grader writes them back where a check allows it (tensors.py)
+            result["inputs"] = (args, kwargs)
         result["stderr"] = err.getvalue()
         with contextlib.suppress(Exception):
             result["rng"] = torch.get_rng_state()

@@ -43,18 +43,16 @@ def _prose_runs(article: str) -> set[str]:
 
 
 def copied(text: str, runs: set[str]) -> list[str]:
-    """The article's runs found in `text`, merged into the longest stretches."""
+    """The article's runs found in `text`, overlapping ones merged into the longest stretches."""
     flat = _SPACE.sub("", text)
-    found, end = [], -1
+    stretches: list[list[int]] = []  # [start, end) of each stretch found
     for start in range(len(flat) - RUN + 1):
         if flat[start:start + RUN] in runs:
-            if start <= end:  # overlaps the stretch before: extend it
-                found[-1] = flat[found_start:start + RUN]
+            if stretches and start <= stretches[-1][1]:
+                stretches[-1][1] = start + RUN
             else:
-                found_start = start
-                found.append(flat[start:start + RUN])
-            end = start + RUN - 1
-    return found
+                stretches.append([start, start + RUN])
+    return [flat[start:end] for start, end in stretches]
 
 
 def course_texts(root: Path = ROOT) -> Iterator[tuple[str, str]]:

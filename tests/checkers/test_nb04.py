@@ -518,3 +518,26 @@ def test_failures_are_check_failures_not_tracebacks():
     with pytest.raises(CheckFailure) as info:
         nb04.check_attention(crashes, seed=0)
     assert "called with" in str(info.value)
+
+
+def test_out_that_is_not_weights_at_v_says_the_weights_are_right():
+    def attention(q, k, v, mask=None):
+        out, weights = good_attention(q, k, v, mask)
+        return out + 0.5 * v.mean(-2, keepdim=True), weights
+    with pytest.raises(CheckFailure) as info:
+        with contextlib.redirect_stdout(io.StringIO()):
+            nb04.check_attention(attention, seed=0)
+    assert info.value.mistake == "04.attention.output_not_weights_times_v"
+
+
+@pytest.mark.parametrize("seed", range(0, 400, 7))
+def test_sizes_tell_every_scale_mistake_apart(seed):
+    """Issue 28: int(sqrt(D)) passed whenever D was a perfect square and read as a scale by a
+    sequence length when sqrt(S) = int(sqrt(D)); the sizes are now chosen so that no two scale
+    mistakes (nor a mistake and the right scale) divide by the same number."""
+    check = nb04.Check("attention_scores", lambda q, k: None, seed=seed)
+    b, n, sq, sk, d = nb04._score_sizes(check)
+    assert math.isqrt(d) ** 2 != d
+    assert not nb04._clashes(nb04._divisors(d, (sq, sk), n=n), d)
+    b, n, sq, sk, d, dv, lo, hi = nb04._attention_sizes(check)
+    assert not nb04._clashes(nb04._divisors(d, (sq, sk, lo, hi), n=n, dv=dv), d)

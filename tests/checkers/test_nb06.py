@@ -327,6 +327,17 @@ def gqa_masked_rows_see_key_0(q, k, v, mask=None):
     return gqa_folded(q, k, v, mask)
 
 
+def gqa_mask_on_folded_scores(q, k, v, mask=None):
+    """Masks the folded [B, N_kv, G * S_q, S_k] scores directly."""
+    b, n_h, s_q, d = q.shape
+    n_kv = k.shape[1]
+    scores = q.reshape(b, n_kv, -1, d) @ k.transpose(-2, -1) / math.sqrt(d)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    w = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    return (w @ v).view(b, n_h, s_q, v.shape[-1])
+
+
 def gqa_mask_of_head_0(q, k, v, mask=None):
     """Takes the mask's head axis as one to pick from: every head gets head 0's mask."""
     if mask is not None and mask.dim() == 4:
@@ -447,6 +458,8 @@ WRONG = {
               "06.grouped_query_attention.changed_inputs_in_place"),
         Wrong("fully masked rows see key 0", gqa_masked_rows_see_key_0,
               "06.grouped_query_attention.fully_masked_rows_not_zero"),
+        Wrong("mask applied to the folded scores", gqa_mask_on_folded_scores,
+              "06.grouped_query_attention.mask_on_folded_scores"),
         Wrong("head 0's mask for every head", gqa_mask_of_head_0,
               "06.grouped_query_attention.some_query_heads_wrong"),
         Wrong("squeezed output", gqa_squeezed, "06.grouped_query_attention.squeezed_size_one_axes"),

@@ -9,6 +9,8 @@ import torch.nn.functional as F
 from checks import nb07
 from checks import reference as ref
 from checks.context import LANG_ENV
+from checks.engine import CheckFailure
+from checks.i18n import _
 
 from ..support.catalogue import Wrong, assert_passes, exercises, failure_text, implementations
 
@@ -258,9 +260,11 @@ def _learner_cell(source: str) -> dict:
 
 def test_a_broken_permute_tokens_that_equivariance_error_calls_is_named_fix_it_first():
     ns = _learner_cell(_PERMUTE_CELL)
-    text = failure_text(nb07.check_equivariance_error, ns["equivariance_error"])
-    assert "your permute_tokens does not pass its own check (permuted the batch axis" in text, text
-    assert "equivariance_error is built on it, so fix permute_tokens first" in text
+    with pytest.raises(CheckFailure) as info:
+        nb07.check_equivariance_error(ns["equivariance_error"], seed=0)
+    assert info.value.mistake == "07.equivariance_error.fix_permute_tokens_first"
+    # the hint tells the helper's own mistake
+    assert _(nb07.BATCH_AXIS).format(rule=_(nb07._AXIS_RULE)) in str(info.value.hint)
 
 
 def test_equivariance_error_built_on_a_right_permute_tokens_passes():

@@ -306,6 +306,22 @@ def _rope_tokens_first(x, positions, *, base=10000.0, rotary_dim=None, interleav
     return torch.cat([out.to(x.dtype), x[..., d_r:]], dim=-1)
 
 
+def _rotate_4d(x, cos, sin, interleaved=True):
+    """Indexes x as [B, N, S, D_r] (x[:, :, :, 0::2]): fails for any other number of axes."""
+    half = x.shape[-1] // 2
+    a, b = ((x[:, :, :, 0::2], x[:, :, :, 1::2]) if interleaved
+            else (x[:, :, :, :half], x[:, :, :, half:]))
+    a2, b2 = a * cos - b * sin, a * sin + b * cos
+    return torch.stack([a2, b2], -1).flatten(-2) if interleaved else torch.cat([a2, b2], -1)
+
+
+def _rope_rest_first(x, positions, *, base=10000.0, rotary_dim=None, interleaved=True):
+    """Concatenates the pass-through features before the rotated ones."""
+    d_r = x.shape[-1] if rotary_dim is None else rotary_dim
+    out = _rope(x, positions, base=base, rotary_dim=rotary_dim, interleaved=interleaved)
+    return torch.cat([out[..., d_r:], out[..., :d_r]], dim=-1)
+
+
 WRONG = {
     "rope_frequencies": [
         Wrong("exponent 4i/D (arange(0, D, 2) times 2)", lambda d, base=10000.0: base ** (
@@ -330,6 +346,8 @@ WRONG = {
               "08.rope_frequencies.one_frequency_per_feature"),
     ],
     "rope_angles": [
+        Wrong("positions[:, None] * freqs", lambda p, f: p[:, None].float() * f,
+              "08.rope_angles.new_axis_not_last"),
         Wrong("arange(S) added to the positions",
               lambda p, f: _angles(p + torch.arange(p.shape[-1]), f),
               "08.rope_angles.added_arange_to_positions"),
@@ -363,6 +381,7 @@ WRONG = {
         Wrong("float64", lambda a: _rot(a).double(), "08.rotation_matrix.not_float32"),
     ],
     "rotate_pairs": [
+        Wrong("indexes x as 4-D", _rotate_4d, "08.rotate_pairs.assumed_four_axes"),
         Wrong("half pairing always", _rotating(read=False), "08.rotate_pairs.half_pairing"),
         Wrong("interleaved pairing always", _rotating(read=True),
               "08.rotate_pairs.interleaved_pairing"),
@@ -396,8 +415,10 @@ WRONG = {
               "08.rotate_pairs.reshaped_cos_and_sin"),
     ],
     "apply_rope": [
+        Wrong("pass-through features first", _rope_rest_first, "08.apply_rope.pass_through_first"),
         Wrong("arange(S) added to the positions", lambda x, p, **kw: _rope(
-            x, p, shift=torch.arange(x.shape[-2]), **kw), "08.apply_rope.added_arange_to_positions"),
+            x, p, shift=torch.arange(x.shape[-2]), **kw),
+              "08.apply_rope.added_arange_to_positions"),
         Wrong("HF cat([angles, angles]) for interleaved pairs too", _rope_hf_cat,
               "08.apply_rope.spread_cos_sin_as_half"),
         Wrong("x taken as [B, S, N, D]", _rope_tokens_first,

@@ -14,7 +14,7 @@ from checks.reference.model import model_param_count
 
 # The validation loss chapter 14 states for its default CPU run (seed 0, the course's reference
 # functions): solutions/14_training says "below" this number.
-STATED_VALIDATION_LOSS = float("nan")
+STATED_VALIDATION_LOSS = 1.9   # measured: 1.8415 (reference functions, seed 0)
 
 
 def test_device_and_autocast_choices():

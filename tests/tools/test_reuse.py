@@ -16,7 +16,8 @@ $Z = QK^T / \\sqrt{D_h}$，形状 [B, N_h, S, S]，其中 B 是 batch size，S �
 
 
 def test_a_copied_sentence_is_found_even_across_a_line_break():
-    ours = "我们的话。学习 Transformer 时，我最开始能记住\nAttention 的公式，却说不清公式里的每个张量"
+    ours = ("我们的话。学习 Transformer 时，我最开始能记住\n"
+            "Attention 的公式，却说不清公式里的每个张量")
     found = reuse.reuses([("ours", ours)], ARTICLE)
     assert [where for where, _run in found] == ["ours"]
     assert found[0][1].startswith("学习Transformer时")
