@@ -146,7 +146,10 @@ def lateness(notebook: Path, due: datetime | None, student: str | None = None,
 def refresh_lateness(record: dict, due: datetime | None,
                      extensions: dict[str, datetime] | None = None) -> dict:
     """A kept record (its notebook unchanged since an earlier run) with its lateness computed
-    again for this run's --due and --extensions: a changed due time changes who is late."""
+    again for this run's --due and --extensions: a changed due time changes who is late. A run
+    with neither keeps the record's lateness as it was."""
+    if due is None and not extensions:
+        return record
     fields = lateness(Path(record["path"]), due, record.get("student"), extensions)
     warning = fields.pop("late_warning", None)
     record.update(fields)
