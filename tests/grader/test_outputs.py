@@ -704,6 +704,19 @@ def test_feedback_escapes_every_field():
     assert "/" not in safe_name("../../etc") and safe_name("alice") == "alice"
 
 
+def test_a_skipped_cell_is_named_once_in_the_feedback():
+    why = "the worker process died (exit status 1)"
+    record = {"student": "s", "chapter": CHAPTER, "points": 5, "max_points": 6, "passed": 3,
+              "skipped": [{"cell": "answer cell head_dim", "why": why}],
+              "error": f"In answer cell head_dim: {why}; that cell was skipped (the worker "
+                       "restarted and the cells before it run again).",
+              "exercises": [{"name": "head_dim", "points": 0, "max_points": 1,
+                             "status": "error", "message": "its answer cell was skipped"}]}
+    assert feedback_html(record).count("answer cell head_dim") == 1
+    record["error"] = None
+    assert feedback_html(record).count("answer cell head_dim") == 1
+
+
 def test_feedback_paths_never_collide():
     """Names that differ only where the page's name escapes them get a page each; a plain name
     keeps its own; a name shaped like an escaped one is escaped too."""

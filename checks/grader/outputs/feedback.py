@@ -91,7 +91,8 @@ def _page(record: dict) -> str:
                      f'<td class="message">{e(exercise.get("message") or "")}'
                      f'{_replay(exercise)}</td></tr>')
     parts.append("</tbody></table>")
-    for skipped in record.get("skipped") or []:
+    # The notebook's error names each skipped cell and why already: each said once.
+    for skipped in [] if record.get("error") else record.get("skipped") or []:
         line = _("Skipped: {cell}: {why}").format(cell=str(skipped.get("cell", "")),
                                                   why=str(skipped.get("why", "")))
         parts.append(f'<p class="note">{e(line)}</p>')
