@@ -41,9 +41,16 @@ c.CourseDirectory.feedback_directory = os.path.join("grading", "feedback")
 c.CourseDirectory.solution_directory = os.path.join("grading", "solution")
 c.CourseDirectory.source_with_tests_directory = os.path.join("grading", "source_with_tests")
 c.CourseDirectory.db_url = "sqlite:///" + os.path.join(HERE, "grading", "gradebook.db")
-# A chapter's Chinese translation (solutions/NN_slug/NN_slug.zh.json) is a source of the Chinese
-# release (notebooks-zh/, made by `make release`), never a file handed to students.
-c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback", "*.zh.json"]
+# A chapter's translations (solutions/NN_slug/NN_slug.zh.json, one per language of the table in
+# checks.i18n) are sources of the translated releases (notebooks-zh/, made by `make release`),
+# never files handed to students.
+try:
+    from checks.i18n import translated_languages
+    _TRANSLATIONS = ["*" + lang.translation_suffix for lang in translated_languages()]
+except ImportError:  # nbgrader run without the course installed: the one translation there is
+    _TRANSLATIONS = ["*.zh.json"]
+c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback",
+                            *_TRANSLATIONS]
 # sqlite creates the database file but not its folder.
 os.makedirs(os.path.join(HERE, "grading"), exist_ok=True)
 

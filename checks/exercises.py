@@ -1,9 +1,9 @@
 """Which chapter grades which exercise, read from the chapters' checker modules.
 
 Every graded exercise `name` of chapter NN has its checker `check_<name>` in `checks/nbNN.py`
-(the contract, section 3), so the modules themselves are the list: they are read as text, never
-imported (a worker's copy of the package may hold only some of them, and importing all thirteen
-would load the whole course to name one chapter).
+(docs/maintainer/recipes.md, "Add an exercise"), so the modules themselves are the list: they are
+read as text, never imported (a worker's copy of the package may hold only some of them, and
+importing every chapter would load the whole course to name one).
 """
 
 from __future__ import annotations

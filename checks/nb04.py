@@ -1,6 +1,6 @@
 """Checks for chapter 04: self-attention (projections, scaled scores, masked softmax, attention).
 
-Conventions (course-spec section 2): weights are [in, out] and applied as `x @ W`; scores are
+Conventions (docs/conventions.md): weights are [in, out] and applied as `x @ W`; scores are
 scaled by 1/sqrt(D), D the last dimension of q; boolean masks hold True where a query may attend;
 softmax runs over the last (key) axis; a fully masked query row gets all-zero weights, never NaN;
 causal masks are bottom-right aligned.
@@ -137,10 +137,11 @@ UNEXPLAINED = Mistake("weights_unexplained", N_(
     "attention_scores=attention_scores, masked_softmax=masked_softmax)"))
 SHAPES = Mistake("shapes_do_not_fit", N_(
     "check the shapes: scores = q @ k.transpose(-2, -1) is [..., S_q, S_k] (not k @ q^T), and "
-    "out = weights @ v is [..., S_q, D_v]"), raises=[("*", None)])
+    "out = weights @ v is [..., S_q, D_v]"),
+    raises=[("RuntimeError", r"(?i)shape|size|dimension")])
 PROJ_SHAPES = Mistake("shapes_do_not_fit", N_(
     "check the shapes: x [..., H] @ W [H, out] -> [..., out]; no transpose needed"),
-    raises=[("*", None)])
+    raises=[("RuntimeError", r"(?i)shape|size|dimension")])
 W_TRANSPOSED = Mistake("applied_weights_transposed", N_(
     "applied the weights transposed (x @ W.T, or F.linear(x, W)): course weights are "
     "[in_features, out_features], applied as x @ W"))
@@ -164,6 +165,12 @@ OTHER_WEIGHT = Mistake("used_another_weight", N_(
     "order (q, k, v)"))
 ONLY_OUT = Mistake("returned_only_out", N_(
     "returned only the output: attention returns both, `return out, weights`"))
+MASK_ADDED = Mistake("added_boolean_mask", N_(
+    "added the boolean mask to the scores as if it were an additive one (True counts as 1, "
+    "False as 0, so no key is hidden): fill the scores with -inf where the mask is False"))
+MASK_MULTIPLIED = Mistake("multiplied_by_mask", N_(
+    "multiplied the scores by the mask: a masked score becomes 0, not -inf, so its key still "
+    "gets weight; fill the scores with -inf where the mask is False"))
 OUT_UNEXPLAINED = Mistake("output_not_weights_times_v", N_(
     "the weights are right, but out is not weights @ v: row m of out mixes the rows of v "
     "with query m's weights, out [..., S_q, D_v]"))
@@ -302,6 +309,8 @@ def _mask_variants(got, scores, mask) -> dict:
         IGNORED_MASK: lambda: ref.masked_softmax(scores),
         QUERY_AXIS: lambda: _any_of(got, *_both(scores, mask, dim=-2)),
         FINITE_FILL: lambda: torch.softmax(scores.masked_fill(~mask, -1e9), dim=-1),
+        MASK_ADDED: lambda: ref.masked_softmax(scores + mask),
+        MASK_MULTIPLIED: lambda: ref.masked_softmax(scores * mask),
     }
     ones = torch.ones(sq, sk, dtype=torch.bool)
     if mask.dim() == 2 and torch.equal(mask, ref.causal_mask(sq, sk)):

@@ -14,7 +14,7 @@ from . import reference as ref
 from .engine import Check, ForbiddenCall, builds_on, matches
 from .i18n import N_, _
 from .mistakes import Mistake
-from .nb04 import DTYPE_CHANGED, FULLY_MASKED_NAN
+from .nb04 import DTYPE_CHANGED, FULLY_MASKED_NAN, SCALE_BY_INT_SQRT
 from .reference.attention import torch_mha_reference
 
 HEADS_FIRST = ("B", "N", "S", "D")
@@ -72,7 +72,7 @@ QKV_SWAPPED = Mistake("slices_swapped", N_(
 KV_HEADS = Mistake("kv_sliced_with_n_heads", N_(
     "K and V were sliced (or split) with N_h heads: with grouped-query attention (N_kv < N_h) "
     "K and V have only n_kv_heads heads each, so the column widths are N_h*D_h | N_kv*D_h | "
-    "N_kv*D_h"), raises=[("*", None)])
+    "N_kv*D_h"), raises=[("RuntimeError", r"(?i)shape|size")])
 KV_REPEATED = Mistake("kv_already_repeated", N_(
     "returned K and V already repeated to N_h heads: split_qkv returns the n_kv_heads KV heads "
     "as they are, [B, N_kv, S, D]; sharing them among the query heads is attention's job"))
@@ -437,7 +437,7 @@ def check_multi_head_attention(f, *, seed: int | None = None, thorough: bool = F
     with builds_on("multi_head_attention", earlier), \
             Check("multi_head_attention", f, seed=seed) as c:
         for trial in range(3 if thorough else 1):
-            b, s, n, d = c.sizes(4, 2, 9)
+            b, s, n, d = _mha_sizes(c)
             h = n * d
             x, w_qkv, w_o = _mha_inputs(c, b, s, h)
             masks = {N_("no mask"): None, N_("causal mask"): ref.causal_mask(s),
@@ -451,6 +451,15 @@ def check_multi_head_attention(f, *, seed: int | None = None, thorough: bool = F
         x, w_qkv, w_o = _mha_inputs(c, b, s, n * d, dtype=torch.float64)
         _expect_mha(c, x, w_qkv, w_o, n, ref.causal_mask(s), N_("causal mask, float64"))
         c.note(_("float64 stays float64"))
+
+
+def _mha_sizes(c):
+    """Distinct B, S, N, D with D >= 5 and no perfect square, so that a scale by int(sqrt(D))
+    differs from the right one and from no scale at all (D = 4 or 9 would hide it)."""
+    while True:
+        b, s, n, d = c.sizes(4, 2, 9)
+        if d >= 5 and math.isqrt(d) ** 2 != d:
+            return b, s, n, d
 
 
 def _mha_inputs(c, b, s, h, dtype=torch.float32):
@@ -497,6 +506,7 @@ def _expect_mha(c, x, w_qkv, w_o, n, mask, label):
         MHA_SPLIT_HEAD_MINOR_ONLY: v(split=_split_head_minor),
         MHA_SCALE_H: v(scale=h),
         MHA_NO_SCALE: v(scale=1),
+        SCALE_BY_INT_SQRT: v(scale=math.isqrt(h // n) ** 2),
         MHA_ONE_HEAD: lambda: _mha_variant(x, w_qkv, w_o, 1, _one_head_mask(mask)),
         MHA_MASK_INVERTED: v(mask_mode="inverted"),
         MHA_MASK_IGNORED: v(mask_mode="ignored"),

@@ -1,7 +1,7 @@
 """Checks for chapter 08: RoPE (frequencies, angles, the 2x2 rotation, rotating the pairs of a
 vector, both pairing conventions).
 
-Conventions (course-spec section 2): theta_i = base ** (-2i / D_r) for i = 0 .. D_r/2 - 1; a token
+Conventions (docs/conventions.md): theta_i = base ** (-2i / D_r) for i = 0 .. D_r/2 - 1; a token
 at position m rotates pair i by m * theta_i (counter-clockwise); the default pairing is the
 article's (2i, 2i+1) ("interleaved"), `interleaved=False` pairs (i, i + D_r/2) ("half", as in
 Hugging Face checkpoints); with D_r < D only the first D_r features of each head rotate. Angles are

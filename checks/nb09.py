@@ -1,6 +1,6 @@
 """Checks for chapter 09: the feed-forward network (ReLU, GELU, SiLU, FFN, SwiGLU).
 
-Conventions (course-spec section 2): weights are [in_features, out_features] and applied as
+Conventions (docs/conventions.md): weights are [in_features, out_features] and applied as
 `x @ W`, no biases; GELU is the exact one, x * Phi(x) with the normal CDF written through erf;
 SwiGLU(x) = (silu(x @ W_gate) * (x @ W_up)) @ W_down.
 
@@ -149,7 +149,8 @@ def _nonfinite_hint(got: torch.Tensor, overflow: Mistake) -> Mistake | None:
 
 def _check_activation(name: str, f, seed, thorough: bool, reference: Callable,
                       mistakes: Callable[[torch.Tensor], dict], forbid_hint: Mistake,
-                      overflow_hint: Mistake, grad_mistakes: Callable[[torch.Tensor], dict]) -> None:
+                      overflow_hint: Mistake,
+                      grad_mistakes: Callable[[torch.Tensor], dict]) -> None:
     with Check(name, f, seed=seed, forbid=_forbid(forbid_hint), errors=[PYTHON_SCALAR, NUMPY],
                in_place=IN_PLACE) as c:
 

@@ -1,6 +1,6 @@
 """Checks for chapter 13: the KV cache, prefill and decode, and generation.
 
-Conventions (course-spec section 2): the cache stores K after RoPE and V, for the N_kv KV heads only
+Conventions (docs/conventions.md): the cache stores K after RoPE and V, for the N_kv KV heads only
 (not repeated), per layer [B, N_kv, S_max, D_h]; `update(l, k, v, start_pos)` writes positions
 start_pos .. start_pos+T-1 and returns views of positions 0 .. start_pos+T-1; causal masks are
 bottom-right aligned (a chunk of T queries against start_pos+T keys: query i sits at position

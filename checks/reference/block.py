@@ -8,7 +8,7 @@ matrices are passed transposed), causal grouped-query attention is PyTorch's own
 its top-left causal triangle is the course's bottom-right one), the two residual sublayers are
 chapter 10's `pre_norm_residual`, and the parameter count adds up the layout's shapes.
 
-Conventions (course-spec section 2): x [B, S, H]; positions [S] or [B, S]; RoPE (interleaved
+Conventions (docs/conventions.md): x [B, S, H]; positions [S] or [B, S]; RoPE (interleaved
 pairing, `cfg.rope_base`, `cfg.rotary_dim`) on Q and K, never V; RMSNorm with `cfg.norm_eps`;
 U = X + Attention(RMSNorm(X)), X' = U + SwiGLU(RMSNorm(U)).
 """

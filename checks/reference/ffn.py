@@ -6,7 +6,7 @@ Formulated differently from the notebook: the activations are PyTorch's own (`F.
 and up projections as one fused GEMM (their weights concatenated, the result split in two), as
 fast implementations do; the parameter count adds up the weight shapes.
 
-Conventions (course-spec section 2): weights are [in_features, out_features] and applied as
+Conventions (docs/conventions.md): weights are [in_features, out_features] and applied as
 `x @ W`, no biases; SwiGLU(x) = (silu(x @ W_gate) * (x @ W_up)) @ W_down.
 """
 

@@ -22,7 +22,7 @@ bandwidth, plus PyTorch's fixed cost per operation (a few microseconds each, som
 layer), which is why the layer is written with few operations. What each change buys is
 measured by `python -m checks.tools.benchmark` (its "decode path" section).
 
-Conventions (course-spec section 2): the cache stores K after RoPE and V, for the N_kv KV heads
+Conventions (docs/conventions.md): the cache stores K after RoPE and V, for the N_kv KV heads
 only (not repeated), per layer [B, N_kv, S_max, D_h]; causal masks are bottom-right aligned.
 """
 

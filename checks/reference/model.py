@@ -7,7 +7,7 @@ the parameter count the layout's shapes multiplied out, and sampling the Gumbel-
 (argmax of logits / T plus Gumbel noise draws exactly from softmax(logits / T)) instead of
 `torch.multinomial` on probabilities.
 
-Conventions (course-spec section 2): token_ids [B, S] (long); params as in the parameter layout,
+Conventions (docs/conventions.md): token_ids [B, S] (long); params as in the parameter layout,
 lm_head [H, |V|] untied from embed [|V|, H]; positions [S] or [B, S], default arange(S);
 logits [B, S, |V|]; the loss at position t predicts token t + 1.
 """

@@ -6,7 +6,7 @@ product z * e^{i m theta_i} (`torch.polar` builds the unit rotors, `torch.view_a
 numbers). Frequencies come from exp/log in float64, rotation matrices from the matrix exponential
 of the rotation generator, and the pairing permutation from a reshape and transpose.
 
-Conventions (course-spec section 2): theta_i = base ** (-2i / D_r) for i = 0 .. D_r/2 - 1; the
+Conventions (docs/conventions.md): theta_i = base ** (-2i / D_r) for i = 0 .. D_r/2 - 1; the
 "interleaved" pairing (default) is (2i, 2i+1), the "half" pairing (i, i + D_r/2); with D_r < D
 only the first D_r features rotate. Angles are float32 (at least: fp16/bf16 angles are useless
 beyond a few hundred positions), the output has x's dtype.

@@ -8,10 +8,11 @@ per-tensor norms (as torch.nn.utils.clip_grad_norm_ computes it) and clipping al
 the clamped coefficient; AdamW keeps its moments in a dict keyed by position and divides by the
 bias-corrected second moment's root the way torch.optim.AdamW's single-tensor path does.
 
-Conventions (course-spec "14 training"): data is a 1-D LongTensor of token ids; x, y [B, T] with
-y the next tokens of x; `params` the parameter layout of section 2 (tensors that require
-gradients for training); `adamw_step` runs under torch.no_grad() and updates in place, with the
-decoupled weight decay applied to every tensor it is given.
+Conventions (docs/conventions.md, and chapter 14's exercises as its notebook states them): data
+is a 1-D LongTensor of token ids; x, y [B, T] with y the next tokens of x; `params` in the layout
+of docs/conventions.md ("The configuration and the parameters"), its tensors requiring gradients
+for training; `adamw_step` runs under torch.no_grad() and updates in place, with the decoupled
+weight decay applied to every tensor it is given.
 """
 
 from __future__ import annotations

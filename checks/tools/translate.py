@@ -47,6 +47,7 @@ POT = i18n.LOCALE_DIR / f"{i18n.DOMAIN}.pot"
 #: write_po with the same width and sorted (what `pybabel update` cannot sort).
 WIDTH = 100
 EXTRACT = ("-w", str(WIDTH), "--no-location", "--omit-header", "--sort-output")
+SHOWN_MISSING = 20  # untranslated messages listed by `make messages`
 
 
 class TranslateError(RuntimeError):
@@ -231,8 +232,12 @@ def messages(root: Path = ROOT, pybabel: str | None = None) -> int:
         po = locale / lang.catalogue.relative_to(i18n.LOCALE_DIR)
         missing = update_catalogue(pot, po, lang.code)
         if missing:
-            print(f"{po.relative_to(root)}: {len(missing)} message(s) without a translation, "
-                  f"the first: {missing[0]!r}. Write them, then run `make messages` again.")
+            print(f"{po.relative_to(root)}: {len(missing)} message(s) without a translation; "
+                  "write them, then run `make messages` again:")
+            for msgid in missing[:SHOWN_MISSING]:
+                print(f"  {msgid!r}")
+            if len(missing) > SHOWN_MISSING:
+                print(f"  ... and {len(missing) - SHOWN_MISSING} more")
             status = 1
         subprocess.run([pybabel, "compile", "-d", str(locale), "-D", i18n.DOMAIN,
                         "-l", lang.code, "--statistics"], cwd=root, check=True)

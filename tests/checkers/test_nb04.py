@@ -361,6 +361,10 @@ WRONG = {
               "04.masked_softmax.modified_input_in_place"),
         Wrong("computed in float32", _in_float32(good_masked_softmax),
               "04.masked_softmax.changed_dtype"),
+        Wrong("boolean mask added", lambda s, mask=None: good_masked_softmax(
+            s if mask is None else s + mask), "04.masked_softmax.added_boolean_mask"),
+        Wrong("scores times the mask", lambda s, mask=None: good_masked_softmax(
+            s if mask is None else s * mask), "04.masked_softmax.multiplied_by_mask"),
     ],
     "attention": [
         Wrong("no scale", _attention_with(lambda q, k: q @ k.transpose(-2, -1)),
@@ -416,6 +420,9 @@ WRONG = {
         Wrong("q scaled in place", _attention_scales_q_in_place,
               "04.attention.modified_input_in_place"),
         Wrong("computed in float32", _in_float32(good_attention), "04.attention.changed_dtype"),
+        Wrong("boolean mask added", _attention_with(softmax=lambda s, mask=None: (
+            good_masked_softmax(s if mask is None else s + mask))),
+            "04.attention.added_boolean_mask"),
     ],
 }
 

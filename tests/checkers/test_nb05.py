@@ -304,6 +304,9 @@ WRONG = {
         Wrong("mask inverted", mha_with(invert_mask=True),
               "05.multi_head_attention.mask_inverted"),
         Wrong("no scale", mha_with(scale=1), "05.multi_head_attention.missing_scale"),
+        Wrong("scaled by int(sqrt(D_h))", lambda x, wqkv, wo, n, mask=None: mha_with(
+            scale=math.isqrt(x.shape[-1] // n) ** 2)(x, wqkv, wo, n, mask),
+            "05.multi_head_attention.scaled_by_int_sqrt"),
         Wrong("ignores the mask", mha_with(ignore_mask=True),
               "05.multi_head_attention.mask_ignored"),
         Wrong("own causal mask", mha_with(own_causal=True),

@@ -123,6 +123,24 @@ def test_relative_links_resolve(page):
     assert not broken, "\n".join(broken)
 
 
+FIRST_SCREEN = 40  # lines a browser shows before the reader scrolls
+
+
+@pytest.mark.parametrize("name", ["README.md", "README.zh.md"])
+def test_the_readme_is_short_and_starts_the_learner(name):
+    """At most 150 lines, and chapter 01 on the first screen: its Colab link (README.md), or,
+    where the Chinese README leads with the local install that works in mainland China, the
+    notebook to open."""
+    from checks import install
+
+    lines = (ROOT / name).read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 150, f"{name}: {len(lines)} lines; move the detail into docs/"
+    first = install.chapters(ROOT)[0]
+    wanted = install.colab_url(first) if name == "README.md" else f"{first}/{first}.ipynb"
+    assert any(wanted in line for line in lines[:FIRST_SCREEN]), \
+        f"{name}: chapter 01 ({wanted}) is not on the first screen"
+
+
 def test_the_chinese_readme_opens_the_chinese_release():
     """README.zh.md's Colab links open notebooks-zh/, one per chapter, at the address of
     checks/install.py's REPOSITORY (as README.md's, which `python -m checks.install --sync`

@@ -27,6 +27,7 @@ from .no_cache import format_no_cache, run_no_cache
 from .notebooks import format_notebooks, run_notebooks
 from .smollm import format_smollm, run_smollm
 from .timing import format_timing, run_timing
+from .training import format_training, run_training
 
 
 def run(plan: Plan = FULL, *, skip: tuple[str, ...] = (), progress=None) -> dict:
@@ -49,6 +50,10 @@ def run(plan: Plan = FULL, *, skip: tuple[str, ...] = (), progress=None) -> dict
         attach_bandwidth(result, samples)
     if "timing" not in skip:
         result["timing"] = run_timing(plan, say)
+    if "training" not in skip:  # chapter 14's training step against nn.Module + torch AdamW
+        quick = plan.cfg.hidden_size <= 64
+        result["training"] = run_training("grading" if quick else "ablation",
+                                          4 if quick else 40, say)
     _course_sections(result, plan, skip, say)
     result["machine"]["load_average_end"] = os.getloadavg()
     result["seconds_total"] = time.perf_counter() - started
@@ -110,7 +115,7 @@ def _course_sections(result: dict, plan: Plan, skip, say) -> None:
 # The tables in the order they print; each formatter returns no lines for a skipped section.
 FORMATTERS = (format_bandwidth, format_generate, format_decode_bandwidth, format_smollm,
               format_no_cache, format_timing, format_notebooks, format_grading, format_load,
-              format_class, format_decode_path)
+              format_class, format_decode_path, format_training)
 
 
 def format_header(result: dict) -> list[str]:

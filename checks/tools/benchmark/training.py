@@ -20,7 +20,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...reference import training as tr
-from ...reference.model import model_forward
 from ...reference.rope import apply_rope
 from ... import training_run
 
@@ -143,7 +142,8 @@ def run_training(kind: str = "ablation", steps: int | None = None, say=None,
 
 
 def format_training(result: dict) -> list[str]:
-    t = result.get("training") if "training" in result else result
+    """The section's lines (none when it was skipped)."""
+    t = result.get("training", result if "ratio" in result else None)
     if not t or "ratio" not in t:
         return []
     return ["", f"training step ({t['kind']} size, {t['steps']} steps each, {t['device']}, "
