@@ -4,6 +4,8 @@ core and the model loader, never `checks.tools`.
 The modules, in the order a notebook meets them (`python -m checks grade`):
 
 - `cli`: `python -m checks status|grade`: arguments, finding notebooks, grading them N at a time.
+- `visible`: `status` where the course has no source notebooks (a wheel): the learner's own
+  notebooks' visible checks.
 - `grading`: `grade_notebook`, the pipeline: the five stages below, in order, and the tripwire.
 - `read`: stage 1, a notebook file -> a tree of nodes (or one readable line); cells' metadata.
 - `identify`: stage 2, which chapter (and student) a notebook is; its source notebook.

@@ -33,12 +33,14 @@ from .isolation import make_undumpable
 from .limits import Limits, cores
 from .read import CEILING_BYTES, CEILING_CELLS, Caps, chapter_notebooks
 from .outputs.gradebook import counted
-from .outputs.late import due_argument, late_text
+from .outputs.late import due_argument, extensions_argument, late_text
+from .outputs.roster import roster_argument
 from .outputs.summary import summary_text
 from .outputs.writer import GradeOutputs
 from .report import (PROG, Progress, grade_table, pts, report_incident, report_problem,
                      status_header, status_label, status_row, status_total)
 from .results import GradingError
+from .visible import status_without_sources
 
 
 class _Parser(argparse.ArgumentParser):
@@ -180,6 +182,11 @@ def _parser() -> argparse.ArgumentParser:
     grade.add_argument("--due", type=due_argument, metavar="TIME",
                        help="deadline (ISO 8601; no zone: UTC): submissions whose nbgrader "
                             "timestamp.txt is later are marked late in every output")
+    grade.add_argument("--extensions", type=extensions_argument, metavar="FILE",
+                       help="a CSV of student,due rows: those students' own deadlines")
+    grade.add_argument("--roster", type=roster_argument, metavar="FILE",
+                       help="a CSV naming the students (columns folder, id, name, login, "
+                            "section): the gradebook gets their LMS ids and a row each")
     grade.add_argument("--max-size", type=_capped(_size, CEILING_BYTES), default=Caps.max_bytes,
                        metavar="SIZE", help="largest notebook file graded, checked before it is "
                        "read (default: %(default)s bytes; at most 64M)")
@@ -190,16 +197,27 @@ def _parser() -> argparse.ArgumentParser:
                        metavar="N", help="most notebooks graded for one student, those named "
                        "after a chapter first (default: %(default)s)")
     grade.set_defaults(run=_grade)
+    # Listed for --help; `python -m checks` (and main) hand them over before parsing.
+    commands.add_parser("gradescope", add_help=False,
+                        help="build a Gradescope autograder (a zip) for chapters "
+                             f"({PROG} gradescope --help)")
+    commands.add_parser("doctor", add_help=False,
+                        help="what this machine has for the course, for a bug report")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] in (["gradescope"], ["doctor"]):
+        return _hand_over(argv[0], argv[1:])
     args = _parser().parse_args(argv)
     os.environ[GRADING_ENV] = "1"  # checks behave as under a grader, here and in the workers
     make_undumpable()  # a worker running as this user cannot read this process's memory
     try:
         with sigterm_as_interrupt():
             if not args.source.is_dir():
+                if args.run is _status and args.source == SOURCE_DIR:  # a wheel: no solutions/
+                    return status_without_sources(args, _status)
                 raise GradingError(args.source, _("no such folder of source notebooks"))
             return args.run(args)
     except GradingError as exc:
@@ -211,6 +229,16 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: " + _("interrupted"), file=sys.stderr)
         return 130
+
+
+def _hand_over(command: str, argv: list[str]) -> int:
+    if command == "gradescope":
+        from .gradescope.build import main as gradescope
+
+        return gradescope(argv)
+    from ..doctor import main as doctor
+
+    return doctor(argv)
 
 
 # --------------------------------------------------------------------------------------------

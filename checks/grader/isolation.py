@@ -110,6 +110,18 @@ def installed_course() -> set[str]:
     return {p for p in found if os.path.isdir(p)}
 
 
+def course_folder() -> list[str]:
+    """The folder above the course's package when it is the course's own (a clone, a Gradescope
+    zip's course/: the sources and their hidden tests live there), never when it is the
+    Python's site-packages (a wheel's install): hiding that would hide torch from the worker.
+    Only the course's own package is hidden then."""
+    parent = PACKAGE.parent
+    sites = {os.path.realpath(p) for p in [*site.getsitepackages(), site.getusersitepackages()]}
+    if parent.name in ("site-packages", "dist-packages") or os.path.realpath(parent) in sites:
+        return []
+    return [str(parent)]
+
+
 def worker_environment(threads: int, lib: str, scratch: str, audit: bool = False
                        ) -> dict[str, str]:
     """The worker's whole environment: nothing of the grader's (no secret an instructor set),
@@ -178,7 +190,7 @@ def jail_config(limits: Limits, argv: list[str], threads: int, lib: Path, fds: t
     Python installation need a wall of their own (an installed copy of the course always)."""
     allow, links, tmp_links = worker_view()
     inside = {os.path.realpath(p) for p in hide if Path(p).exists()} | installed_course() | {
-        str(PACKAGE.parent), str(PACKAGE)}
+        str(PACKAGE), *course_folder()}
     inner = sorted(p for p in inside if any(p.startswith(a.rstrip("/") + "/") for a in allow))
     rlimits = {"RLIMIT_CORE": 0, "RLIMIT_NPROC": 1024}
     if limits.cpu:

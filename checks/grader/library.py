@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1]  # checks/
+COURSE_SOURCE = PACKAGE.parent / "solutions"  # a clone's; absent from a wheel
 
 
 # What the worker may import, by path under checks/ (an allow-list: a module added later stays
@@ -55,6 +56,24 @@ def _answer_names(source_dir: Path) -> dict[str, int]:
             for name in filter(None, found):
                 names[name] = min(number, names.get(name, number))
     return names
+
+
+def course_answers(source_dir: Path | None = None) -> dict[str, int]:
+    """Which chapter asks for which function: the course's own list of exercises
+    (`checks.exercises`, read from every chapter's checker module, so it is whole however few
+    source notebooks a folder holds: a Gradescope zip for one chapter, a wheel with none), with
+    the further names the source notebooks' answer cells define (helpers, classes) added where
+    the list does not already say. An exercise's chapter is the list's, never a folder's."""
+    from ..exercises import chapters
+
+    answers = {name: int(number) for number, names in chapters().items() for name in names}
+    exercises = set(answers)
+    for folder in filter(None, [COURSE_SOURCE, source_dir]):
+        if Path(folder).is_dir():
+            for name, number in _answer_names(Path(folder)).items():
+                if name not in exercises:
+                    answers[name] = min(number, answers.get(name, number))
+    return answers
 
 
 def defined_names(source: str) -> dict[str, str]:
@@ -248,11 +267,7 @@ class WorkerLibrary:
 
     def _plan(self) -> tuple[dict[str, bytes], dict[str, set[str] | None]]:
         graded = _chapter_number(self.chapter)
-        # Which chapter asks for which function: from every chapter's source (a --source folder
-        # may hold only some chapters; the course's own solutions/ fill in the rest).
-        answers = _answer_names(PACKAGE.parent / "solutions")
-        for name, number in _answer_names(self.source_dir).items():
-            answers[name] = min(number, answers.get(name, number))
+        answers = course_answers(self.source_dir)
         files: dict[str, bytes] = {}
         available: dict[str, set[str] | None] = {}
         reference, withheld = _withheld_reference(answers, graded)

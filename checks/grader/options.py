@@ -43,6 +43,8 @@ class OutputOptions:
     feedback: Path | None = None  # a folder of feedback pages, one per student and chapter
     report: Path | None = None  # the class report, one HTML page
     due: datetime | None = None  # the deadline: later submissions are marked late
+    extensions: dict[str, datetime] | None = None  # {student: their own due time}
+    roster: dict[str, dict[str, str]] | None = None  # {folder: id, name, login, section}
     source: Path = SOURCE_DIR
 
 

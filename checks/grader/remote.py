@@ -17,6 +17,7 @@ from .tensors import map_leaves
 from .wire import RemoteRef
 
 MAX_TEXT = 64 * 1024  # characters of any text the grader keeps from one reply
+QUOTED = 300  # characters of a learner's exception text a diagnosis quotes
 
 
 def capped_text(value: Any, limit: int) -> str:
@@ -95,24 +96,49 @@ class RemoteObject:
 _EXCEPTIONS: dict[str, type] = {}
 
 
+def _quoted(text: str) -> str:
+    """At most QUOTED characters of the learner's text: what it says is theirs to choose (a
+    submission that read something it should not have could raise it as a message)."""
+    return text if len(text) <= QUOTED else text[:QUOTED - 1] + "…"
+
+
+def _carried_init(self, *args):
+    self.args = args  # never the built-in class's own __init__: its arguments may differ
+
+
+def _carried_str(self) -> str:
+    return self._checks_text
+
+
 def rebuild_exception(error: Any) -> Exception:
-    """An exception of the same built-in class (ValueError, KeyError, NotImplementedError ...),
-    or of a new class with the learner's class name. Never a BaseException or a CheckFailure."""
+    """The learner's exception as type name and message, never re-instantiated from its
+    arguments (UnicodeDecodeError takes five; OSError picks a subclass by errno): an instance
+    of a class named as the learner's, a subclass of the built-in one when it is one
+    (ValueError, KeyError, UnicodeDecodeError ...; so `except KeyError` still catches it), else
+    of Exception; its str() is the text the worker read. Never a BaseException or a
+    CheckFailure."""
     if not isinstance(error, dict):
         return RuntimeError("an error the grader could not read")
     name = capped_text(error.get("type"), 100) or "Exception"
     args = error.get("args") if isinstance(error.get("args"), tuple) else ()
-    args = tuple(a[:2000] if isinstance(a, str) else a if type(a) in (int, float, bool)
+    args = tuple(_quoted(a) if isinstance(a, str) else a if type(a) in (int, float, bool)
                  or a is None else "?" for a in args[:4])
-    cls = getattr(builtins, name, None)
-    if not (isinstance(cls, type) and issubclass(cls, Exception)) or name in (
+    if isinstance(error.get("text"), str):
+        text = _quoted(error["text"])
+    else:  # an older worker: the text as BaseException makes it from the arguments
+        text = _quoted(str(args[0]) if len(args) == 1 else str(args) if args else "")
+    base = getattr(builtins, name, None)
+    if not (isinstance(base, type) and issubclass(base, Exception)) or name in (
             "StopIteration", "StopAsyncIteration"):
-        key = name if name.isidentifier() else "LearnerException"
-        cls = _EXCEPTIONS.setdefault(key, type(key, (Exception,), {"__module__": "learner"}))
-    try:
-        exc = cls(*args)
-    except Exception:  # noqa: BLE001
-        exc = cls(str(args))
+        base = Exception
+    key = name if name.isidentifier() else "LearnerException"
+    cls = _EXCEPTIONS.get(key)
+    if cls is None:
+        cls = _EXCEPTIONS[key] = type(key, (base,), {
+            "__init__": _carried_init, "__str__": _carried_str, "__module__":
+            "builtins" if base is not Exception else "learner"})
+    exc = cls(*args)
+    exc._checks_text = text
     where = capped_text(error.get("where"), 300)
     if where:
         exc.add_note(f"at {where}")

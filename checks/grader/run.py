@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import builtins
 import contextlib
+import importlib
 import io
 import os
 import time
@@ -24,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from ..borrow import BORROWING_CALLS
+from ..engine import CheckFailure, NotStarted, earlier_failures, fix_first_text
+from ..exercises import chapter_of, chapters
 from ..context import GRADING_ENV
 from ..i18n import _, language, using_default
 from .build import is_graded_test
@@ -120,6 +123,61 @@ def _names_from_learner(source: str, namespace: dict[str, Any]) -> list[str]:
             and name not in namespace and not hasattr(builtins, name)]
 
 
+HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
+
+
+def worker_source(cell) -> str:
+    """What the worker runs of a test cell: its visible part, each block of hidden tests
+    replaced by `pass` (at the block's indentation, so the cell still compiles). The hidden
+    tests ran here, on the grader's side; their source never reaches the worker, where the
+    learner's code could read it (an audit hook on compile, the cell's frame) and raise it as a
+    message. The visible part's checks repeat the grader's verdict there, so a notebook whose
+    own run passes where the grader's failed is still seen (tampering). A block left open hides
+    the rest of the cell."""
+    kept: list[str] = []
+    hidden = False
+    for line in cell.source.splitlines():
+        if hidden:
+            hidden = HIDDEN_END not in line
+        elif HIDDEN_BEGIN in line:
+            hidden = HIDDEN_END not in line.split(HIDDEN_BEGIN, 1)[1]
+            kept.append(line[:len(line) - len(line.lstrip())] + "pass")
+        else:
+            kept.append(line)
+    return "\n".join(kept) + "\n"
+
+
+def notebook_imports(source) -> list[str]:
+    """The modules the chapter's source notebook imports at the top level of its cells that are
+    neither answers nor tests (what the learner's notebook imports too)."""
+    found: dict[str, None] = {}
+    for cell in source.cells:
+        if cell.cell_type != "code" or grade_id(cell) is not None:
+            continue
+        try:
+            tree = ast.parse(cell.source)
+        except SyntaxError:
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.Import):
+                found.update(dict.fromkeys(a.name for a in node.names))
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found[node.module] = None
+    return list(found)
+
+
+def self_test_source(modules: list[str]) -> str:
+    """A cell that imports `modules` and leaves no name behind in the notebook's namespace."""
+    return ("def _checks_self_test():\n"
+            "    import importlib\n"
+            f"    for name in {modules!r}:\n"
+            "        importlib.import_module(name)\n"
+            "try:\n"
+            "    _checks_self_test()\n"
+            "finally:\n"
+            "    del _checks_self_test\n")
+
+
 class _WrongKind:
     """Stands for a function exercise that the notebook defines as a class."""
 
@@ -138,6 +196,7 @@ def _grader_side_test(cell, worker, imports: dict[str, Any], kinds: dict[str, st
     deadline = worker.deadline()
     worker.begin_test(deadline)
     namespace = dict(imports)
+    called: list[str] = []  # the exercises the cell called, in the order of first calls
     for name in _names_from_learner(cell.source, namespace):
         found = worker.lookup(name)
         kind = kinds.get(name)
@@ -147,7 +206,7 @@ def _grader_side_test(cell, worker, imports: dict[str, Any], kinds: dict[str, st
         elif found["found"] == "class" and kind == "function":
             namespace[name] = _WrongKind(name)
         elif found["found"] != "missing":
-            namespace[name] = RemoteFunction(worker, name, deadline)
+            namespace[name] = _CountedFunction(worker, name, deadline, called)
     out, err = io.StringIO(), io.StringIO()
     result: dict[str, Any] = {"ok": True}
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
@@ -156,12 +215,62 @@ def _grader_side_test(cell, worker, imports: dict[str, Any], kinds: dict[str, st
         try:
             exec(compile(cell.source, f"<test {grade_id(cell)}>", "exec"), namespace)
         except Exception as exc:  # WorkerGone and KeyboardInterrupt are BaseExceptions
+            exercise = exercise_name(grade_id(cell))
+            exc = knock_on(exc, exercise, called, namespace) or exc
             result.update(ok=False, ename=type(exc).__name__, evalue=str(exc),
-                          verdict=verdict_of(exc, exercise_name(grade_id(cell))))
+                          verdict=verdict_of(exc, exercise))
     stderr = worker.stderr_text + err.getvalue() + "".join(
         f"{w.category.__name__}: {w.message}\n" for w in caught)
     result["stderr"] = stderr[:limits.stderr_kept]
     return result
+
+
+class _CountedFunction(RemoteFunction):
+    """A learner's function that notes, on its first call, that the test cell called it."""
+
+    def __init__(self, worker, name: str, deadline: float, called: list[str]):
+        super().__init__(worker, name, deadline)
+        self._called = called
+
+    def __call__(self, *args, **kwargs):
+        if self._name not in self._called:
+            self._called.append(self._name)
+        return super().__call__(*args, **kwargs)
+
+
+def knock_on(exc: Exception, exercise: str, called: list[str], namespace: dict[str, Any]
+             ) -> CheckFailure | None:
+    """A test cell of `exercise` failed with `exc` after calling the learner's other exercises
+    (`called`: a hidden test that builds its input with another one, as bpe_decode's calls
+    bpe_encode): when one of them does not pass its own check (the grader's checker, quietly,
+    in the chapter's order), the failure says "fix <that> first" as the self-checks do (the
+    mistake fix_<name>_first). None: the failure stands (a diagnosed mistake of the exercise
+    itself, a not-started exercise, or nothing else to blame)."""
+    if isinstance(exc, NotStarted) or (isinstance(exc, CheckFailure) and exc.mistake):
+        return None
+    chapter = chapter_of(exercise)
+    others = [n for n in chapters().get(chapter or "", ()) if n in called and n != exercise]
+    if not others:
+        return None
+    try:
+        module = importlib.import_module(f"checks.nb{chapter}")
+    except ImportError:
+        return None
+    seed = getattr(exc, "seed", None)
+    earlier = {n: getattr(module, f"check_{n}") for n in others
+               if callable(getattr(module, f"check_{n}", None))}
+    _passed, broken = earlier_failures({n: namespace[n] for n in earlier}, earlier, seed)
+    if broken is None:
+        return None
+    if isinstance(exc, CheckFailure):
+        return exc.with_hint(fix_first_text(exercise, *broken))
+    return CheckFailure(exercise, f"raised {type(exc).__name__}: {_one_line(str(exc))}",
+                        hint=fix_first_text(exercise, *broken), seed=seed)
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    line = next((part.strip() for part in text.splitlines() if part.strip()), "")
+    return line if len(line) <= limit else line[:limit - 3] + "..."
 
 
 def _as_outputs(*results: dict[str, Any]) -> list:
@@ -209,6 +318,8 @@ class _NotebookRun:
         self.nb, self.limits, self.workdir, self.library, self.hide = \
             nb, limits, workdir, library, hide
         self.imports = chapter_namespace(source)
+        self.modules = ["torch", "checks", f"checks.nb{library.chapter[:2]}",
+                        *notebook_imports(source)]
         self.kinds = exercise_kinds(source)
         self.budget = time.monotonic() + limits.notebook_time if limits.notebook_time else None
         self.completed: set[int] = set()  # cells that ran to the end (their results stand)
@@ -236,6 +347,7 @@ class _NotebookRun:
         try:
             with using_default():  # a failure here is the instructor's to read
                 self._start_worker()
+                self._self_test()
         except WorkerGone as gone:
             # None of the submission's code has run yet: the grader's own environment failed
             # (the worker's Python, its imports, the walls), and no score is fair.
@@ -266,7 +378,7 @@ class _NotebookRun:
         here = _grader_side_test(cell, worker, self.imports, self.kinds, self.limits)
         verdict = "passed" if here["ok"] else (here["ename"], here["evalue"])
         self.verdicts[index] = verdict
-        inside = worker.run_cell(index, cell.source, verdict)
+        inside = worker.run_cell(index, worker_source(cell), verdict)
         if inside["ok"] and not here["ok"]:
             cell.metadata["checks_tampering"] = True
         # Only this process's run counts: the worker's may fail for reasons of its own (a
@@ -312,10 +424,22 @@ class _NotebookRun:
             try:
                 if is_graded_test(cell):
                     self.worker.begin_test(self.worker.deadline())
-                self.worker.run_cell(index, cell.source, self.verdicts.get(index))
+                source = worker_source(cell) if is_graded_test(cell) else cell.source
+                self.worker.run_cell(index, source, self.verdicts.get(index))
             except WorkerGone:
                 return index
         return None
+
+    def _self_test(self) -> None:
+        """Before any of the submission's code: the worker imports what grading needs (torch,
+        the course's package, the graded chapter's checks, what the chapter's notebook itself
+        imports), none bound in the notebook's namespace. A failure is the environment's (a
+        Python without torch, a wall that hides site-packages), never the submission's: the
+        notebook is not scored (WorkerCannotStart)."""
+        done = self.worker.run_cell(-1, self_test_source(self.modules))
+        if not done["ok"]:
+            raise WorkerGone(_("the worker's self-test failed: {error}: {text}").format(
+                error=done["ename"], text=_one_line(done["evalue"], 200)))
 
     def _start_worker(self) -> None:
         self.worker = Worker(self.workdir, self.limits, self.library, hide=self.hide,

@@ -88,7 +88,12 @@ def _error_dict(exc: BaseException) -> dict:
     args = [a if type(a) in (str, int, float, bool) or a is None else repr(a)[:500]
             for a in exc.args[:4]]
     args = [a[:2000] if isinstance(a, str) else a for a in args]
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001 - a learner's __str__ that fails
+        text = "?"
     return {"type": type(exc).__name__, "args": tuple(args),
+            "text": text[:2000] if isinstance(text, str) else "?",
             "where": _learner_where(exc.__traceback__)}
 
 

@@ -119,6 +119,22 @@ def test_each_case_gets_what_its_row_says(graded, case):
 
 
 @graded_run
+def test_submission_times_are_nbgrader_s_own(graded):
+    """The time a record shows is the assignment folder's timestamp.txt, or none at all."""
+    from ..support.adversarial_times import TimeCase
+
+    cases, _, data, *_, folder, _ = graded
+    for name, case in cases.items():
+        if not isinstance(case, TimeCase):
+            continue
+        (record,) = [nb for nb in data["notebooks"] if case_of(nb["path"], folder) == name]
+        assert record["submitted_at"] == case.submitted_at, (name, record["submitted_at"])
+        unknown = [w for w in record["warnings"] if "submission time unknown" in w]
+        assert len(unknown) == (case.submitted_at is None and "victim" not in name), name
+        assert all("\n" not in w and len(w) < 200 for w in unknown)
+
+
+@graded_run
 def test_victims_keep_their_marks(graded):
     cases, _, data, *_, folder, _ = graded
     victims = [nb for nb in data["notebooks"] if "victim" in case_of(nb["path"], folder)]

@@ -254,9 +254,69 @@ def test_what_the_student_reads_is_in_the_submissions_language(monkeypatch):
     zh, en = results("zh"), results("en")
     assert [(t["score"], t["status"]) for t in zh["tests"]] == \
         [(t["score"], t["status"]) for t in en["tests"]]
-    assert en["output"] == "04_self_attention: no notebook of this chapter in the submission"
-    assert zh["output"] == "04_self_attention: 提交中没有这一章的 notebook"
+    assert en["output"].splitlines()[1:] == [
+        "04_self_attention: no notebook of this chapter in the submission"]
+    assert zh["output"].splitlines()[1:] == ["04_self_attention: 提交中没有这一章的 notebook"]
     by_name = {t["name"]: t["output"] for t in zh["tests"]}
     assert by_name[f"{CHAPTER}: head_dim"] == "通过" and en["tests"][0]["output"] == "passed"
     assert by_name[f"{CHAPTER}: kv_group_size"] == "未评分"
     assert by_name["04_self_attention: attention"] == "提交中没有这一章的 notebook"
+
+
+SOURCE_CHAPTERS = sorted(p.parent.name for p in Path(sub.REPO / "solutions").glob(
+    "[0-9][0-9]_*/*.ipynb") if p.stem == p.parent.name)
+
+
+@pytest.mark.parametrize("chapter", SOURCE_CHAPTERS)
+def test_each_chapter_s_solution_gets_full_marks_on_its_own_autograder(tmp_path, chapter):
+    """A zip built for one chapter holds only that chapter's source notebook: what the worker
+    withholds comes from the course's list of exercises (checks.exercises), not from the source
+    notebooks in the zip, so an earlier chapter's reference functions (chapter 05 needs 04's
+    attention) stay available and the chapter's solution gets every point."""
+    from checks.grader.gradescope.build import build_zip
+
+    target = tmp_path / "autograder.zip"
+    build_zip(target, [chapter], sub.REPO / "solutions", [])
+    root = unpack(target, tmp_path / "ag")
+    solution = sub.REPO / "solutions" / chapter / f"{chapter}.ipynb"
+    (root / "submission" / f"{chapter}.ipynb").write_bytes(solution.read_bytes())
+    results = run_autograder(root)
+    lost = {t["name"]: t["output"][:300] for t in results["tests"]
+            if t["score"] != t["max_score"]}
+    assert not lost, lost
+    assert results["score"] == sum(t["max_score"] for t in results["tests"]) > 0
+
+
+def test_the_output_starts_with_the_points_and_visibility_is_the_instructor_s():
+    """results.json's output opens with the submission's points (per chapter when there are
+    several); --visibility goes into the zip and onto every test and the whole result."""
+    from checks.grader.gradescope.autograde import gradescope_results
+
+    record = {"chapter": CHAPTER, "lang": "en", "points": 1.0, "error": None,
+              "exercises": [{"name": "head_dim", "points": 1.0, "status": "passed",
+                             "message": ""}]}
+    config = {"chapters": [CHAPTER, "04_self_attention"], "visibility": "after_due_date"}
+    results = gradescope_results({"notebooks": [record], "errors": []}, "", 0, sub.REPO, config)
+    assert results["output"].splitlines()[0] == \
+        f"1 / 12 points ({CHAPTER} 1 / 6 points, 04_self_attention 0 / 6 points)"
+    assert results["score"] == 1.0 and results["visibility"] == "after_due_date"
+    assert {t["visibility"] for t in results["tests"]} == {"after_due_date"}
+    alone = gradescope_results({"notebooks": [record], "errors": []}, "", 0, sub.REPO,
+                               {"chapters": [CHAPTER]})
+    assert alone["output"] == "1 / 6 points" and alone["visibility"] == "visible"
+
+
+def test_visibility_goes_into_the_zip(tmp_path):
+    done = checks("gradescope", "01", "-o", tmp_path / "a.zip", "--visibility", "hidden",
+                  timeout=120)
+    assert done.returncode == 0, done.stderr
+    with zipfile.ZipFile(tmp_path / "a.zip") as archive:
+        assert json.loads(archive.read("course/gradescope.json"))["visibility"] == "hidden"
+    done = checks("gradescope", "01", "-o", tmp_path / "b.zip", "--visibility", "soon",
+                  timeout=60)
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1
+
+
+def test_gradescope_is_in_the_help():
+    done = checks("--help", timeout=60)
+    assert done.returncode == 0 and "gradescope" in done.stdout and "doctor" in done.stdout

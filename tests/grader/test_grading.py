@@ -345,6 +345,98 @@ def test_a_cell_that_kills_the_worker_costs_only_its_exercise(folder):
 
 
 @pytest.mark.grader_workers
+def test_a_learner_s_exception_keeps_its_type_and_message(folder):
+    """Carried as type name and text, never re-instantiated from its arguments: a
+    UnicodeDecodeError (five arguments to build) stays one, its text the learner's, not
+    "TypeError: function takes exactly 5 arguments"; KeyError and OSError likewise."""
+    nb = sub.solution()
+    sub.cell(nb, "head_dim").source = \
+        "def head_dim(cfg):\n    return int(bytes([255]).decode('utf-8'))"
+    sub.cell(nb, "kv_group_size").source = "def kv_group_size(cfg):\n    return {}[25105]"
+    sub.cell(nb, "validate_config").source = \
+        "def validate_config(cfg):\n    open('/nonexistent/x')"
+    nb = sub.write(nb, folder / "unicode" / "01_notation.ipynb")
+    result = by_name(grade_untouched(nb))
+    assert "UnicodeDecodeError: 'utf-8' codec can't decode byte 0xff in position 0" in \
+        result["head_dim"].message, result["head_dim"].message
+    assert "TypeError" not in result["head_dim"].message
+    assert "KeyError: 25105" in result["kv_group_size"].message
+    assert "FileNotFoundError: [Errno 2] No such file or directory: '/nonexistent/x'" in \
+        result["validate_config"].message, result["validate_config"].message
+
+
+@pytest.mark.grader_workers
+def test_a_hidden_test_that_calls_a_broken_exercise_says_fix_it_first(folder):
+    """bpe_decode is right, bpe_encode (code points, not UTF-8 bytes) is not: bpe_decode's
+    hidden test decodes bpe_encode's output and meets KeyError: 25105. As the self-checks do,
+    the grader says to fix bpe_encode first (the mistake 02.bpe_decode.fix_bpe_encode_first)."""
+    chapter = "02_tokens_to_embeddings"
+    nb = sub.solution(sub.REPO / "solutions" / chapter / f"{chapter}.ipynb")
+    sub.cell(nb, "bpe_encode").source = \
+        "def bpe_encode(text, merges):\n    return [ord(c) for c in text]"
+    path = sub.write(nb, folder / "knock-on" / f"{chapter}.ipynb")
+    result = by_name(grade_untouched(path))
+    assert result["bpe_encode"].status == "failed"
+    decode = result["bpe_decode"]
+    assert decode.points == 0 and decode.status == "failed", decode
+    assert "KeyError: 25105" in decode.message
+    assert "fix bpe_encode first" in decode.message, decode.message
+    assert decode.mistake == "02.bpe_decode.fix_bpe_encode_first"
+
+
+@pytest.mark.grader_workers
+def test_hidden_tests_never_reach_the_worker(folder):
+    """A submission that records the source of everything compiled in its worker (an audit hook
+    on compile) and raises what it saw of the hidden tests as a message: nothing of them was
+    there (the grader runs them; the worker gets the visible part), and what a diagnosis quotes
+    of a learner's message is capped."""
+    nb = sub.solution()
+    sub.prepend(nb, "head_dim", (
+        "import sys\n_seen = []\n"
+        "sys.addaudithook(lambda event, args: event == 'compile' and _seen.append(\n"
+        "    args[0].decode() if isinstance(args[0], bytes) else str(args[0])))"))
+    sub.cell(nb, "tensor_shape").source = (
+        "def tensor_shape(*args, **kwargs):\n"
+        "    marks = ('### BEGIN ' + 'HIDDEN', 'thor' + 'ough=')\n"
+        "    hidden = [s for s in _seen if any(m in s for m in marks)]\n"
+        "    raise ValueError('SEEN ' + str(len(hidden)) + ' ' + ' | '.join(hidden) + 'x' * 5000)")
+    path = sub.write(nb, folder / "audit-compile" / "01_notation.ipynb")
+    result = grade_untouched(path)
+    message = by_name(result)["tensor_shape"].message
+    assert "SEEN 0 " in message, message[:500]
+    assert "thorough" not in message and "HIDDEN" not in message
+    assert len(message) < 800 and "x" * 400 not in message
+    assert result.points == 4  # the other exercises keep their points
+
+
+def test_the_worker_gets_the_visible_part_of_a_test_cell():
+    from types import SimpleNamespace
+
+    source = ("from checks.nb01 import check_head_dim\ncheck_head_dim(head_dim)\n"
+              "### BEGIN HIDDEN TESTS\ncheck_head_dim(head_dim, thorough=True)\n"
+              "assert head_dim(cfg) == 64\n### END HIDDEN TESTS\nfor i in range(2):\n"
+              "    ### BEGIN HIDDEN TESTS\n    assert i < 2\n    ### END HIDDEN TESTS\n"
+              "### BEGIN HIDDEN TESTS\nsecret = 1\n")
+    sent = run.worker_source(SimpleNamespace(source=source))
+    assert sent == ("from checks.nb01 import check_head_dim\ncheck_head_dim(head_dim)\npass\n"
+                    "for i in range(2):\n    pass\npass\n")
+    compile(sent, "<test>", "exec")
+
+
+def test_rebuilt_exceptions_are_the_learner_s_type_and_text():
+    from checks.grader.remote import rebuild_exception
+
+    exc = rebuild_exception({"type": "UnicodeDecodeError", "args": (), "text": "bad byte"})
+    assert type(exc).__name__ == "UnicodeDecodeError" and str(exc) == "bad byte"
+    assert isinstance(exc, UnicodeDecodeError)
+    assert isinstance(rebuild_exception({"type": "KeyError", "args": (1,), "text": "1"}),
+                      KeyError)
+    odd = rebuild_exception({"type": "SystemExit", "args": (1,), "text": "1"})
+    assert type(odd).__name__ == "SystemExit" and not isinstance(odd, SystemExit)
+    assert isinstance(odd, Exception)
+
+
+@pytest.mark.grader_workers
 def test_the_notebook_budget_ends_a_notebook_of_slow_cells(folder):
     """Cells that each stay under the cell limit cannot add up past the notebook's budget."""
     nb = sub.solution()
@@ -453,6 +545,25 @@ def test_the_worker_library_holds_no_answers_of_the_graded_chapter():
     assert copy.has("checks.reference.masks", "causal_mask")
     assert not copy.has("checks.reference.attention", "attention")
     assert not copy.has("checks.nb04", "check_attention_internals")
+
+
+@pytest.mark.parametrize("chapter", ["05_multi_head", "11_decoder_block",
+                                     "13_generation_kv_cache"])
+def test_what_is_withheld_does_not_depend_on_the_source_notebooks_present(
+        tmp_path, monkeypatch, chapter):
+    """A source folder with only the graded chapter (a Gradescope zip for one chapter) and no
+    course solutions/ (a wheel) withholds exactly what the whole course's folder withholds: the
+    list of exercises is the course's (checks.exercises), so chapter 05 keeps 04's attention."""
+    import shutil
+
+    whole = library.WorkerLibrary(chapter, identify.SOURCE_DIR)
+    alone = tmp_path / "source"
+    shutil.copytree(identify.SOURCE_DIR / chapter, alone / chapter)
+    monkeypatch.setattr(library, "COURSE_SOURCE", tmp_path / "no-solutions")
+    library._library_plans.clear()
+    single = library.WorkerLibrary(chapter, alone)
+    assert single.available == whole.available
+    assert single.files == whole.files
 
 
 # What of grader/ the worker may have: its main loop and what that imports. Named here, not read

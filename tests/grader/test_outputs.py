@@ -7,11 +7,13 @@ that cannot be written refused before grading, and Ctrl-C / SIGTERM keeping what
 
 from __future__ import annotations
 
+import argparse
 import csv
 import io
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -520,11 +522,151 @@ def test_times_and_lateness(tmp_path):
     notebook = tmp_path / "01_notation.ipynb"
     (tmp_path / "timestamp.txt").write_text("garbage")
     fields = late.lateness(notebook, late.parse_time(DUE))
-    assert fields["late"] is None and "lateness unknown" in fields["late_warning"]
+    assert fields["late"] is None and "submission time unknown" in fields["late_warning"]
     (tmp_path / "timestamp.txt").write_text("2026-03-03 23:59:30 UTC")
     fields = late.lateness(notebook, late.parse_time(DUE))
     assert fields["late"] is True and fields["late_by_seconds"] == 2 * 86400 + 30
     assert late.late_text(fields) == "late by 2 d"
+
+
+def _hard_link(path: Path) -> None:
+    other = path.parent.parent / "elsewhere.txt"
+    other.write_text("2026-03-01 10:00:00 UTC")
+    os.link(other, path)
+
+
+def _sparse(size: int):
+    def make(path: Path) -> None:
+        with open(path, "wb") as stream:
+            stream.truncate(size)
+    return make
+
+
+@pytest.mark.parametrize("make, why", [
+    (lambda p: p.write_text("9999-12-31T23:59:59-23:59"), "does not hold a time"),
+    (lambda p: p.symlink_to("/proc/kmsg"), "is a link"),
+    (lambda p: p.symlink_to(p.parent / "real.txt"), "is a link"),
+    (_sparse(192 * 2**20), "larger than a time"),
+    (_sparse(65), "larger than a time"),
+    (lambda p: p.write_bytes(b"\xff\xfe garbage"), "does not hold a time"),
+    (lambda p: p.write_text("x" * 60), "does not hold a time"),
+    (_hard_link, "more than one name"),
+    (lambda p: os.mkfifo(p), "not a regular file"),
+    (lambda p: p.mkdir(), "not a regular file"),
+], ids=["overflow", "kmsg", "link", "192 MiB", "65 bytes", "binary", "text", "hard link",
+        "fifo", "folder"])
+def test_a_timestamp_that_cannot_be_believed_is_unknown_in_one_line(tmp_path, make, why):
+    """Any problem with timestamp.txt: no time, one short line, never a crash, a hang (a FIFO, a
+    link to /proc/kmsg) or a read of more than a few bytes."""
+    assignment = tmp_path / "submitted" / "alice" / CHAPTER
+    assignment.mkdir(parents=True)
+    (assignment / "real.txt").write_text("2026-03-01 10:00:00 UTC")
+    make(assignment / "timestamp.txt")
+    fields = late.lateness(assignment / f"{CHAPTER}.ipynb", late.parse_time(DUE), "alice")
+    assert fields["late"] is None and fields["submitted_at"] is None
+    assert fields["late_warning"] == f"submission time unknown: timestamp.txt {why}" or \
+        why in fields["late_warning"]
+    assert "\n" not in fields["late_warning"] and len(fields["late_warning"]) < 100
+
+
+def test_the_time_is_the_assignment_folder_s_however_deep_the_notebook(tmp_path):
+    """A notebook one folder down, beside an on-time timestamp.txt of its own: the time is
+    nbgrader's, in the assignment folder (late); a folder inside a submission named like the
+    student changes nothing."""
+    assignment = tmp_path / "submitted" / "alice" / CHAPTER
+    (assignment / "alice" / "x").mkdir(parents=True)
+    (assignment / "timestamp.txt").write_text("2026-03-05 10:00:00 UTC")
+    for inner in (assignment / "alice", assignment / "alice" / "x"):
+        (inner / "timestamp.txt").write_text("2026-03-01 10:00:00 UTC")
+        fields = late.lateness(inner / f"{CHAPTER}.ipynb", late.parse_time(DUE), "alice")
+        assert fields["submitted_at"] == "2026-03-05T10:00:00+00:00" and fields["late"] is True
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    (loose / "timestamp.txt").write_text("2026-03-01 10:00:00 UTC")
+    assert late.lateness(loose / "x.ipynb", late.parse_time(DUE))["late"] is False
+
+
+def test_extensions_give_a_student_their_own_due_time(tmp_path):
+    table = tmp_path / "extensions.csv"
+    table.write_text("student,due\nalice,2026-03-10T12:00+01:00\n\nbob, 2026-03-02\n")
+    extensions = late.extensions_argument(str(table))
+    assert extensions["alice"].isoformat() == "2026-03-10T12:00:00+01:00"
+    assert set(extensions) == {"alice", "bob"}
+    assignment = tmp_path / "submitted" / "alice" / CHAPTER
+    assignment.mkdir(parents=True)
+    (assignment / "timestamp.txt").write_text("2026-03-05 10:00:00 UTC")
+    notebook = assignment / f"{CHAPTER}.ipynb"
+    assert late.lateness(notebook, late.parse_time(DUE), "alice")["late"] is True
+    fields = late.lateness(notebook, late.parse_time(DUE), "alice", extensions)
+    assert fields["late"] is False and fields["due"] == "2026-03-10T11:00:00+00:00"
+    for text, words in [("alice\n", "row 1: expected student,due"),
+                        ("alice,next friday\n", "row 1: not an ISO time"),
+                        ("alice,9999-12-31T23:59:59-23:59\n", "row 1: not an ISO time")]:
+        table.write_text(text)
+        with pytest.raises(argparse.ArgumentTypeError, match=words):
+            late.extensions_argument(str(table))
+    with pytest.raises(argparse.ArgumentTypeError, match="No such file"):
+        late.extensions_argument(str(tmp_path / "missing.csv"))
+    with pytest.raises(argparse.ArgumentTypeError, match="not an ISO time"):
+        late.due_argument("9999-12-31T23:59:59-23:59")
+
+
+def test_a_re_run_with_another_due_time_recomputes_lateness(graded, tmp_path):
+    """Kept records (notebooks unchanged since they were graded) get this run's lateness: a
+    new --due and an extension change who is late, without grading anything again."""
+    base, out, _ = graded
+    report = tmp_path / "grades.json"
+    shutil.copyfile(out / "grades.json", report)
+    extensions = tmp_path / "extensions.csv"
+    extensions.write_text("student,due\nwrong,2026-03-03T00:00Z\n")
+    done = grade(base, "--json", report, "--due", "2026-03-01T09:00:00+00:00",
+                 "--extensions", extensions)
+    assert done.returncode == 0, done.stderr
+    assert "notebooks unchanged since they were graded" in done.stderr  # kept ones are there
+    by_student = {r["student"]: r for r in json.loads(report.read_text())["notebooks"]}
+    assert (by_student["complete"]["late"], by_student["complete"]["late_by_seconds"]) == \
+        (True, 3600)
+    assert by_student["wrong"]["late"] is False
+    assert by_student["wrong"]["due"] == "2026-03-03T00:00:00+00:00"
+    assert by_student["blank"]["late"] is None
+
+
+def test_a_roster_gives_the_gradebook_lms_ids_names_and_every_student(tmp_path):
+    from checks.grader.outputs import roster as rosters
+
+    table = tmp_path / "roster.csv"
+    table.write_text("Folder,ID,Name,Section\ncomplete,1001,Ada Lovelace,A\n"
+                     "absent,1002,Alan Turing,B\n")
+    roster = rosters.roster_argument(str(table))
+    records = [{"student": s, "chapter": CHAPTER, "points": p, "max_points": 6, "path": s,
+                "exercises": []} for s, p in (("complete", 6), ("stranger", 2))]
+    rows = list(csv.reader(io.StringIO(gradebook.gradebook_csv(records, roster))))
+    assert rows[0] == gradebook.CANVAS_COLUMNS + [CHAPTER]
+    assert rows[2:] == [["Ada Lovelace", "", "1001", "complete", "A", "6"],
+                        ["Alan Turing", "", "1002", "absent", "B", ""],
+                        ["stranger", "", "", "stranger", "", "2"]]
+    assert gradebook.gradebook_csv(records) == gradebook.gradebook_csv(records, None)
+    for text, words in [("name,id\nx,1\n", "no folder column"), ("", "empty"),
+                        ("folder\na\na\n", "row 3: 'a' is named twice"),
+                        ("folder,id\n,5\n", "row 2: no folder")]:
+        table.write_text(text)
+        with pytest.raises(argparse.ArgumentTypeError, match=words):
+            rosters.roster_argument(str(table))
+
+
+def test_a_roster_on_a_re_run(graded, tmp_path):
+    base, out, _ = graded
+    report = tmp_path / "grades.json"
+    shutil.copyfile(out / "grades.json", report)
+    table = tmp_path / "roster.csv"
+    table.write_text("folder,id,name,section\ncomplete,1001,Ada Lovelace,A\n"
+                     "absent,1002,Alan Turing,B\n")
+    done = grade(base, "--json", report, "--csv", tmp_path / "gradebook.csv", "--roster", table)
+    assert done.returncode == 0, done.stderr
+    rows = list(csv.reader((tmp_path / "gradebook.csv").open()))
+    assert rows[2][:6] == ["Ada Lovelace", "", "1001", "complete", "A", "6"]
+    assert rows[3][:6] == ["Alan Turing", "", "1002", "absent", "B", ""]
+    assert len(rows) == 2 + 2 + 4  # the roster's two, then the other four graded folders
 
 
 def test_the_late_tag_and_the_class_summary_in_chinese(monkeypatch):
@@ -558,7 +700,33 @@ def test_feedback_escapes_every_field():
     for raw in ("<b>x", "<script>", "<i>c", "<u>w", "<s>", "<n>", "\"'<&>"):
         assert raw not in page
     assert "&quot;&#x27;&lt;&amp;&gt;" in page
-    assert safe_name("../../etc") == "etc" and safe_name("..") == "unnamed"
+    assert safe_name("../../etc").startswith("etc-") and safe_name("..").startswith("unnamed-")
+    assert "/" not in safe_name("../../etc") and safe_name("alice") == "alice"
+
+
+def test_a_skipped_cell_is_named_once_in_the_feedback():
+    why = "the worker process died (exit status 1)"
+    record = {"student": "s", "chapter": CHAPTER, "points": 5, "max_points": 6, "passed": 3,
+              "skipped": [{"cell": "answer cell head_dim", "why": why}],
+              "error": f"In answer cell head_dim: {why}; that cell was skipped (the worker "
+                       "restarted and the cells before it run again).",
+              "exercises": [{"name": "head_dim", "points": 0, "max_points": 1,
+                             "status": "error", "message": "its answer cell was skipped"}]}
+    assert feedback_html(record).count("answer cell head_dim") == 1
+    record["error"] = None
+    assert feedback_html(record).count("answer cell head_dim") == 1
+
+
+def test_feedback_paths_never_collide():
+    """Names that differ only where the page's name escapes them get a page each; a plain name
+    keeps its own; a name shaped like an escaped one is escaped too."""
+    names = ["alice@uni.edu", "alice_uni.edu", "alice uni.edu", "alice/uni.edu", ".alice_uni.edu",
+             "x" * 121, "x" * 120 + "y", "..", "unnamed", "",
+             "alice_uni.edu-" + safe_name("alice@uni.edu").rsplit("-", 1)[1]]
+    pages = [safe_name(n) for n in names]
+    assert len(set(pages)) == len(names), pages
+    assert safe_name("alice_uni.edu") == "alice_uni.edu"
+    assert all(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", p) and len(p) <= 120 for p in pages)
 
 
 def test_csv_cells_that_a_spreadsheet_would_run_are_defused():

@@ -704,6 +704,8 @@ CATALOGUE: list[Case] = [
 # ---- c9: what counts as a submission, whose it is, caps: adversarial_edges adds its rows (EDGES)
 # and its claim here when it is imported (it builds them from this module's Case and helpers)
 from . import adversarial_edges  # noqa: E402,F401
+# ---- c10: submission times (timestamp.txt): adversarial_times adds its rows and claim
+from . import adversarial_times  # noqa: E402,F401
 assert len({case.name for case in CATALOGUE}) == len(CATALOGUE), "two cases share a name"
 
 

@@ -94,8 +94,31 @@ def _results(report: dict, status: int, course: Path, config: dict, best: dict) 
         for test in tests:
             test.update(score=0.0, status="failed")
     score = sum(t["score"] for t in tests)
-    return {"score": score, "output": "\n".join(notes) or _("graded"), "visibility": "visible",
-            "stdout_visibility": "hidden", "tests": tests}
+    visibility = config.get("visibility", "visible")
+    for test in tests:
+        test["visibility"] = visibility
+    return {"score": score, "output": "\n".join([points_summary(tests, config), *notes]),
+            "visibility": visibility, "stdout_visibility": "hidden", "tests": tests}
+
+
+def points_summary(tests: list[dict], config: dict) -> str:
+    """The output's first line: the points of the whole submission, and per chapter when the
+    autograder grades several ("6 / 14 points (01_notation 6 / 6, 04_self_attention 0 / 8)")."""
+    def pair(chosen: list[dict]) -> str:
+        return _("{score} / {max_score} points").format(
+            score=_pts(sum(t["score"] for t in chosen)),
+            max_score=_pts(sum(t["max_score"] for t in chosen)))
+
+    line = pair(tests)
+    if len(config["chapters"]) > 1:
+        line += " (" + ", ".join(
+            f"{chapter} " + pair([t for t in tests if t["name"].startswith(f"{chapter}: ")])
+            for chapter in config["chapters"]) + ")"
+    return line
+
+
+def _pts(value: float) -> str:
+    return f"{value:g}"
 
 
 def _best_record_per_chapter(records: list[dict]) -> dict[str, dict]:

@@ -20,6 +20,7 @@ from ..report import PROG
 EXECUTABLE = 0o100755 << 16  # zip's external attributes: a regular file, rwxr-xr-x
 READABLE = 0o100644 << 16
 COURSE_FILES = ("pyproject.toml", "constraints.txt", "README.md")
+VISIBILITY = ("visible", "after_due_date", "after_published", "hidden")  # Gradescope's words
 
 
 class _Parser(argparse.ArgumentParser):
@@ -41,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--notebook-timeout", type=float, default=None, metavar="SECONDS",
                         help="the grader's time limit per notebook inside Gradescope (set "
                              "Gradescope's own timeout above it)")
+    parser.add_argument("--visibility", choices=VISIBILITY, default="visible",
+                        help="when students see their results on Gradescope: visible (at once), "
+                             "after_due_date, after_published or hidden (default: %(default)s)")
     args = parser.parse_args(argv)
     try:
         chapters = chapters_named(args.chapter, args.source)
@@ -51,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.notebook_timeout:
         options += ["--notebook-timeout", f"{args.notebook_timeout:g}"]
     try:
-        build_zip(args.output, chapters, args.source, options)
+        build_zip(args.output, chapters, args.source, options, args.visibility)
     except OSError as exc:
         print(f"{PROG} gradescope: {args.output}: cannot write the zip "
               f"({exc.strerror or type(exc).__name__})", file=sys.stderr)
@@ -80,7 +84,8 @@ def chapters_named(text: str, source: Path) -> list[str]:
     return chosen
 
 
-def build_zip(target: Path, chapters: list[str], source: Path, grade_options: list[str]):
+def build_zip(target: Path, chapters: list[str], source: Path, grade_options: list[str],
+              visibility: str = "visible"):
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f".{target.name}.partial")
     with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as archive:
@@ -94,7 +99,8 @@ def build_zip(target: Path, chapters: list[str], source: Path, grade_options: li
         for chapter in chapters:
             notebook = Path(source) / chapter / f"{chapter}.ipynb"
             _add(archive, f"course/solutions/{chapter}/{chapter}.ipynb", notebook.read_bytes())
-        config = {"chapters": chapters, "grade_options": grade_options}
+        config = {"chapters": chapters, "grade_options": grade_options,
+                  "visibility": visibility}
         _add(archive, "course/gradescope.json", json.dumps(config, indent=2) + "\n")
     partial.replace(target)
 

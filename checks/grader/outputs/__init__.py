@@ -3,7 +3,9 @@
 - store.py     the JSON report: rewritten atomically after each notebook, merged with the
                previous run's (a re-run grades only new or changed submissions), output paths
                checked before grading starts
-- late.py      submission times (nbgrader's timestamp.txt) against `--due`
+- late.py      submission times (nbgrader's timestamp.txt of the assignment folder, read as
+               untrusted data) against `--due` and `--extensions`
+- roster.py    `--roster`: the students' LMS ids, names and sections for the gradebook
 - gradebook.py the CSVs: one row per student, a column per chapter (an LMS import) or per exercise
 - feedback.py  one HTML page per student and chapter: points and diagnoses, nothing hidden
 - summary.py   the class summary: per exercise, how many passed and the commonest diagnoses

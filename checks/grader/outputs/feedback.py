@@ -8,6 +8,7 @@ decides), like the diagnoses the grader wrote into the record."""
 
 from __future__ import annotations
 
+import hashlib
 import html
 import re
 from pathlib import Path
@@ -19,6 +20,8 @@ from .late import late_text
 from .store import atomic_write
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+_DIGEST = 12
+_HASHED = re.compile(rf"-[0-9a-f]{{{_DIGEST}}}$")  # what safe_name adds to a changed name
 _STATUS_CLASS = {"passed": "ok", "failed": "no", "not started": "todo", "error": "no"}
 
 _STYLE = """
@@ -40,9 +43,15 @@ def feedback_path(folder: Path, record: dict) -> Path:
 
 
 def safe_name(text: str) -> str:
-    """A name that is one plain path component: no separators, no leading dot, not empty."""
+    """A name that is one plain path component (no separators, no leading dot, not empty), and
+    one per text: a name that had to change (`alice@uni.edu`), or that could be mistaken for one
+    that did, gets a short hash of the text itself (`alice_uni.edu-3f2a...`), so two students
+    never share a page (`alice_uni.edu` keeps its name)."""
     name = _UNSAFE.sub("_", text).strip("._") or "unnamed"
-    return name[:120]
+    if name == text and len(name) <= 120 and not _HASHED.search(name):
+        return name
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:_DIGEST]
+    return f"{name[:100]}-{digest}"
 
 
 def write_feedback(folder: Path, record: dict) -> Path:
@@ -82,7 +91,8 @@ def _page(record: dict) -> str:
                      f'<td class="message">{e(exercise.get("message") or "")}'
                      f'{_replay(exercise)}</td></tr>')
     parts.append("</tbody></table>")
-    for skipped in record.get("skipped") or []:
+    # The notebook's error names each skipped cell and why already: each said once.
+    for skipped in [] if record.get("error") else record.get("skipped") or []:
         line = _("Skipped: {cell}: {why}").format(cell=str(skipped.get("cell", "")),
                                                   why=str(skipped.get("why", "")))
         parts.append(f'<p class="note">{e(line)}</p>')

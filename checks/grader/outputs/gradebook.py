@@ -11,6 +11,8 @@ from __future__ import annotations
 import csv
 import io
 
+from .roster import roster_students, student_columns
+
 # Canvas matches a row to a student by ID, SIS User ID or SIS Login ID; the student's folder name
 # is written as the SIS Login ID, the others are left empty (Canvas fills what it knows).
 CANVAS_COLUMNS = ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
@@ -41,15 +43,18 @@ def chapters_of(records: list[dict]) -> list[str]:
     return sorted({r["chapter"] for r in counted(records)})
 
 
-def gradebook_csv(records: list[dict]) -> str:
+def gradebook_csv(records: list[dict], roster: dict | None = None) -> str:
     """Student, ID, SIS User ID, SIS Login ID, Section, then one column of points per chapter;
-    a chapter a student has no notebook for is empty (Canvas leaves such a grade alone)."""
+    a chapter a student has no notebook for is empty (Canvas leaves such a grade alone). With a
+    roster (outputs/roster.py): its students' ids, names and sections, each of them a row."""
     chapters = chapters_of(records)
     maxima = _max_points(records)
     rows = [CANVAS_COLUMNS + chapters,
             [POINTS_POSSIBLE, "", "", "", ""] + [_number(maxima[c]) for c in chapters]]
-    for student, mine in by_student(records).items():
-        rows.append([student, "", "", student, ""]
+    table = by_student(records)
+    for student in roster_students(list(table), roster):
+        mine = table.get(student, {})
+        rows.append(student_columns(student, roster)
                     + [_number(mine[c]["points"]) if c in mine else "" for c in chapters])
     return _csv(rows)
 

@@ -20,7 +20,7 @@ from ..options import OutputOptions
 from .class_report import class_report_html
 from .feedback import write_feedback
 from .gradebook import counted, exercises_csv, gradebook_csv
-from .late import lateness
+from .late import lateness, refresh_lateness
 from .store import (atomic_write, check_writable_file, check_writable_folder, file_hash,
                     grader_fingerprint, load_records, record_key, unchanged)
 from .summary import class_summary
@@ -35,13 +35,14 @@ class FileOutput:
     what: str
     render: Callable[[list[dict]], str]
     as_each_finishes: bool = True  # else only once grading ends (drawing charts takes a while)
+    with_roster: bool = False  # render(records, roster): the --roster table as well
 
 
 # Every output that is one file made from the records, in the order they are written. The JSON
 # report (merged with an earlier run's, or on stdout) and the feedback pages (one per record)
 # are written by GradeOutputs itself.
 FILE_OUTPUTS = (
-    FileOutput("csv", "CSV", gradebook_csv),
+    FileOutput("csv", "CSV", gradebook_csv, with_roster=True),
     FileOutput("csv_exercises", "CSV", exercises_csv),
     FileOutput("report", "HTML", class_report_html, as_each_finishes=False),
 )
@@ -53,6 +54,8 @@ class GradeOutputs:
         self.json = options.json
         self.feedback = options.feedback
         self.due = options.due
+        self.extensions = options.extensions  # {student: due}
+        self.roster = options.roster  # {folder: id, name, login, section}
         self.regrade = options.regrade
         self.source = Path(options.source or SOURCE_DIR).resolve()
         self.regraded: list[Path] = []  # unchanged submissions graded again: the grader changed
@@ -98,8 +101,8 @@ class GradeOutputs:
                 todo.append(path)
                 if grader_changed:
                     self.regraded.append(path)
-            else:
-                self.kept.append(record)
+            else:  # kept, with its lateness for this run's --due and --extensions
+                self.kept.append(refresh_lateness(record, self.due, self.extensions))
         return todo
 
     def fingerprint(self, chapter: str) -> str:
@@ -111,7 +114,7 @@ class GradeOutputs:
         path = Path(result.path)
         data["sha256"] = file_hash(path) if path.is_file() else None
         data["grader"] = self.fingerprint(result.chapter)
-        data.update(lateness(path, self.due))
+        data.update(lateness(path, self.due, result.student, self.extensions))
         if data.get("late_warning"):
             data["warnings"] = [*data["warnings"], data.pop("late_warning")]
         return data
@@ -153,7 +156,8 @@ class GradeOutputs:
         for output in FILE_OUTPUTS:
             target = getattr(self.options, output.option)
             if target is not None and (final or output.as_each_finishes):
-                atomic_write(target, output.render(records))
+                atomic_write(target, output.render(records, self.roster) if output.with_roster
+                             else output.render(records))
 
     def write_kept_feedback(self) -> None:
         """Feedback pages for the records kept from the earlier run (they may be new here)."""
