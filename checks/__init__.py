@@ -11,4 +11,5 @@ from .engine import CheckFailure, NotStarted, use_if_passing
 
 context.configure_threads()
 
-__all__ = ["context", "reference", "LLAMA2_7B", "ModelConfig", "CheckFailure", "NotStarted", "use_if_passing"]
+__all__ = ["context", "reference", "LLAMA2_7B", "ModelConfig", "CheckFailure", "NotStarted",
+           "use_if_passing"]

@@ -15,6 +15,6 @@ if sys.argv[1:2] == ["gradescope"]:
 
     sys.exit(gradescope(sys.argv[2:]))
 
-from .grader.cli import main  # noqa: E402  (after the doctor's own way out)
+from .grader.cli import main
 
 sys.exit(main())

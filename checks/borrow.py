@@ -49,8 +49,8 @@ folder that holds them (in Colab, a Drive folder such as `/content/drive/MyDrive
 as chapter folders (`08_rope/08_rope.ipynb`) or as files side by side (`08_rope.ipynb`, or Colab's
 `Copy of 08_rope.ipynb`; the newest such copy counts). A notebook opened by itself (Colab, a
 download) finds none of them: the line then says so in one sentence, that the course's reference
-stands in, and how to point it at yours. The notebook is read as last saved. Its code cells run in a fresh namespace, in order, up to its last answer cell, with
-all output swallowed:
+stands in, and how to point it at yours. The notebook is read as last saved. Its code cells run
+in a fresh namespace, in order, up to its last answer cell, with all output swallowed:
 
 - answer cells (nbgrader `solution`) run whole; one that raises is skipped and reported if it is
   the one asked for (a later answer may not need it: the check decides);
@@ -286,7 +286,7 @@ def _passes(fn: Callable, checker: Callable) -> None:
             raise _Unavailable(_NOT_STARTED, _NOT_STARTED_YET) from None
         raise _Unavailable(N_("check failed"), N_("yours does not pass its check yet: {why}"),
                            why=_short(exc)) from None
-    except Exception as exc:  # a bug in checking: still never stop the notebook
+    except Exception as exc:  # noqa: BLE001 - a bug in checking: still never stop the notebook
         raise _Unavailable(N_("checking raised {error}"),
                            N_("checking yours raised {error}: {why}"),
                            error=type(exc).__name__, why=_short(exc)) from None
@@ -306,7 +306,7 @@ def _checker(chapter: str, name: str) -> Callable:
                            chapter=repr(chapter))
     try:
         module = importlib.import_module(f".nb{number}", __package__)
-    except Exception:  # missing, or broken while being written
+    except Exception:  # noqa: BLE001 - missing, or broken while being written
         raise _Unavailable(N_("no checks"), N_("the checks of chapter {number} are not "
                                                "available"), number=number) from None
     check = getattr(module, f"check_{name}", None)
@@ -388,7 +388,8 @@ def _search_bases(root) -> tuple[list[Path], str]:
 
 def _notebook_path(chapter: str, root) -> Path:
     """The chapter's notebook in the search folder: its chapter folder (`08_rope/08_rope.ipynb`),
-    else a file side by side (`08_rope.ipynb`, else the newest copy: Colab's `Copy of 08_rope.ipynb`).
+    else a file side by side (`08_rope.ipynb`, else the newest copy: Colab's
+    `Copy of 08_rope.ipynb`).
     `chapter` is a folder name or just its number ("08")."""
     bases, _how = _search_bases(root)
     if "_" in chapter:
@@ -481,7 +482,7 @@ def _execute(path: Path) -> _Notebook:
         cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
         code = [(_source(cell), cell.get("metadata", {}).get("nbgrader") or {})
                 for cell in cells if cell.get("cell_type") == "code"]
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - a learner's notebook may fail in any way
         raise _Unavailable(N_("unreadable notebook"), N_("could not read {notebook}: {error}"),
                            notebook=path.name, error=type(exc).__name__) from None
     answers = [i for i, (_src, meta) in enumerate(code) if meta.get("solution")]
@@ -504,7 +505,7 @@ def _run_answer(source: str, name: str | None, namespace: dict, result: _Noteboo
             N_("syntax error"), N_("your cell `{name}` in {notebook} has a syntax error on line "
                                    "{line}"), name=name, notebook=notebook, line=exc.lineno)
         return
-    except (Exception, SystemExit) as exc:
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - a learner's notebook may fail in any way
         result.problems[name] = _Unavailable(
             N_("cell raised {error}"),
             N_("running your cell `{name}` in {notebook} raised {error}: {why}"),

@@ -490,7 +490,7 @@ class Check:
         except NotImplementedError as exc:
             raise NotStarted(self.exercise, record and record.stub_message(
                 self.exercise, exc.__traceback__)) from None
-        except Exception as exc:  # the learner's bug, reported without a traceback wall
+        except Exception as exc:  # noqa: BLE001 - the learner's bug, reported without a traceback wall
             shown = ", ".join([describe(a) for a in args] +
                               [f"{k}={describe(v)}" for k, v in kwargs.items()])
             error = LearnerError.from_exception(self.exercise, exc, shown, seed=self.seed)
@@ -600,7 +600,7 @@ class Check:
         for mistake, variant in (wrong or {}).items():
             try:
                 value = variant() if callable(variant) else variant
-            except Exception:  # a variant that cannot be formed for these inputs says nothing
+            except Exception:  # noqa: BLE001 - a variant that cannot be formed for these inputs says nothing
                 continue
             if matches(got, value, atol or 0.0, rtol or 0.0):
                 return mistake
@@ -615,7 +615,7 @@ def matches(got: Any, value: Any, atol: float, rtol: float) -> bool:
         return values_close(got.to(value.dtype), value, max(atol, tol_a), max(rtol, tol_r))
     try:
         return bool(got == value) and type(got) is type(value)
-    except Exception:
+    except Exception:  # noqa: BLE001 - a value without a plain equality
         return False
 
 
@@ -753,7 +753,7 @@ def earlier_failures(helpers: Mapping[str, Any], earlier: Mapping[str, Callable]
             continue
         except CheckFailure as broken:
             return passed, (name, broken)
-        except Exception:  # a check that went wrong says nothing about the helper
+        except Exception:  # noqa: BLE001 - a check that went wrong says nothing about the helper
             continue
         passed.append(name)
     return passed, None
@@ -822,7 +822,7 @@ def use_if_passing(fn: Callable, checker: Callable, fallback: Callable, *,
         print(_("Using the course's reference `{name}` (yours does not pass its check yet).")
               .format(name=label))
         return fallback
-    except Exception as exc:  # never stop a notebook because checking went wrong
+    except Exception as exc:  # noqa: BLE001 - never stop a notebook because checking went wrong
         print(_("Using the course's reference `{name}` (checking yours raised {error}: "
                 "{text}).").format(name=label, error=type(exc).__name__, text=exc))
         return fallback

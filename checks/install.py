@@ -113,7 +113,8 @@ def readme_section(chapters: list[str], repository: str = REPOSITORY) -> str:
     """The README's table of chapters with their Colab and Kaggle links, between its markers."""
     rows = [SECTION_START, "", "| chapter | Colab | Kaggle |", "|---|---|---|"]
     for chapter in chapters:
-        rows.append(f"| {chapter} | [![Open in Colab]({_COLAB_BADGE})]({colab_url(chapter, repository)}) "
+        colab = colab_url(chapter, repository)
+        rows.append(f"| {chapter} | [![Open in Colab]({_COLAB_BADGE})]({colab}) "
                     f"| [![Open in Kaggle]({_KAGGLE_BADGE})]({kaggle_url(chapter, repository)}) |")
     rows += ["", SECTION_END]
     return "\n".join(rows)

@@ -577,7 +577,7 @@ def _same_dtype_variant(got: torch.Tensor, wrong) -> Mistake | None:
     for mistake, variant in (wrong or {}).items():
         try:
             value = variant() if callable(variant) else variant
-        except Exception:  # a variant that cannot be formed for these inputs says nothing
+        except Exception:  # noqa: BLE001 - a variant that cannot be formed for these inputs says nothing
             continue
         if isinstance(value, torch.Tensor) and value.dtype == got.dtype and \
                 matches(got, value, 0.0, 0.0):

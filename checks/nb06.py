@@ -260,7 +260,7 @@ def _tensors(tree) -> list[torch.Tensor]:
 def _storage(t: torch.Tensor) -> int:
     try:
         return t.untyped_storage().data_ptr()
-    except Exception:  # tensors without storage (e.g. meta) have nothing to compare
+    except Exception:  # noqa: BLE001 - tensors without storage (e.g. meta) have nothing to compare
         return -1
 
 

@@ -147,7 +147,7 @@ def check_KVCache(cls, *, seed: int | None = None, thorough: bool = False) -> No
                     continue
                 except NotImplementedError:
                     raise NotStarted("KVCache") from None
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - the learner's constructor may fail in any way
                     c.fail(_("{call} raised {error}: {text}").format(
                         call=label, error=type(exc).__name__, text=exc),
                            OVERFLOW_IGNORES_T if chunk else WRONG_ERROR.with_text(

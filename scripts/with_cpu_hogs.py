@@ -1,7 +1,8 @@
 """Run a command with CPU-bound processes alongside it, to prove it works on a busy machine.
 
     python scripts/with_cpu_hogs.py -n 2 -- make test
-    python scripts/with_cpu_hogs.py -n 2 --timeout 1800 -- .venv/bin/python -m checks grade solutions
+    python scripts/with_cpu_hogs.py -n 2 --timeout 1800 -- \
+        .venv/bin/python -m checks grade solutions
 
 Starts N hogs (busy loops in plain Python, one core each, at normal priority), runs the command,
 and stops the hogs when the command ends, fails, times out or is interrupted (Ctrl-C). The exit

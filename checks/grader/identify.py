@@ -8,9 +8,9 @@ Before a class is graded, `find_submissions` decides what is graded and whose it
   layout is one case of it: a root named `submitted`, or one holding a `submitted/` folder (a
   course folder: only its `submitted/` is searched), has its students one level under
   `submitted/`; so is a folder inside that layout (one student's, `submitted/alice/`: the root
-  is the `submitted/` above it). A notebook directly in the root, one in a first-level folder named like a chapter
-  (the layout of notebooks/: `ROOT/01_notation/01_notation.ipynb`), or a file named on the
-  command line outside nbgrader's layout, belongs to no student named.
+  is the `submitted/` above it). A notebook directly in the root, one in a first-level folder
+  named like a chapter (the layout of notebooks/: `ROOT/01_notation/01_notation.ipynb`), or a
+  file named on the command line outside nbgrader's layout, belongs to no student named.
 - A notebook nested below its assignment folder (`ROOT/<student>/<assignment>/more/x.ipynb`) is
   the student's, with a warning.
 - A second notebook for one (student, chapter) is not a second record: the one at the standard

@@ -1,7 +1,7 @@
 """Start a grading worker behind operating-system walls (Linux, run as root).
 
-`checks.grader.worker` runs this file as `python -I -S jail.py CONFIG_JSON` (standard library only: it
-must not import the course's `checks`, which holds the answers). It
+`checks.grader.worker` runs this file as `python -I -S jail.py CONFIG_JSON` (standard library
+only: it must not import the course's `checks`, which holds the answers). It
 
 1. joins the worker's memory cgroup (so everything below is counted and limited),
 2. enters new mount, PID, network and IPC namespaces and forks: the child is process 1 of the

@@ -231,7 +231,7 @@ def read_notebook(path: str | os.PathLike, *, max_bytes: int = CEILING_BYTES,
         raise GradingError(path, _("JSON, but not a Jupyter notebook in format 4"))
     try:
         return _as_notebook(raw)
-    except Exception as exc:  # any malformed structure reads as one line, never a traceback
+    except Exception as exc:  # noqa: BLE001 - any malformed structure reads as one line, never a traceback
         raise GradingError(path, _(MALFORMED).format(why=exc)) from None
 
 

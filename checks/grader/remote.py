@@ -5,7 +5,8 @@ the learner's exceptions as plain exceptions of the grader (never a BaseExceptio
 `CheckFailure`). A test cell's exercise names are `RemoteFunction`s; what they return crosses as
 data that `wire` decodes without running any of the worker's code.
 
-`Worker` (in `worker.py`) is only named here: these proxies call its `call`, `getattr` and `vars`."""
+`Worker` (in `worker.py`) is only named here: these proxies call its `call`, `getattr` and
+`vars`."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def capped_text(value: Any, limit: int) -> str:
     return value[:limit] if isinstance(value, str) else ""
 
 
-def grader_value(value: Any, worker: "Worker") -> Any:
+def grader_value(value: Any, worker: "Worker") -> Any:  # noqa: F821 - named, not imported
     """A decoded value with the worker's object references turned into `RemoteObject`s."""
     def leaf(x):
         if isinstance(x, RemoteRef):
@@ -40,7 +41,7 @@ class RemoteFunction:
 
     _checks_remote = True  # checks.engine.is_remote
 
-    def __init__(self, worker: "Worker", name: str, deadline: float):
+    def __init__(self, worker: "Worker", name: str, deadline: float):  # noqa: F821 - named, not imported
         self._worker = worker
         self._name = name
         self.deadline = deadline
@@ -59,7 +60,7 @@ class RemoteObject:
 
     __slots__ = ("_worker", "_handle", "_type", "_deadline")
 
-    def __init__(self, worker: "Worker", handle: int, type_name: str, deadline: float):
+    def __init__(self, worker: "Worker", handle: int, type_name: str, deadline: float):  # noqa: F821 - named, not imported
         object.__setattr__(self, "_worker", worker)
         object.__setattr__(self, "_handle", handle)
         object.__setattr__(self, "_type", type_name)
@@ -74,7 +75,7 @@ class RemoteObject:
         raise AttributeError("objects in the worker are read-only from the grader")
 
     @property
-    def __dict__(self):  # noqa: PLE0237 - vars(obj) reads the worker's object's attributes
+    def __dict__(self):
         return self._worker.vars(self._handle, self._deadline)
 
     def __call__(self, *args, **kwargs):

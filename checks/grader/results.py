@@ -123,7 +123,8 @@ class NotebookResult:
     seconds: float = 0.0
     student: str | None = None  # the first folder under the root graded (identify.student_of)
     warnings: list[str] = field(default_factory=list)
-    isolation: str = ""  # "namespaces" (walled in, own user) or "none" (see checks.grader.isolation)
+    # "namespaces" (walled in, own user) or "none" (see checks.grader.isolation)
+    isolation: str = ""
     worker_uid: int | None = None  # the walled-in worker's user id (its processes: that user)
     grader_memory_mib: float = 0.0  # peak resident memory of the grading process so far
     # Cells that hung or crashed the worker: each skipped, the worker restarted, the cells before

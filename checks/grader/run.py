@@ -214,7 +214,7 @@ def _grader_side_test(cell, worker, imports: dict[str, Any], kinds: dict[str, st
         warnings.simplefilter("always")
         try:
             exec(compile(cell.source, f"<test {grade_id(cell)}>", "exec"), namespace)
-        except Exception as exc:  # WorkerGone and KeyboardInterrupt are BaseExceptions
+        except Exception as exc:  # noqa: BLE001 - WorkerGone and KeyboardInterrupt are BaseExceptions
             exercise = exercise_name(grade_id(cell))
             exc = knock_on(exc, exercise, called, namespace) or exc
             result.update(ok=False, ename=type(exc).__name__, evalue=str(exc),

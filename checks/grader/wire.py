@@ -1,12 +1,12 @@
 """What a grading worker sends back, encoded so that the grader can decode it safely.
 
-The grader treats every byte from the worker as hostile (`checks.grader.worker`). A message is a JSON
-header describing the value, followed by the raw bytes of the tensors' storages:
+The grader treats every byte from the worker as hostile (`checks.grader.worker`). A message is a
+JSON header describing the value, followed by the raw bytes of the tensors' storages:
 
     [4-byte big-endian header length] [JSON header] [storage bytes ...]
 
-(the 8-byte frame length in front is `checks.grader.channel`'s). Decoding never runs pickle or any code
-of the sender, and checks every size before anything is allocated:
+(the 8-byte frame length in front is `checks.grader.channel`'s). Decoding never runs pickle or any
+code of the sender, and checks every size before anything is allocated:
 
 - plain types only: None, bool, int, float, complex, str, bytes, list, tuple, dict, torch.dtype,
   torch.Size and plain CPU tensors; dict keys are strings, small integers, booleans, None, or
@@ -65,8 +65,8 @@ class Unsendable:
 
 
 class RemoteRef:
-    """A reference to an object that stays in the worker (decoded; `checks.grader.remote` turns it into
-    a proxy)."""
+    """A reference to an object that stays in the worker (decoded; `checks.grader.remote` turns it
+    into a proxy)."""
 
     def __init__(self, handle: int, type_name: str):
         self.handle = handle

@@ -416,7 +416,8 @@ class Worker:
             left = self.cgroup.pids()
         if self.uid is not None:
             deadline = time.monotonic() + 10
-            while (mine := [p for p, _t in process_tree(0, self.uid)]) and time.monotonic() < deadline:
+            while ((mine := [p for p, _t in process_tree(0, self.uid)])
+                   and time.monotonic() < deadline):
                 for pid in mine:
                     with contextlib.suppress(OSError):
                         os.kill(pid, signal.SIGKILL)
@@ -459,7 +460,8 @@ class Worker:
         if type(rng) is torch.Tensor and rng.dtype == torch.uint8 and \
                 rng.shape == torch.get_rng_state().shape:
             torch.set_rng_state(rng.clone())
-        self.stderr_text = (self.stderr_text + capped_text(reply.get("stderr"), MAX_TEXT))[-MAX_TEXT:]
+        stderr = self.stderr_text + capped_text(reply.get("stderr"), MAX_TEXT)
+        self.stderr_text = stderr[-MAX_TEXT:]
         name = target[1] if target[0] == "name" else _("your function")
         if isinstance(reply.get("forbidden"), str):
             fname = capped_text(reply["forbidden"], 100)

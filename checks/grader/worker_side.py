@@ -163,7 +163,8 @@ class _WorkerSide:
         send_frame(self.write_fd, data)
 
     def receive(self):
-        return _ArgUnpickler(io.BytesIO(receive_frame(self.read_fd, None, limit=1 << 40)), self).load()
+        frame = receive_frame(self.read_fd, None, limit=1 << 40)
+        return _ArgUnpickler(io.BytesIO(frame), self).load()
 
     def serve_until(self, expected: str | None):
         while True:

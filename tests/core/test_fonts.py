@@ -13,10 +13,10 @@ import pytest
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
-from matplotlib import font_manager  # noqa: E402
+import matplotlib.pyplot as plt
+from matplotlib import font_manager
 
-from checks import figures  # noqa: E402
+from checks import figures
 
 SENTENCE = "我 喜欢 学习 AI"  # the article's example sentence, drawn in chapter 04's heatmap
 
@@ -25,7 +25,8 @@ SENTENCE = "我 喜欢 学习 AI"  # the article's example sentence, drawn in ch
 def fresh_font_search(monkeypatch):
     """Each test finds the font anew, and leaves matplotlib's settings as they were."""
     figures._find_cjk_family.cache_clear()
-    monkeypatch.setitem(matplotlib.rcParams, "font.family", list(matplotlib.rcParams["font.family"]))
+    monkeypatch.setitem(matplotlib.rcParams, "font.family",
+                        list(matplotlib.rcParams["font.family"]))
     yield
     figures._find_cjk_family.cache_clear()
     plt.close("all")

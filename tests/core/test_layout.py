@@ -128,4 +128,5 @@ def test_dependencies_flow_one_way(role):
 def test_each_package_says_what_it_is_for(package):
     init = PACKAGE.parent / package / "__init__.py"
     doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8")))
-    assert doc and len(doc.split()) >= 12, f"{init} needs a docstring: what it is for, what it imports"
+    assert doc and len(doc.split()) >= 12, \
+        f"{init} needs a docstring: what it is for, what it imports"

@@ -162,7 +162,8 @@ def lab_url(tmp_path, lang):
         deadline = time.monotonic() + SERVER_START_TIMEOUT
         while True:
             if proc.poll() is not None:
-                pytest.fail("jupyter lab exited:\n" + (tmp_path / "jupyter.log").read_text()[-3000:])
+                log = (tmp_path / "jupyter.log").read_text()[-3000:]
+                pytest.fail("jupyter lab exited:\n" + log)
             try:
                 with urllib.request.urlopen(f"{url}/api/status", timeout=2) as reply:
                     if reply.status == 200:

@@ -192,7 +192,8 @@ def test_english_is_byte_identical_to_before(name, setting, monkeypatch):
 def test_chapter_04_forgotten_scale_reads_in_chinese(monkeypatch):
     monkeypatch.setenv(LANG_ENV, "zh")
     text = _run("scores_no_scale")
-    assert text.startswith("attention_scores: q [3, 2, 5]、k [3, 7, 5] 的分数 的形状正确但数值不对；")
+    assert text.startswith(
+        "attention_scores: q [3, 2, 5]、k [3, 7, 5] 的分数 的形状正确但数值不对；")
     assert "可能的错误：忘了缩放：分数要除以 sqrt(D)，D = q.shape[-1]（每个 head 的维度）" in text
     assert "（随机输入来自种子 0；给检查传入 seed=0 即可再次看到同样的输入）" in text
     assert "likely mistake" not in text and "forgot" not in text

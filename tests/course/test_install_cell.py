@@ -75,7 +75,7 @@ def _run_cell(monkeypatch, capsys, *, installed: bool, pip=None, env: dict | Non
     error = None
     try:
         exec(compile(install.cell_source(), "<install cell>", "exec"), namespace)
-    except Exception as exc:  # the cell's InstallFailed
+    except Exception as exc:  # noqa: BLE001 - the cell's InstallFailed
         error = exc
     finally:
         monkeypatch.undo()

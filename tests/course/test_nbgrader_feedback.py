@@ -29,10 +29,10 @@ import pytest
 
 pytest.importorskip("nbgrader")  # nbgrader 0.9.6 needs Python 3.11+ (see pyproject.toml)
 
-import nbformat  # noqa: E402
+import nbformat
 
-from checks.grader.nbgrader_plugins import HIDDEN_NOTE  # noqa: E402
-from checks.tools import release  # noqa: E402
+from checks.grader.nbgrader_plugins import HIDDEN_NOTE
+from checks.tools import release
 
 pytestmark = pytest.mark.slow
 

@@ -30,10 +30,10 @@ import pytest
 
 pytest.importorskip("nbgrader")  # nbgrader 0.9.6 needs Python 3.11+ (see pyproject.toml)
 
-import nbformat  # noqa: E402
-from traitlets.config.loader import PyFileConfigLoader  # noqa: E402
+import nbformat
+from traitlets.config.loader import PyFileConfigLoader
 
-from checks.tools import release  # noqa: E402
+from checks.tools import release
 
 pytestmark = pytest.mark.slow
 

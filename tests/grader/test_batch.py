@@ -22,8 +22,8 @@ KILLED_ALONE = "its grading process was killed while it was graded alone"
 
 def stand_in(path: Path, options: dict):
     """A notebook's grading, by its name: `kill*` kills its grading process every time (`late*`
-    after 2 s), `once*` the first time only (a marker beside it remembers), `incident*` reports an incident; any
-    other takes a moment and is fine."""
+    after 2 s), `once*` the first time only (a marker beside it remembers), `incident*` reports an
+    incident; any other takes a moment and is fine."""
     name = Path(path).name
     marker = Path(path).with_suffix(".seen")
     if name.startswith("late"):

@@ -274,7 +274,8 @@ def test_a_worker_that_cannot_start_is_told_in_the_instructors_language(monkeypa
     monkeypatch.setenv(LANG_ENV, "zh")
     with pytest.raises(GradingError) as info:
         grading.grade_notebook(path)
-    assert info.value.problem.startswith("未评分：worker 没有启动：worker 进程已退出（退出状态 1）；")
+    assert info.value.problem.startswith(
+        "未评分：worker 没有启动：worker 进程已退出（退出状态 1）；")
 
 
 # --------------------------------------------------------------------------------------------

@@ -12,7 +12,6 @@ its exact score.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import subprocess

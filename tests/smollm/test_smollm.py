@@ -1,8 +1,8 @@
 """The SmolLM2 loader (`checks.smollm`) on its own: the weights in the course's layout, the
 tokenizer in chapter 02's merge format, the cache, and the bad-input paths.
 
-Hugging Face comparisons are in tests/smollm/test_oracle_smollm.py. The tests of the cache logic and the
-bad-input paths replace the conversion by a tiny fake one, so they run in milliseconds and never
+Hugging Face comparisons are in tests/smollm/test_oracle_smollm.py. The tests of the cache logic and
+the bad-input paths replace the conversion by a tiny fake one, so they run in milliseconds and never
 touch the user's cache (each sets LLAMA_COURSE_CACHE to a temporary folder).
 """
 

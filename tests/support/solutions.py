@@ -19,7 +19,8 @@ def solution_namespace(chapter: str) -> dict:
     notebook = SOLUTIONS / chapter / f"{chapter}.ipynb"
     cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
     # The install cell (id "install-course", first) does nothing here: the course is installed.
-    code = [cell for cell in cells if cell["cell_type"] == "code" and cell.get("id") != "install-course"]
+    code = [cell for cell in cells
+            if cell["cell_type"] == "code" and cell.get("id") != "install-course"]
     answers = [cell for cell in code if cell["metadata"].get("nbgrader", {}).get("solution")]
     assert answers, f"{notebook.name} has no answer cells"
     namespace = {"__name__": f"solution_{chapter}", "__builtins__": builtins}

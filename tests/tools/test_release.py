@@ -19,10 +19,10 @@ import pytest
 
 pytest.importorskip("nbgrader")  # nbgrader 0.9.6 needs Python 3.11+ (see pyproject.toml)
 
-from nbgrader.utils import compute_checksum  # noqa: E402
-import nbformat  # noqa: E402
+from nbgrader.utils import compute_checksum
+import nbformat
 
-from checks.tools import release  # noqa: E402
+from checks.tools import release
 
 pytestmark = pytest.mark.slow
 

