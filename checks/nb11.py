@@ -1,6 +1,6 @@
 """Checks for chapter 11: the LLaMA decoder block.
 
-Conventions (course-spec section 2): one block's parameters are the dict
+Conventions (docs/conventions.md): one block's parameters are the dict
 {attn_norm [H], wqkv [H, (N_h + 2 N_kv) D_h] (columns Q | K | V, each head-major),
 wo [N_h D_h, H], ffn_norm [H], w_gate [H, H_ff], w_up [H, H_ff], w_down [H_ff, H]};
 attention_sublayer(x) = W_O(causal GQA(RoPE(Q), RoPE(K), V)) of RMSNorm(x) (no residual);

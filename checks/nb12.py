@@ -1,7 +1,7 @@
 """Checks for chapter 12: the whole model, its logits, the next-token loss, the parameter count and
 sampling the next token.
 
-Conventions (course-spec section 2): params = {embed [|V|, H], layers: a list of L block dicts,
+Conventions (docs/conventions.md): params = {embed [|V|, H], layers: a list of L block dicts,
 final_norm [H], lm_head [H, |V|]} with an untied LM head; model_forward(token_ids [B, S]) is
 embedding -> L decoder blocks -> final RMSNorm -> LM head, logits [B, S, |V|], with positions
 defaulting to arange(S); the loss at position t predicts token t + 1 and is averaged over all
