@@ -94,7 +94,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import reference
-from .context import NOTEBOOKS_ENV, grading
+from .context import grading
+from .environment import NOTEBOOKS_ENV
 from .engine import CheckFailure, NotStarted, quiet
 from .i18n import N_, _
 
@@ -574,13 +575,6 @@ def _run(code, namespace: dict) -> None:
 def _source(cell: dict) -> str:
     source = cell.get("source", "")
     return "".join(source) if isinstance(source, list) else str(source)
-
-
-def _shown_path(path: Path) -> str:
-    try:
-        return os.path.relpath(path)
-    except ValueError:  # another drive on Windows
-        return str(path)
 
 
 def _short(exc: BaseException) -> str:

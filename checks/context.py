@@ -24,10 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-# The environment's names, read here and re-exported (`from checks.context import LANG_ENV`)
-from .environment import (AUDIT_ENV, CACHE_ENV, ENV, ENVIRONMENT, GRADING_ENV,  # noqa: F401
-                          LANG_ENV, NOTEBOOKS_ENV, PIP_ENV, PROTECT_ENV, SEED_ENV, THREADS_ENV,
-                          _NBGRADER_ENV, EnvVar)
+from .environment import _NBGRADER_ENV, GRADING_ENV, THREADS_ENV
 from .i18n import _
 
 T = TypeVar("T")

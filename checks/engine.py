@@ -25,7 +25,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from . import display
-from .context import SEED_ENV
+from .environment import SEED_ENV
 from .i18n import N_, _
 from .mistakes import (CALLS_REFERENCE, CHANGED_INPUT, FORBIDDEN_CALL, Mistake, fix_first_key,
                        mistake_id)

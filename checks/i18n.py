@@ -261,6 +261,3 @@ def N_(message: str) -> str:
     """Mark a message for the catalogue without translating it now (module constants); translate
     it with `_()` where it is shown."""
     return message
-
-
-gettext = _

@@ -25,7 +25,7 @@ import json
 import sys
 from pathlib import Path
 
-from .context import PIP_ENV
+from .environment import PIP_ENV
 
 # The repository's address, the one place it is written. A fork sets its own and runs
 # `python -m checks.install --sync` (then `make release`).

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from ..context import GRADING_ENV, THREADS_ENV
+from ..environment import GRADING_ENV, THREADS_ENV
 from ..i18n import _
 from .grading import grade_notebook
 from .isolation import make_undumpable, python_startup_files

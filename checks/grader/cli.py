@@ -23,7 +23,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..context import GRADING_ENV
+from ..environment import GRADING_ENV
 from ..i18n import _
 from .batch import Terminated, grade_each, sigterm_as_interrupt
 from .options import GradeOptions, OutputOptions, from_namespace

@@ -23,7 +23,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..context import AUDIT_ENV, THREADS_ENV, grading_environment
+from ..context import grading_environment
+
+from ..environment import AUDIT_ENV, THREADS_ENV
 from .library import PACKAGE
 from .limits import Limits
 

@@ -27,7 +27,7 @@ from typing import Any
 from ..borrow import BORROWING_CALLS
 from ..engine import CheckFailure, NotStarted, earlier_failures, fix_first_text
 from ..exercises import chapter_of, chapters
-from ..context import GRADING_ENV
+from ..environment import GRADING_ENV
 from ..i18n import _, language, using_default
 from .build import is_graded_test
 from .channel import WorkerGone

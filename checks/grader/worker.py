@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from .. import engine
-from ..context import PROTECT_ENV
+from ..environment import PROTECT_ENV
 from ..i18n import _
 from . import tensors, wire
 from .channel import MAX_MESSAGE, WorkerGone, receive_frame, send_frame

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ..context import AUDIT_ENV, PROTECT_ENV
+from ..environment import AUDIT_ENV, PROTECT_ENV
 from ..engine import CheckFailure, _Forbid, changed_inputs, snapshot_inputs
 from . import wire
 from .audit import install_audit_hook

@@ -60,7 +60,7 @@ re-exports the public API that notebooks, `checks.timing`, the grader and the te
 
 from __future__ import annotations
 
-from ..context import CACHE_ENV
+from ..environment import CACHE_ENV
 from .cache import cache_dirs, cache_file, load, prepare
 from .conversion import CACHE_FORMAT
 from .file import (FILE_NAME, INSTALL, MODULE, PACKAGE, PACKAGE_VERSION, ModelFileError,

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from ..config import ModelConfig
-from ..context import CACHE_ENV
+from ..environment import CACHE_ENV
 from ..i18n import _
 from .conversion import CACHE_FORMAT, convert
 from .file import fingerprint, model_file, reading, tokenizer_fields, verified_fingerprint

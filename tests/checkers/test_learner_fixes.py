@@ -32,7 +32,7 @@ from checks import nb04, nb05, nb06, nb11, nb13
 from checks.nb13_mistakes import NO_OFFSET
 from checks import reference as ref
 from checks.config import ModelConfig
-from checks.context import LANG_ENV
+from checks.environment import LANG_ENV
 from checks.engine import CheckFailure, NotStarted
 
 from ..support.catalogue import assert_passes

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from checks import nb02
 from checks import reference as ref
-from checks.context import LANG_ENV
+from checks.environment import LANG_ENV
 from checks.engine import CheckFailure, ForbiddenCall
 
 from ..support.catalogue import Wrong, exercises, failure_text, implementations

@@ -8,7 +8,7 @@ from torch.nn.attention.bias import causal_lower_right, causal_upper_left
 
 from checks import nb03
 from checks import reference as ref
-from checks.context import LANG_ENV
+from checks.environment import LANG_ENV
 from checks.engine import CheckFailure
 
 from ..support.catalogue import Wrong, assert_rejects, exercises, failure_text, implementations

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from checks import nb05
 from checks import reference as ref
-from checks.context import LANG_ENV
+from checks.environment import LANG_ENV
 from checks.engine import CheckFailure, ForbiddenCall
 from checks.reference.attention import torch_mha_reference
 

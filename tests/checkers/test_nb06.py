@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from checks import nb06
 from checks import reference as ref
-from checks.context import LANG_ENV
+from checks.environment import LANG_ENV
 from checks.engine import CheckFailure, ForbiddenCall
 
 from ..support.catalogue import Wrong, assert_passes, exercises, failure_text, implementations

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from checks import nb07
 from checks import reference as ref
-from checks.context import LANG_ENV
+from checks.environment import LANG_ENV
 from checks.engine import CheckFailure
 from checks.i18n import _
 

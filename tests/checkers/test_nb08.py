@@ -8,7 +8,7 @@ import torch
 
 from checks import nb08
 from checks import reference as ref
-from checks.context import LANG_ENV
+from checks.environment import LANG_ENV
 from checks.engine import CheckFailure, LearnerError
 
 from ..support.catalogue import Exercise, Wrong, failure_text

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from checks import nb09
 from checks import reference as ref
-from checks.context import LANG_ENV
+from checks.environment import LANG_ENV
 from checks.engine import ForbiddenCall
 
 from ..support.catalogue import (Wrong, assert_passes, assert_rejects, exercises, failure_text,

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from checks import nb10
 from checks import reference as ref
-from checks.context import LANG_ENV
+from checks.environment import LANG_ENV
 from checks.engine import CheckFailure, ForbiddenCall
 
 from ..support.catalogue import (SEEDS, Exercise, Wrong, assert_passes, assert_passes_thorough,

@@ -416,7 +416,7 @@ def test_reference_block_is_causal_and_position_relative():
 
 
 def test_chapter_11_reads_in_chinese(monkeypatch):
-    from checks.context import LANG_ENV
+    from checks.environment import LANG_ENV
     from checks.engine import CheckFailure
     monkeypatch.setenv(LANG_ENV, "zh")
     text = failure_text(nb11.check_decoder_block, _block("pre", _sublayer(arange=True)))

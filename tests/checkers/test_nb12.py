@@ -621,7 +621,7 @@ def test_real_model_lm_head_is_tied_and_counted_once(smol):
 
 
 def test_chapter_12_reads_in_chinese(monkeypatch):
-    from checks.context import LANG_ENV
+    from checks.environment import LANG_ENV
     from checks.engine import CheckFailure
     monkeypatch.setenv(LANG_ENV, "zh")
     wrong = {w.name: w for ex in EXERCISES for w in ex.wrong}

@@ -977,7 +977,7 @@ def test_recorders_stay_in_the_grading_process():
 
 
 def test_chapter_13_reads_in_chinese(monkeypatch):
-    from checks.context import LANG_ENV
+    from checks.environment import LANG_ENV
     from checks.engine import CheckFailure
     monkeypatch.setenv(LANG_ENV, "zh")
     with pytest.raises(CheckFailure) as info:

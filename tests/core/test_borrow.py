@@ -13,7 +13,7 @@ import torch
 from checks import borrow
 from checks import reference as ref
 from checks.borrow import own_functions, own_or_reference
-from checks.context import GRADING_ENV, NOTEBOOKS_ENV
+from checks.environment import GRADING_ENV, NOTEBOOKS_ENV
 from checks.install import CELL_ID
 
 COURSE = Path(__file__).resolve().parents[2]
@@ -436,5 +436,5 @@ def test_the_newest_colab_copy_counts(tmp_path, capsys, monkeypatch):
 
 
 def test_the_variable_is_in_the_environment_table():
-    from checks.context import ENV
+    from checks.environment import ENV
     assert "notebooks" in ENV[NOTEBOOKS_ENV].meaning

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from checks import i18n, nb04
-from checks.context import LANG_ENV
+from checks.environment import LANG_ENV
 from checks.engine import CheckFailure
 
 from .test_release_notebooks_run import RELEASE, kernel_env

@@ -22,7 +22,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from checks.context import LANG_ENV
+from checks.environment import LANG_ENV
 from checks.tools import release
 
 pytestmark = [pytest.mark.slow, pytest.mark.grader_workers]

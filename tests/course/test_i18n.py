@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from checks import i18n, nb01, nb04
-from checks.context import LANG_ENV
+from checks.environment import LANG_ENV
 from checks.engine import CheckFailure, LearnerError
 
 babel_extract = pytest.importorskip("babel.messages.extract")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from checks import install
-from checks.context import ENV, PIP_ENV
+from checks.environment import ENV, PIP_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 CHAPTERS = install.chapters(ROOT)

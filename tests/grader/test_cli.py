@@ -14,7 +14,7 @@ import time
 import pytest
 from nbformat.v4 import new_notebook
 
-from checks.context import LANG_ENV
+from checks.environment import LANG_ENV
 from checks.grader.cli import main
 
 from ..support import submissions as sub

@@ -239,7 +239,7 @@ def test_a_hang_and_a_crash_cost_only_their_exercises_on_gradescope(tmp_path):
 def test_what_the_student_reads_is_in_the_submissions_language(monkeypatch):
     """results.json's own words (a chapter with no notebook, its exercises' outputs) follow the
     submission's language, as the diagnoses in it do; points and statuses do not."""
-    from checks.context import LANG_ENV
+    from checks.environment import LANG_ENV
     from checks.grader.gradescope.autograde import gradescope_results
 
     monkeypatch.delenv(LANG_ENV, raising=False)

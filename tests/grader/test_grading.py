@@ -17,7 +17,7 @@ import torch
 from nbformat.v4 import new_code_cell, new_notebook, new_output
 
 from checks import i18n
-from checks.context import LANG_ENV
+from checks.environment import LANG_ENV
 from checks.grader import build, grading, identify, library, read, results, run, score
 from checks.grader.cli import main
 from checks.grader import wire as _wire

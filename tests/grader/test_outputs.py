@@ -24,7 +24,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from checks.context import LANG_ENV
+from checks.environment import LANG_ENV
 from checks.grader import report
 from checks.grader.outputs import gradebook, late
 from checks.grader.outputs.feedback import feedback_html, safe_name
