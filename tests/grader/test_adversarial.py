@@ -170,10 +170,13 @@ def test_no_worker_process_survives(graded):
     assert not left
 
 
+TRUST = adversarial.REPO / "docs" / "instructor" / "trust.md"  # the instructor's trust model
+
+
 def _bullets(section: str) -> list[str]:
-    """The README's first bullet list after the text `section` (continuation lines joined), up
-    to the first blank line after it."""
-    text = (adversarial.REPO / "README.md").read_text(encoding="utf-8")
+    """The trust model's first bullet list after the text `section` (continuation lines joined),
+    up to the first blank line after it."""
+    text = TRUST.read_text(encoding="utf-8")
     bullets: list[str] = []
     for line in text[text.index(section):].splitlines()[1:]:
         if line.startswith("- "):
@@ -185,10 +188,10 @@ def _bullets(section: str) -> list[str]:
     return bullets
 
 
-def test_the_readme_lists_match_the_catalogue():
-    assert _bullets("What this protects against") == list(adversarial.PROTECTED.values())
-    assert _bullets("What it does not protect against") == list(
-        adversarial.NOT_PROTECTED.values())
+def test_the_trust_model_lists_match_the_catalogue():
+    """docs/instructor/trust.md claims exactly what the catalogue's cases test."""
+    assert _bullets("## What is guaranteed") == list(adversarial.PROTECTED.values())
+    assert _bullets("## What is not guaranteed") == list(adversarial.NOT_PROTECTED.values())
 
 
 def test_every_claim_has_cases_and_every_attack_class_several():
