@@ -135,6 +135,26 @@ def test_submission_times_are_nbgrader_s_own(graded):
 
 
 @graded_run
+def test_no_record_quotes_a_hidden_test(graded):
+    """Hidden tests run on the grader's side only: no message or error of any record, attack or
+    not, holds a line of them (c3_hidden_tests_from_compile tries to read them in the worker)."""
+    data = graded[2]
+    hidden = set()
+    for notebook in adversarial.SOLUTIONS.glob("*/*.ipynb"):
+        for cell in json.loads(notebook.read_text(encoding="utf-8"))["cells"]:
+            source = "".join(cell.get("source", ""))
+            for block in re.findall(r"### BEGIN HIDDEN TESTS(.*?)### END HIDDEN TESTS", source,
+                                    re.DOTALL):
+                hidden |= {line.strip() for line in block.splitlines() if len(line.strip()) > 12}
+    assert hidden
+    for record in data["notebooks"]:
+        texts = [record["error"] or ""] + [e["message"] or "" for e in record["exercises"]]
+        for text in texts:
+            leaked = [line for line in hidden if line in text]
+            assert not leaked, (record["path"], leaked[:3])
+
+
+@graded_run
 def test_victims_keep_their_marks(graded):
     cases, _, data, *_, folder, _ = graded
     victims = [nb for nb in data["notebooks"] if "victim" in case_of(nb["path"], folder)]

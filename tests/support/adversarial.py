@@ -700,6 +700,18 @@ CATALOGUE: list[Case] = [
     Case("a_copied_reference", lambda w: answer(sol(), "head_dim", (
         "def head_dim(cfg):\n    return int(cfg.head_dim)  # the reference's own line")),
          "01_notation", full(), "copied code earns the points", "copied-reference"),
+    Case("c3_hidden_tests_from_compile", lambda w: answer(answer(sol(), "head_dim", (
+        "import sys\n_seen = []\n"
+        "sys.addaudithook(lambda event, args: event == 'compile' and _seen.append(\n"
+        "    args[0].decode() if isinstance(args[0], bytes) else str(args[0])))\n"
+        "def head_dim(cfg):\n    return int(cfg.head_dim)")), "tensor_shape", (
+        "def tensor_shape(*args, **kwargs):\n"
+        "    marks = ('### BEGIN ' + 'HIDDEN', 'thor' + 'ough=')\n"
+        "    raise ValueError(' | '.join(s for s in _seen if any(m in s for m in marks)))")),
+         "01_notation", without("tensor_shape"),
+         "an audit hook on compile in the worker, raising what it saw of the hidden tests: "
+         "they never reach the worker (test_no_record_quotes_a_hidden_test)",
+         "answers-unreachable", statuses={"tensor_shape": "failed"}),
 ]
 # ---- c9: what counts as a submission, whose it is, caps: adversarial_edges adds its rows (EDGES)
 # and its claim here when it is imported (it builds them from this module's Case and helpers)
