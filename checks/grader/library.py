@@ -221,7 +221,11 @@ def _checker_stub(module: str, graded_chapter: str, source_dir: Path) -> tuple[b
             if name in defs and name not in keep and not name.startswith("check_"):
                 keep.add(name)
                 todo.append(name)
-    body = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    # Its top-level imports, but not of the chapter's own internals (checks/nbNN_*.py), which
+    # stay with the grader: nothing the stub keeps uses them.
+    own = f"{module}_"
+    body = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))
+            and not _imports_internals(node, own)]
     seen: set[int] = set()
     for node in tree.body:
         names = [n for n, d in defs.items() if d is node]
@@ -235,6 +239,17 @@ def _checker_stub(module: str, graded_chapter: str, source_dir: Path) -> tuple[b
              "from checks.grader.worker_side import verdict_check as _verdict_check"]
     lines += [f"{name} = _verdict_check({name!r})" for name in checks]
     return ("\n".join(lines) + "\n").encode(), keep | set(checks)
+
+
+def _imports_internals(node: ast.stmt, prefix: str) -> bool:
+    """Whether an import statement names one of a chapter's internal modules (`prefix`: "nb11_"):
+    `from .nb11_init import x`, `from . import nb11_init as init`, `import checks.nb11_init`."""
+    if isinstance(node, ast.ImportFrom):
+        module = (node.module or "").rsplit(".", 1)[-1]
+        return module.startswith(prefix) or (
+            not node.module and any(a.name.startswith(prefix) for a in node.names)) or (
+            node.module in ("checks",) and any(a.name.startswith(prefix) for a in node.names))
+    return any(a.name.rsplit(".", 1)[-1].startswith(prefix) for a in node.names)
 
 
 def worker_module_paths() -> list[Path]:
