@@ -49,10 +49,12 @@ this module holds its top-level imports and none of the nb13_*.py modules.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 import math
 import numbers
 
 import torch
+import torch.nn.functional as F
 
 from .config import LLAMA2_7B, ModelConfig
 from .engine import Check, CheckFailure, LearnerError, NotStarted, builds_on
@@ -84,6 +86,82 @@ def _one_thread(check):
 
 
 
+
+
+# --------------------------------------------------------------------------------------------
+# The embedding table that counts the tokens looked up in it (generate's check hands it over; the
+# grader's worker rebuilds it from this module, so it lives here and not in nb13_generate)
+
+
+class _CountingTable(torch.Tensor):
+    """The embedding table, counting the token ids looked up in it (one entry per lookup call).
+
+    Lookups seen: `table[ids]`, `F.embedding(ids, table)`, `torch.embedding`, `index_select`,
+    `one_hot @ table`. Results of other operations with the table's shape (`.to`, `.contiguous`
+    ...) count too; everything else comes back as a plain tensor.
+    """
+
+    _log: Callable[[int], None]  # nb13_generate._Recorder: told each lookup's count
+
+    @staticmethod
+    def wrap(data: torch.Tensor, log: Callable[[int], None]) -> "_CountingTable":
+        table = torch.Tensor._make_subclass(_CountingTable, data.detach(), False)
+        table._log = log
+        return table
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        table = next((a for a in list(args) + list(kwargs.values())
+                      if isinstance(a, _CountingTable)), None)
+        with torch._C.DisableTorchFunctionSubclass():
+            out = func(*args, **kwargs)
+            n = _looked_up(func, args, kwargs)
+            if table is not None and n is not None:
+                table._log(n)
+            elif (table is not None and isinstance(out, torch.Tensor) and out is not table
+                  and out.shape == table.shape):
+                out = cls.wrap(out, table._log)
+            elif isinstance(out, _CountingTable) and out is not table:
+                out = out.as_subclass(torch.Tensor)
+        return out
+
+
+def _ids_count(ids) -> int | None:
+    if isinstance(ids, torch.Tensor) and not ids.is_floating_point() and ids.dtype != torch.bool:
+        return ids.numel()
+    if isinstance(ids, (list, tuple)) and ids and all(isinstance(i, int) for i in ids):
+        return len(ids)
+    return None
+
+
+def _looked_up(func, args, kwargs) -> int | None:
+    """How many token ids this call looks up in the table (None: not a lookup)."""
+    def arg(i, name):
+        return args[i] if len(args) > i else kwargs.get(name)
+
+    first = arg(0, "input")
+    if func is F.embedding:
+        return _ids_count(first)
+    if func is torch.embedding:
+        return _ids_count(arg(1, "indices"))
+    if func is torch.Tensor.__getitem__ and isinstance(first, _CountingTable):
+        index = args[1]
+        if isinstance(index, tuple):
+            index = index[0] if index else None
+        return _ids_count(index)
+    if func in (torch.index_select, torch.Tensor.index_select) and \
+            isinstance(first, _CountingTable):
+        return _ids_count(arg(2, "index"))
+    if func in (torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.mm,
+                torch.Tensor.mm) and len(args) > 1 and \
+            isinstance(args[1], _CountingTable) and isinstance(first, torch.Tensor):
+        return math.prod(first.shape[:-1])
+    return None
+
+
+def _counting_params(params: dict, log: Callable[[int], None]) -> dict:
+    return {**params, "embed": _CountingTable.wrap(params["embed"], log)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -262,7 +340,7 @@ def check_forward_with_cache(f, *, seed: int | None = None, thorough: bool = Fal
 def check_generate(f, *, seed: int | None = None, thorough: bool = False) -> None:
     from .nb13_cache import _no_reference
     from .nb13_generate import (_check_sampling, _check_steps, _check_uncached_calls,
-                                _counting_params, _generate_mixups, _Recorder, _scenario)
+                                _generate_mixups, _Recorder, _scenario)
     from .nb13_mistakes import DECODE_IDS_1D, FORWARD_FOR_NOTHING, PROMPT_CHANGED
 
     earlier = {"KVCache": check_KVCache, "forward_with_cache": check_forward_with_cache}

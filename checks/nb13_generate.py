@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
+
 
 from .engine import Check
 from .i18n import _
@@ -22,75 +22,6 @@ from .nb13_mistakes import (EMBED_NOT_SEEN, FIRST_POSITION, GENERATOR_IGNORED, I
 from .reference import generation as gen
 
 
-class _CountingTable(torch.Tensor):
-    """The embedding table, counting the token ids looked up in it (one entry per lookup call).
-
-    Lookups seen: `table[ids]`, `F.embedding(ids, table)`, `torch.embedding`, `index_select`,
-    `one_hot @ table`. Results of other operations with the table's shape (`.to`, `.contiguous`
-    ...) count too; everything else comes back as a plain tensor.
-    """
-
-    _log: "_Recorder"
-
-    @staticmethod
-    def wrap(data: torch.Tensor, log: "_Recorder") -> "_CountingTable":
-        table = torch.Tensor._make_subclass(_CountingTable, data.detach(), False)
-        table._log = log
-        return table
-
-    @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        table = next((a for a in list(args) + list(kwargs.values())
-                      if isinstance(a, _CountingTable)), None)
-        with torch._C.DisableTorchFunctionSubclass():
-            out = func(*args, **kwargs)
-            n = _looked_up(func, args, kwargs)
-            if table is not None and n is not None:
-                table._log(n)
-            elif (table is not None and isinstance(out, torch.Tensor) and out is not table
-                  and out.shape == table.shape):
-                out = cls.wrap(out, table._log)
-            elif isinstance(out, _CountingTable) and out is not table:
-                out = out.as_subclass(torch.Tensor)
-        return out
-
-
-def _ids_count(ids) -> int | None:
-    if isinstance(ids, torch.Tensor) and not ids.is_floating_point() and ids.dtype != torch.bool:
-        return ids.numel()
-    if isinstance(ids, (list, tuple)) and ids and all(isinstance(i, int) for i in ids):
-        return len(ids)
-    return None
-
-
-def _looked_up(func, args, kwargs) -> int | None:
-    """How many token ids this call looks up in the table (None: not a lookup)."""
-    def arg(i, name):
-        return args[i] if len(args) > i else kwargs.get(name)
-
-    first = arg(0, "input")
-    if func is F.embedding:
-        return _ids_count(first)
-    if func is torch.embedding:
-        return _ids_count(arg(1, "indices"))
-    if func is torch.Tensor.__getitem__ and isinstance(first, _CountingTable):
-        index = args[1]
-        if isinstance(index, tuple):
-            index = index[0] if index else None
-        return _ids_count(index)
-    if func in (torch.index_select, torch.Tensor.index_select) and \
-            isinstance(first, _CountingTable):
-        return _ids_count(arg(2, "index"))
-    if func in (torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.mm,
-                torch.Tensor.mm) and len(args) > 1 and \
-            isinstance(args[1], _CountingTable) and isinstance(first, torch.Tensor):
-        return math.prod(first.shape[:-1])
-    return None
-
-
-
-
 class _Recorder:
     """A callable log. A checks object, so it stays in the grading process when the learner's
     code runs in a worker (each call comes back as a callback)."""
@@ -100,10 +31,6 @@ class _Recorder:
 
     def __call__(self, item) -> None:
         self.items.append(item)
-
-
-def _counting_params(params: dict, log: _Recorder) -> dict:
-    return {**params, "embed": _CountingTable.wrap(params["embed"], log)}
 
 
 _GENERATE_MISTAKES = {

@@ -931,7 +931,7 @@ def test_calling_the_reference_is_a_forbidden_call():
 def test_counting_table_sees_every_kind_of_lookup():
     recorder = nb13_generate._Recorder()
     log = recorder.items
-    table = nb13_generate._CountingTable.wrap(torch.randn(10, 4), recorder)
+    table = nb13._CountingTable.wrap(torch.randn(10, 4), recorder)
     ids = torch.tensor([[1, 2, 3], [4, 5, 6]])
     F.embedding(ids, table)
     _ = table[ids]
@@ -969,7 +969,7 @@ def test_recorders_stay_in_the_grading_process():
     cache = nb13_cache._RecordingCache(None, cfg, 2, 5)
     handle = nb13_cache._CacheHandle(cache)
     recorder = nb13_generate._Recorder()
-    table = nb13_generate._CountingTable.wrap(torch.randn(4, 3), recorder)
+    table = nb13._CountingTable.wrap(torch.randn(4, 3), recorder)
     with torch._C.DisableTorchFunction():
         sandbox._ArgPickler(io.BytesIO(), worker, False).dump(((handle, {"embed": table}), {}))
     assert any(obj == cache.update for obj in lent)
