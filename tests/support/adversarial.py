@@ -17,8 +17,8 @@ Chapter 04: project_qkv 1, attention_scores 1, masked_softmax 2, attention 2 (6 
 Chapter 10: layer_norm 2, rms_norm 2, pre_norm_residual 1, post_norm_residual 1 (6 points).
 Chapter 13: KVCache 2, forward_with_cache 3, generate 3 (8 points).
 
-`PROTECTED` and `NOT_PROTECTED` are the README's two lists, word for word ("What this protects
-against", "What it does not protect against"); every case names the claim it tests, and
+`PROTECTED` and `NOT_PROTECTED` are docs/instructor/trust.md's two lists, word for word ("What is
+guaranteed", "What is not guaranteed"); every case names the claim it tests, and
 `tests/grader/test_adversarial.py` checks that the lists and the catalogue match.
 """
 
