@@ -34,6 +34,12 @@ from .mistakes import (CALLS_REFERENCE, CHANGED_INPUT, FORBIDDEN_CALL, Mistake, 
 # a worker (checks.grader.worker) reads it to apply the same guards to a call it forwards.
 calling: contextvars.ContextVar = contextvars.ContextVar("checks_engine_calling", default=None)
 
+# Set (to True) by a check whose exercise changes its arguments in place by design (chapter 14's
+# clip_grad_norm, adamw_step, train_step): a call the grader forwards to the worker then brings the
+# arguments back as the learner's function left them, and the grader puts them into its own
+# objects (checks.grader.tensors.write_back) instead of failing as "changed its input in place".
+writes_back: contextvars.ContextVar = contextvars.ContextVar("checks_writes_back", default=False)
+
 
 def is_remote(f) -> bool:
     """Whether `f` runs elsewhere (a learner's function in the grader's worker), not in this

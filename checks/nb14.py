@@ -10,15 +10,13 @@ How the checks look inside:
   tells its start; the starts must be the contract's draw from the given generator. An edge case
   with len(data) == context_len + 1 and a large batch makes windows that run past the end show
   at every seed.
-- `lr_at`: the whole schedule (every step from 0 to past total_steps) is compared at once, and a
-  wrong schedule is matched against whole wrong schedules (warmup off by one, a cosine that ends
-  at zero, ...).
+- `lr_at`: the whole schedule (step 0 to past total_steps) is compared at once, with whole wrong
+  schedules (warmup off by one, a cosine that ends at zero, ...).
 - `clip_grad_norm`, `adamw_step`, `train_step` change their inputs in place by design: they are
   called with the arguments in a box, which the engine's in-place guard does not open.
   `adamw_step` is run for several steps with one `state`, and the parameters after each step are
   compared with the reference's and with whole wrong trajectories (coupled L2 decay, no bias
-  correction, moments not kept, eps inside the square root, ...). Its eps is large in one case,
-  so that eps inside the root changes the numbers clearly.
+  correction, moments not kept, eps inside the root, ...); one case's large eps shows the last.
 - `train_step` and `evaluate` get a `forward` of the check's own (chapter 12's reference forward
   with a different logit scale per call, so gradient norms differ from step to step and clipping
   matters to AdamW): the check knows every batch and every logit, so the learner's results are
@@ -36,8 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from .config import ModelConfig
-from .engine import Check, describe, is_remote
-from .grader.tensors import writes_back
+from .engine import Check, describe, is_remote, writes_back
 from .i18n import N_, _
 from .mistakes import Mistake
 from .reference import training as tr

@@ -6,7 +6,6 @@ for the worker to call, so they live here, in the worker's library."""
 
 from __future__ import annotations
 
-import contextvars
 from typing import Any
 
 import torch
@@ -91,11 +90,6 @@ def as_is(x):
     return x
 
 
-# Set (to True) by a check whose exercise changes its arguments in place by design (chapter 14's
-# clip_grad_norm, adamw_step, train_step): a call forwarded to the worker then brings the
-# arguments back as the learner's function left them, and `write_back` puts them into the
-# grader's own objects, instead of failing as "changed its input in place".
-writes_back: contextvars.ContextVar = contextvars.ContextVar("checks_writes_back", default=False)
 
 
 def write_back(local: Any, remote: Any, depth: int = 0) -> bool:

@@ -473,7 +473,7 @@ class Worker:
             raise rebuild_exception(reply["error"])
         changed = reply.get("changed")
         if isinstance(changed, list) and changed:
-            if not (tensors.writes_back.get() and tensors.write_back(
+            if not (engine.writes_back.get() and tensors.write_back(
                     (args, kwargs), grader_value(reply.get("inputs"), self))):
                 raise engine.in_place_failure(exercise or name,
                                               [capped_text(c, 100) for c in changed[:8]])
