@@ -221,8 +221,9 @@ PROMPTS_JS = ("() => [...document.querySelectorAll('.jp-Notebook .jp-CodeCell .j
 
 
 def _run_all_done(page, artifacts: Path) -> None:
-    """Wait until every code cell shows an execution count ([n]:, not [*]: or [ ]:)."""
-    done = "() => { const p = (" + PROMPTS_JS + ")(); " \
+    """Wait until every code cell shows an execution count ([n]:, not [*]: or [ ]:). The first
+    cell, the install cell, starts with its input collapsed: it shows no prompt at all."""
+    done = "() => { const p = (" + PROMPTS_JS + ")().slice(1); " \
            r"return p.length > 0 && p.every(t => /^\[\d+\]:$/.test(t)); }"
     try:
         page.wait_for_function(done, timeout=RUN_ALL_TIMEOUT * 1000, polling=500)
