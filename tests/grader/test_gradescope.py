@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from checks.grader.report import replay_text
+
 from ..support import submissions as sub
 
 pytestmark = [pytest.mark.slow, pytest.mark.grader_workers]
@@ -96,7 +98,9 @@ def check_results(results: dict, record: dict | None) -> None:
         for test in tests:
             exercise = exercises[test["name"].split(": ", 1)[1]]
             assert test["score"] == exercise["points"]
-            assert test["output"] == (exercise["message"] or exercise["status"])
+            replay = replay_text(exercise)  # how to see the failing inputs again, if any
+            assert test["output"] == (exercise["message"] or exercise["status"]) + (
+                "\n" + replay if replay else "")
     assert results["score"] == sum(t["score"] for t in tests)
 
 
