@@ -281,7 +281,7 @@ WRONG = {
               "11.init_block_params.same_draw_twice"),
         Wrong("one tensor for both norms", _init_with(same_norms=True),
               "11.init_block_params.one_tensor_two_names"),
-        Wrong("norms of torch.empty", _init_with(norms=torch.empty),
+        Wrong("norms of torch.rand", _init_with(norms=torch.rand),
               "11.init_block_params.norm_not_one"),
         Wrong("separate wq, wk, wv", _separate_qkv, "11.init_block_params.separate_q_k_v"),
         Wrong("fixed seed inside", _fixed_seed, "11.init_block_params.fixed_seed_inside"),
