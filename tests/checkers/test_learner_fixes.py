@@ -17,12 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import io
-import itertools
 import json
-import linecache
 import math
 import re
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -36,23 +33,12 @@ from checks.environment import LANG_ENV
 from checks.engine import CheckFailure, NotStarted
 
 from ..support.catalogue import assert_passes
+from ..support.cells import learner_cell as learner
 
 REPO = Path(__file__).resolve().parents[2]
 CHAPTER_13 = "13_generation_kv_cache"
 
 
-def learner(source: str, **names) -> dict:
-    """Run `source` as a notebook cell would (its lines known to `linecache`, as IPython makes
-    a cell's), in a fresh namespace holding `names`; return the namespace."""
-    source = textwrap.dedent(source)
-    filename = f"<learner cell {next(_CELLS)}>"
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    namespace = {"__name__": "__main__", "math": math, "torch": torch, **names}
-    exec(compile(source, filename, "exec"), namespace)
-    return namespace
-
-
-_CELLS = itertools.count(1)
 
 
 def failure_of(checker, fn, seed: int = 0) -> CheckFailure:

@@ -18,6 +18,7 @@ from checks.environment import LANG_ENV
 from checks.engine import CheckFailure, ForbiddenCall
 
 from ..support.catalogue import Wrong, exercises, failure_text, implementations
+from ..support.cells import learner_cell as _learner_cell
 
 # --------------------------------------------------------------------------------------------
 # Correct implementations: the reference, and the notebook's formulations
@@ -647,12 +648,6 @@ def bpe_encode(text, merges):
 '''
 
 
-def _learner_cell(source: str) -> dict:
-    """Run `source` as a notebook cell would: its functions module-level in a namespace of their
-    own, their code in no file of the package."""
-    namespace = {"__name__": "__main__"}
-    exec(compile(source, "<learner cell>", "exec"), namespace)
-    return namespace
 
 
 @pytest.mark.parametrize("exercise", ["bpe_train", "bpe_encode"])

@@ -13,6 +13,7 @@ from checks.environment import LANG_ENV
 from checks.engine import CheckFailure, ForbiddenCall
 
 from ..support.catalogue import Wrong, assert_passes, exercises, failure_text, implementations
+from ..support.cells import learner_cell as _learner_cell
 
 # --------------------------------------------------------------------------------------------
 # Correct implementations. The reference GQA calls scaled_dot_product_attention, which the
@@ -523,12 +524,6 @@ def grouped_query_attention(q, k, v, mask=None):  # one query head at a time, no
 '''
 
 
-def _learner_cell(source: str, **names) -> dict:
-    """Run `source` as a notebook cell would: its functions module-level in a namespace of their
-    own, their code in no file of the package."""
-    namespace = {"__name__": "__main__", "math": math, "torch": torch, **names}
-    exec(compile(source, "<learner cell>", "exec"), namespace)
-    return namespace
 
 
 def test_a_broken_kv_head_index_that_gqa_calls_is_named_fix_it_first():

@@ -13,6 +13,7 @@ from checks.engine import CheckFailure
 from checks.i18n import _
 
 from ..support.catalogue import Wrong, assert_passes, exercises, failure_text, implementations
+from ..support.cells import learner_cell as _learner_cell
 
 
 # ---- correct ways of writing each exercise: the reference, and the way a learner might -----
@@ -250,12 +251,6 @@ def equivariance_error(fn, x, perm):
 '''
 
 
-def _learner_cell(source: str) -> dict:
-    """Run `source` as a notebook cell would: its functions module-level in a namespace of their
-    own, their code in no file of the package."""
-    namespace = {"__name__": "__main__", "torch": torch}
-    exec(compile(source, "<learner cell>", "exec"), namespace)
-    return namespace
 
 
 def test_a_broken_permute_tokens_that_equivariance_error_calls_is_named_fix_it_first():

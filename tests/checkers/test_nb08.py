@@ -12,6 +12,7 @@ from checks.environment import LANG_ENV
 from checks.engine import CheckFailure, LearnerError
 
 from ..support.catalogue import Exercise, Wrong, failure_text
+from ..support.cells import learner_cell
 
 CHECKERS = {
     "rope_frequencies": nb08.check_rope_frequencies,
@@ -657,9 +658,7 @@ def _learner_rope(*broken: str) -> dict:
         old, new = _BROKEN[name]
         assert source.count(old) == 1, old
         source = source.replace(old, new)
-    namespace = {"torch": torch, "__name__": "__main__"}
-    exec(compile(source, "<learner cell>", "exec"), namespace)
-    return namespace
+    return learner_cell(source)
 
 
 

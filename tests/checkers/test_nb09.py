@@ -15,6 +15,7 @@ from checks.engine import ForbiddenCall
 
 from ..support.catalogue import (Wrong, assert_passes, assert_rejects, exercises, failure_text,
                                  implementations)
+from ..support.cells import learner_cell as _learner
 
 SQRT2 = math.sqrt(2.0)
 
@@ -558,10 +559,6 @@ def swiglu_ffn(x, w_gate, w_up, w_down):
 """
 
 
-def _learner(source: str) -> dict:
-    namespace = {"torch": torch, "F": F, "__name__": "__main__"}
-    exec(compile(source, "<learner cell>", "exec"), namespace)
-    return namespace
 
 
 
