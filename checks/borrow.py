@@ -84,7 +84,6 @@ import builtins
 import contextlib
 import contextvars
 import functools
-import importlib
 import io
 import json
 import os
@@ -97,6 +96,7 @@ from . import reference
 from .context import grading
 from .environment import NOTEBOOKS_ENV
 from .engine import CheckFailure, NotStarted, quiet
+from .exercises import checks_module
 from .i18n import N_, _
 
 BORROWING_CALLS = frozenset({"own_functions", "own_or_reference"})
@@ -306,7 +306,7 @@ def _checker(chapter: str, name: str) -> Callable:
                            N_("cannot tell the chapter number from {chapter}"),
                            chapter=repr(chapter))
     try:
-        module = importlib.import_module(f".nb{number}", __package__)
+        module = checks_module(number)
     except Exception:  # noqa: BLE001 - missing, or broken while being written
         raise _Unavailable(N_("no checks"), N_("the checks of chapter {number} are not "
                                                "available"), number=number) from None

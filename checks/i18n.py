@@ -13,7 +13,7 @@ The Chinese release's notebooks set the variable in their first code cell
 (`os.environ.setdefault(...)`, so a learner's own setting wins). The language is read at every
 call, so a kernel that switches goes on in the new language at once.
 
-## How a checker wraps its messages (the pattern of checks/nb01.py and checks/nb04.py)
+## How a checker wraps its messages (the pattern of checks.nb01 and checks.nb04)
 
     from .i18n import _, N_
 

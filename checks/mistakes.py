@@ -107,13 +107,13 @@ def declared(mistake: str) -> Mistake | None:
     """The declared `Mistake` of an id ("04.attention_scores.missing_scale"), looked up in its
     chapter's checker module; None for a mistake told only with a text built when it happened (a
     knock-on failure, a forbidden call) or an id of no known chapter."""
-    import importlib
+    from .exercises import checks_module
 
     if not ID_PATTERN.match(mistake or ""):
         return None
     chapter, _exercise, key = mistake.split(".")
     try:
-        module = importlib.import_module(f"{__package__}.nb{chapter}")
+        module = checks_module(chapter)
     except ImportError:
         return None
     return next((value for value in vars(module).values()

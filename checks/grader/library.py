@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1]  # checks/
@@ -30,7 +31,7 @@ WORKER_GRADER_MODULES = ("grader/__init__.py", "grader/worker_side.py", "grader/
 WORKER_MODULES = ("__init__.py", "config.py", "context.py", "environment.py", "display.py",
                   "engine.py", "i18n.py", "mistakes.py", "exercises.py", "held.py", "borrow.py",
                   "figures.py", "diagrams.py", "timing.py", "shakespeare.py",
-                  "training_run.py", "nb[0-9][0-9].py", "nb[0-9][0-9]_*.py",
+                  "training_run.py", "nb[0-9][0-9]/*.py",
                   "reference/*.py", "smollm/*.py", *WORKER_GRADER_MODULES)
 WORKER_DATA = ("locale/*/LC_MESSAGES/*.mo",)  # copied as they are: the messages' translations
 _library_plans: dict[tuple, tuple[dict[str, bytes], dict[str, set[str] | None]]] = {}
@@ -203,10 +204,11 @@ def _stub(node: ast.stmt, graded: int) -> ast.stmt:
 
 
 def _checker_stub(module: str, graded_chapter: str, source_dir: Path) -> tuple[bytes, set[str]]:
-    """checks/nbNN.py for the worker grading chapter NN: each `check_*` repeats the grader's
-    verdict (`verdict_check`); the helpers the notebook imports from the module, and tensor
-    subclasses the checkers hand to the learner's functions, are copied with what they use."""
-    tree = ast.parse((PACKAGE / f"{module}.py").read_text(encoding="utf-8"))
+    """checks/nbNN/__init__.py for the worker grading chapter NN: each `check_*` repeats the
+    grader's verdict (`verdict_check`); the helpers the notebook imports from the module, and
+    tensor subclasses the checkers hand to the learner's functions, are copied with what they
+    use."""
+    tree = ast.parse((PACKAGE / module / "__init__.py").read_text(encoding="utf-8"))
     defs = _top_defs(tree)
     checks = [n for n, node in defs.items() if n.startswith("check_")
               and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
@@ -221,11 +223,10 @@ def _checker_stub(module: str, graded_chapter: str, source_dir: Path) -> tuple[b
             if name in defs and name not in keep and not name.startswith("check_"):
                 keep.add(name)
                 todo.append(name)
-    # Its top-level imports, but not of the chapter's own internals (checks/nbNN_*.py), which
+    # Its top-level imports, but not of the chapter's own internals (checks/nbNN/*.py), which
     # stay with the grader: nothing the stub keeps uses them.
-    own = f"{module}_"
     body = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))
-            and not _imports_internals(node, own)]
+            and not _imports_internals(node, module)]
     seen: set[int] = set()
     for node in tree.body:
         names = [n for n, d in defs.items() if d is node]
@@ -241,15 +242,13 @@ def _checker_stub(module: str, graded_chapter: str, source_dir: Path) -> tuple[b
     return ("\n".join(lines) + "\n").encode(), keep | set(checks)
 
 
-def _imports_internals(node: ast.stmt, prefix: str) -> bool:
-    """Whether an import statement names one of a chapter's internal modules (`prefix`: "nb11_"):
-    `from .nb11_init import x`, `from . import nb11_init as init`, `import checks.nb11_init`."""
+def _imports_internals(node: ast.stmt, chapter: str) -> bool:
+    """Whether an import statement of a chapter's face (checks/nbNN/__init__.py) names one of
+    the chapter's internal modules: `from .cache import x`, `from . import init`,
+    `import checks.nb11.init`."""
     if isinstance(node, ast.ImportFrom):
-        module = (node.module or "").rsplit(".", 1)[-1]
-        return module.startswith(prefix) or (
-            not node.module and any(a.name.startswith(prefix) for a in node.names)) or (
-            node.module in ("checks",) and any(a.name.startswith(prefix) for a in node.names))
-    return any(a.name.rsplit(".", 1)[-1].startswith(prefix) for a in node.names)
+        return node.level == 1 or (node.module or "").startswith(f"checks.{chapter}")
+    return any(a.name.startswith(f"checks.{chapter}.") for a in node.names)
 
 
 def worker_module_paths() -> list[Path]:
@@ -290,12 +289,14 @@ class WorkerLibrary:
             rel = path.relative_to(PACKAGE).as_posix()
             module = "checks." + rel.removesuffix(".py").replace("/", ".").removesuffix(
                 ".__init__")
-            if rel.startswith("nb") and rel[2:4].isdigit() and "/" not in rel:
-                number = int(rel[2:4])
-                if number > graded or (number == graded and rel != f"nb{rel[2:4]}.py"):
+            chapter = rel.split("/")[0]
+            if re.fullmatch(r"nb\d\d", chapter):
+                number = int(chapter[2:])
+                face = rel == f"{chapter}/__init__.py"
+                if number > graded or (number == graded and not face):
                     continue  # later chapters' checkers, the graded one's internals
                 if number == graded:
-                    files[rel], names = _checker_stub(rel[:-3], self.chapter, self.source_dir)
+                    files[rel], names = _checker_stub(chapter, self.chapter, self.source_dir)
                     available[module] = names
                     continue
             files[rel] = reference.get(rel, path.read_bytes())

@@ -3,7 +3,7 @@
 - `HideTestCode` (generate_feedback): a test cell that raises an ordinary exception (the
   timeout's KeyboardInterrupt, a NameError from a renamed function, a hidden `assert`) gets
   IPython's traceback, and that prints the lines around the failing one: the instructor's cell,
-  `### BEGIN HIDDEN TESTS` and the hidden assertions included, and frames of `checks/nbNN.py`.
+  `### BEGIN HIDDEN TESTS` and the hidden assertions included, and frames of `checks/nbNN/`.
   nbgrader's ClearHiddenTests clears the cell's source, not its outputs. This keeps, of each
   traceback in a test cell, the exception's type and message and the frames in the learner's own
   cells (where the loop spun or the error was raised), and drops every other frame. Elsewhere only

@@ -15,7 +15,6 @@ from __future__ import annotations
 import ast
 import builtins
 import contextlib
-import importlib
 import io
 import os
 import time
@@ -26,7 +25,7 @@ from typing import Any
 
 from ..borrow import BORROWING_CALLS
 from ..engine import CheckFailure, NotStarted, earlier_failures, fix_first_text
-from ..exercises import chapter_of, chapters
+from ..exercises import chapter_of, chapters, checks_module
 from ..environment import GRADING_ENV
 from ..i18n import _, language, using_default
 from .build import is_graded_test
@@ -253,7 +252,7 @@ def knock_on(exc: Exception, exercise: str, called: list[str], namespace: dict[s
     if not others:
         return None
     try:
-        module = importlib.import_module(f"checks.nb{chapter}")
+        module = checks_module(chapter or "")
     except ImportError:
         return None
     seed = getattr(exc, "seed", None)

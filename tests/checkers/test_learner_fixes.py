@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from checks import nb04, nb05, nb06, nb11, nb13
-from checks.nb13_mistakes import NO_OFFSET
+from checks.nb13.mistakes import NO_OFFSET
 from checks import reference as ref
 from checks.config import ModelConfig
 from checks.environment import LANG_ENV

@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from checks import LLAMA2_7B, ModelConfig, nb12, nb12_sampling
+from checks import LLAMA2_7B, ModelConfig, nb12
+from checks.nb12 import sampling as nb12_sampling
 from checks import reference as ref
 from checks.engine import ForbiddenCall
 from checks.reference import model as ref_model

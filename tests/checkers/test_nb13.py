@@ -17,7 +17,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from checks import ModelConfig, nb13, nb13_cache, nb13_generate
+from checks import ModelConfig, nb13
+from checks.nb13 import cache as nb13_cache
+from checks.nb13 import generate as nb13_generate
 from checks import reference as ref
 from checks.engine import ForbiddenCall
 from checks.reference import generation as gen

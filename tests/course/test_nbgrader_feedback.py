@@ -226,7 +226,7 @@ def test_feedback_shows_the_exception_but_no_hidden_test(course, sid, exercise, 
 def test_a_hang_is_shown_where_the_learner_code_spins(course):
     """The timed-out test cell keeps the frame of the learner's own loop, and only that one."""
     graded = nbformat.read(_path(course, "autograded", "hanger", ".ipynb"), 4)
-    assert "checks/nb01.py" in _traceback(graded, "check_kv_group_size").replace("\\", "/")
+    assert "checks/nb01/__init__.py" in _traceback(graded, "check_kv_group_size").replace("\\", "/")
     cell = _test_cell_text(_feedback(course, "hanger"), "check_kv_group_size")
     frame = re.search(r"Cell In\[\d+\], line \d+, in kv_group_size", cell)
     assert frame, cell[-2000:]

@@ -533,8 +533,9 @@ def test_tensor_data_per_test_is_capped():
 def test_the_worker_library_holds_no_answers_of_the_graded_chapter():
     copy = library.WorkerLibrary("04_self_attention", identify.SOURCE_DIR)
     files = copy.files
-    assert "nb04.py" in files and not any(f"nb{n:02d}.py" in files for n in range(5, 14))
-    nb04 = files["nb04.py"].decode()
+    assert "nb04/__init__.py" in files
+    assert not any(name.startswith(f"nb{n:02d}/") for n in range(5, 15) for name in files)
+    nb04 = files["nb04/__init__.py"].decode()
     assert "_verdict_check('check_attention')" in nb04 and "ref." not in nb04
     attention = files["reference/attention.py"].decode()
     for name in ("attention", "masked_softmax", "multi_head_attention", "repeat_kv",
@@ -632,12 +633,13 @@ def test_the_worker_side_imports_from_its_library_alone(tmp_path):
 
 def test_helpers_the_notebook_imports_travel_without_the_checks():
     copy = library.WorkerLibrary("13_generation_kv_cache", identify.SOURCE_DIR)
-    nb13 = copy.files["nb13.py"].decode()
-    assert "from .held import tensor_nbytes" in nb13 and "class _CountingTable" in nb13
+    nb13 = copy.files["nb13/__init__.py"].decode()
+    assert "from ..held import tensor_nbytes" in nb13 and "class _CountingTable" in nb13
     assert "def tensor_nbytes" in copy.files["held.py"].decode()
     assert "_SimCache" not in nb13 and "def _check_steps" not in nb13
     # the chapter's internals stay with the grader
-    assert not [name for name in copy.files if name.startswith("nb13_")]
+    assert [name for name in copy.files if name.startswith("nb13/")] == ["nb13/__init__.py"]
+    assert "nb12/forward.py" in copy.files  # an earlier chapter's internals travel whole
     generation = copy.files["reference/generation.py"].decode()
     assert "scaled_dot_product_attention" not in generation
 

@@ -308,7 +308,7 @@ def _late_writes(w: Where) -> str:
     """What c6's escaped processes try 3 s later, when the worker is gone."""
     return (f"import time, os\ntime.sleep(3)\n"
             f"for target in [{str(w.victim)!r}, {str(w.chapter_01)!r}, "
-            f"{str(REPO / 'checks' / 'nb01.py')!r}, {str(w.marker)!r}]:\n"
+            f"{str(REPO / 'checks' / 'nb01' / '__init__.py')!r}, {str(w.marker)!r}]:\n"
             "    try:\n        open(target, 'a').write('# tampered')\n"
             "    except OSError:\n        pass\n")
 
@@ -593,7 +593,7 @@ CATALOGUE: list[Case] = [
          "the worker before the next notebook; their late writes never happen", "walls"),
     Case("c6_write_grader_files", lambda w: sub.prepend(sol(), "head_dim", (
         "import os, shutil\n"
-        f"for target in [{str(REPO / 'checks' / 'nb01.py')!r}, {str(w.chapter_01)!r}, "
+        f"for target in [{str(REPO / 'checks' / 'nb01' / '__init__.py')!r}, {str(w.chapter_01)!r}, "
         f"{str(w.victim)!r}, {str(w.marker)!r}]:\n"
         "    attempts = [lambda: open(target, 'a').write('# tampered'),\n"
         "                lambda: os.write(os.open(os.path.basename(target), os.O_WRONLY | "
@@ -733,7 +733,7 @@ def write_catalogue(folder: Path, source_dir: Path, marker: Path) -> dict[str, C
 def protected_bytes(source_dir: Path, folder: Path) -> dict[Path, bytes]:
     """Files that grading must leave exactly as they were: those the catalogue attacks (the
     rest of `checks/` is left out: other work may change it while the catalogue runs)."""
-    files = [REPO / "checks" / "nb01.py"] + list(source_dir.rglob("*.ipynb"))
+    files = [REPO / "checks" / "nb01" / "__init__.py"] + list(source_dir.rglob("*.ipynb"))
     files += [p for p in folder.rglob("*.ipynb") if p.is_file() and not p.is_symlink()]
     return {p: p.read_bytes() for p in files}
 

@@ -33,12 +33,12 @@ import numbers
 import torch
 import torch.nn.functional as F
 
-from .config import ModelConfig
-from .engine import Check, describe, is_remote, writes_back
-from .i18n import N_, _
-from .mistakes import Mistake
-from .reference import training as tr
-from .reference.model import init_model_params, model_forward
+from ..config import ModelConfig
+from ..engine import Check, describe, is_remote, writes_back
+from ..i18n import N_, _
+from ..mistakes import Mistake
+from ..reference import training as tr
+from ..reference.model import init_model_params, model_forward
 
 # --------------------------------------------------------------------------------------------
 # The mistakes this chapter diagnoses

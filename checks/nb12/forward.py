@@ -17,13 +17,13 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from . import reference as ref
-from .config import ModelConfig
-from .engine import Check
-from .i18n import N_, _
-from .mistakes import Mistake
-from .nb11 import random_layer
-from .reference.norms import rms_norm
+from .. import reference as ref
+from ..config import ModelConfig
+from ..engine import Check
+from ..i18n import N_, _
+from ..mistakes import Mistake
+from ..nb11 import random_layer
+from ..reference.norms import rms_norm
 
 NO_FINAL_NORM = Mistake("no_final_norm", N_(
     "no final RMSNorm: after the last block, normalise with params['final_norm'] (and "

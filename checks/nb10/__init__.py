@@ -16,10 +16,10 @@ from collections.abc import Callable
 
 import torch
 
-from . import reference as ref
-from .engine import Check, CheckFailure, tolerance, values_close
-from .i18n import N_, _
-from .mistakes import Mistake
+from .. import reference as ref
+from ..engine import Check, CheckFailure, tolerance, values_close
+from ..i18n import N_, _
+from ..mistakes import Mistake
 
 # --------------------------------------------------------------------------------------------
 # Forbidden shortcuts, by torch function name (the engine also catches `torch.ops.aten` overloads

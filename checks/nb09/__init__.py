@@ -22,11 +22,11 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from . import reference as ref
-from .engine import (CallRecord, Check, CheckFailure, builds_on, describe, earlier_failures,
+from .. import reference as ref
+from ..engine import (CallRecord, Check, CheckFailure, builds_on, describe, earlier_failures,
                      fix_first_text, mismatch_text, tolerance, values_close)
-from .i18n import N_, _
-from .mistakes import Mistake
+from ..i18n import N_, _
+from ..mistakes import Mistake
 
 # --------------------------------------------------------------------------------------------
 # Forbidden shortcuts. The engine matches a torch function's `__name__` exactly; calls through

@@ -21,10 +21,10 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
-from . import reference as ref
-from .engine import Check, CheckFailure, ForbiddenCall, builds_on, tolerance
-from .i18n import N_, _
-from .mistakes import Mistake
+from .. import reference as ref
+from ..engine import Check, CheckFailure, ForbiddenCall, builds_on, tolerance
+from ..i18n import N_, _
+from ..mistakes import Mistake
 
 # --------------------------------------------------------------------------------------------
 # Exercise 1: kv_head_index

@@ -1,5 +1,5 @@
 """The internals of chapter 13's roofline checks (prefill_flops, decode_step_bytes,
-arithmetic_intensity; the checks themselves are in checks/nb13.py): each known mistake is the
+arithmetic_intensity; the checks themselves are in checks.nb13): each known mistake is the
 count with one term changed, declared here with its words, and the sizes are drawn so that the
 mistakes give different numbers. A multiply-add counts as 2 FLOPs; the chapter's text defines
 what each count includes, and `checks.reference.generation` holds the answers.
@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import functools
 
-from .config import ModelConfig
-from .engine import Check
-from .i18n import N_
-from .mistakes import Mistake
+from ..config import ModelConfig
+from ..engine import Check
+from ..i18n import N_
+from ..mistakes import Mistake
 
 COUNT_HINT = N_("this exercise asks you to write the formula yourself; the course's {name} (in "
                 "checks.reference) is what your answer is compared with")

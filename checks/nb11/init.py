@@ -13,10 +13,10 @@ from collections.abc import Callable
 
 import torch
 
-from .engine import Check
-from .i18n import N_, _
-from .mistakes import Mistake
-from .reference.block import INIT_STD
+from ..engine import Check
+from ..i18n import N_, _
+from ..mistakes import Mistake
+from ..reference.block import INIT_STD
 
 UNINITIALISED = Mistake("uninitialised_memory", N_(
     "torch.empty leaves memory uninitialised: fill it (normal_) or use torch.randn"))

@@ -18,10 +18,10 @@ import math
 
 import torch
 
-from .engine import Check
-from .i18n import N_, _
-from .mistakes import Mistake
-from .reference import model as ref_model
+from ..engine import Check
+from ..i18n import N_, _
+from ..mistakes import Mistake
+from ..reference import model as ref_model
 
 #: Samples drawn from each distribution that is compared with its expected probabilities.
 N_SAMPLES = 40_000

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import torch
 
-from . import reference as ref
-from .engine import Check
-from .i18n import N_, _
-from .mistakes import Mistake
+from .. import reference as ref
+from ..engine import Check
+from ..i18n import N_, _
+from ..mistakes import Mistake
 
 _NOT_BOOL = Mistake("not_bool", N_(
     "a mask is boolean (True = may attend): build it from a comparison such as `<=`, or pass "

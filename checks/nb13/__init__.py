@@ -40,10 +40,10 @@ Random weights have unit-ish scale (attention is far from uniform, so position a
 change the logits clearly), and greedy generation checks only use weights whose every greedy
 choice wins by a clear margin, so that rounding can never flip a token.
 
-The checks' internals live in checks/nb13_cache.py, nb13_generate.py and nb13_roofline.py, the
-mistakes they name in checks/nb13_mistakes.py (and the roofline's module); each check imports
+The checks' internals live in the package's modules cache.py, generate.py and roofline.py, the
+mistakes they name in checks/nb13/mistakes.py (and the roofline's module); each check imports
 them when it runs. The notebook's `tensor_nbytes` comes from checks/held.py: the worker's copy of
-this module holds its top-level imports and none of the nb13_*.py modules.
+this module holds its top-level imports and none of the package's other modules.
 """
 
 from __future__ import annotations
@@ -56,12 +56,12 @@ import numbers
 import torch
 import torch.nn.functional as F
 
-from .config import LLAMA2_7B, ModelConfig
-from .engine import Check, CheckFailure, LearnerError, NotStarted, builds_on
-from .i18n import _
-from .reference import generation as gen
-from .reference import roofline
-from .held import tensor_nbytes
+from ..config import LLAMA2_7B, ModelConfig
+from ..engine import Check, CheckFailure, LearnerError, NotStarted, builds_on
+from ..i18n import _
+from ..reference import generation as gen
+from ..reference import roofline as ref_roofline
+from ..held import tensor_nbytes
 
 # --------------------------------------------------------------------------------------------
 # Small helpers
@@ -90,7 +90,7 @@ def _one_thread(check):
 
 # --------------------------------------------------------------------------------------------
 # The embedding table that counts the tokens looked up in it (generate's check hands it over; the
-# grader's worker rebuilds it from this module, so it lives here and not in nb13_generate)
+# grader's worker rebuilds it from this module, so it lives here and not in checks.nb13.generate)
 
 
 class _CountingTable(torch.Tensor):
@@ -101,7 +101,7 @@ class _CountingTable(torch.Tensor):
     ...) count too; everything else comes back as a plain tensor.
     """
 
-    _log: Callable[[int], None]  # nb13_generate._Recorder: told each lookup's count
+    _log: Callable[[int], None]  # checks.nb13.generate._Recorder: told each lookup's count
 
     @staticmethod
     def wrap(data: torch.Tensor, log: Callable[[int], None]) -> "_CountingTable":
@@ -170,9 +170,9 @@ def _counting_params(params: dict, log: Callable[[int], None]) -> dict:
 
 @_one_thread
 def check_KVCache(cls, *, seed: int | None = None, thorough: bool = False) -> None:
-    from .nb13_cache import (_CACHE_MISTAKES, _cfg, _check_allocation, _construct,
+    from .cache import (_CACHE_MISTAKES, _cfg, _check_allocation, _construct,
                              _expect_update, _recognising, _SimCache, _update)
-    from .nb13_mistakes import (DTYPE_IGNORED, FULL_IS_FINE, NO_OVERFLOW, OVERFLOW_IGNORES_T,
+    from .mistakes import (DTYPE_IGNORED, FULL_IS_FINE, NO_OVERFLOW, OVERFLOW_IGNORES_T,
                                 WRONG_ERROR)
 
     with Check("KVCache", cls, seed=seed) as c:
@@ -256,9 +256,9 @@ def check_KVCache(cls, *, seed: int | None = None, thorough: bool = False) -> No
 
 @_one_thread
 def check_forward_with_cache(f, *, seed: int | None = None, thorough: bool = False) -> None:
-    from .nb13_cache import (_FORWARD_MISTAKES, _CacheHandle, _diagnose_raise, _no_reference,
+    from .cache import (_FORWARD_MISTAKES, _CacheHandle, _diagnose_raise, _no_reference,
                              _params, _plans, _RecordingCache, _replay)
-    from .nb13_mistakes import (LAST_ONLY, LAYER_NOT_CACHED, POSITIONS_PLUS_ONE,
+    from .mistakes import (LAST_ONLY, LAYER_NOT_CACHED, POSITIONS_PLUS_ONE,
                                 UNROTATED_RECOMPUTED, UNROTATED_STORED, UPDATE_TWICE)
 
     with Check("forward_with_cache", f, seed=seed) as c:
@@ -338,10 +338,10 @@ def check_forward_with_cache(f, *, seed: int | None = None, thorough: bool = Fal
 
 @_one_thread
 def check_generate(f, *, seed: int | None = None, thorough: bool = False) -> None:
-    from .nb13_cache import _no_reference
-    from .nb13_generate import (_check_sampling, _check_steps, _check_uncached_calls,
+    from .cache import _no_reference
+    from .generate import (_check_sampling, _check_steps, _check_uncached_calls,
                                 _generate_mixups, _Recorder, _scenario)
-    from .nb13_mistakes import DECODE_IDS_1D, FORWARD_FOR_NOTHING, PROMPT_CHANGED
+    from .mistakes import DECODE_IDS_1D, FORWARD_FOR_NOTHING, PROMPT_CHANGED
 
     earlier = {"KVCache": check_KVCache, "forward_with_cache": check_forward_with_cache}
     with builds_on("generate", earlier), Check(
@@ -403,10 +403,10 @@ def check_generate(f, *, seed: int | None = None, thorough: bool = False) -> Non
 
 @_one_thread
 def check_prefill_flops(f, *, seed: int | None = None, thorough: bool = False) -> None:
-    from .nb13_roofline import COUNT_HINT, cfg_text, distinct, prefill_mixups, roofline_cfg
+    from .roofline import COUNT_HINT, cfg_text, distinct, prefill_mixups, roofline_cfg
 
     with Check("prefill_flops", f, seed=seed) as c:
-        c.forbid_functions([gen.prefill_flops, roofline.prefill_flops], _(COUNT_HINT))
+        c.forbid_functions([gen.prefill_flops, ref_roofline.prefill_flops], _(COUNT_HINT))
         cases = [distinct(c, lambda: (roofline_cfg(c), c.randint(2, 7), c.randint(7, 40)),
                           gen.prefill_flops, prefill_mixups)
                  for _n in range(3 if thorough else 2)]
@@ -428,11 +428,11 @@ def check_prefill_flops(f, *, seed: int | None = None, thorough: bool = False) -
 
 @_one_thread
 def check_decode_step_bytes(f, *, seed: int | None = None, thorough: bool = False) -> None:
-    from .nb13_roofline import COUNT_HINT, cfg_text, decode_mixups, distinct, roofline_cfg
+    from .roofline import COUNT_HINT, cfg_text, decode_mixups, distinct, roofline_cfg
 
     with Check("decode_step_bytes", f, seed=seed) as c:
-        c.forbid_functions([gen.decode_step_bytes, roofline.decode_bytes,
-                            roofline.prefill_bytes], _(COUNT_HINT))
+        c.forbid_functions([gen.decode_step_bytes, ref_roofline.decode_bytes,
+                            ref_roofline.prefill_bytes], _(COUNT_HINT))
         cases = []
         # 1 and 4 bytes first (int8, fp32): a hard-coded 2 then stands out.
         for s in [1, 4] + [c.choice([1, 2, 4]) for _n in range(2 if thorough else 0)]:
@@ -457,7 +457,7 @@ def check_decode_step_bytes(f, *, seed: int | None = None, thorough: bool = Fals
 
 @_one_thread
 def check_arithmetic_intensity(f, *, seed: int | None = None, thorough: bool = False) -> None:
-    from .nb13_roofline import COUNT_HINT, NOT_A_FLOAT, intensity_mixups
+    from .roofline import COUNT_HINT, NOT_A_FLOAT, intensity_mixups
 
     with Check("arithmetic_intensity", f, seed=seed) as c:
         c.forbid_functions([gen.arithmetic_intensity], _(COUNT_HINT))
@@ -467,7 +467,7 @@ def check_arithmetic_intensity(f, *, seed: int | None = None, thorough: bool = F
         # LLaMA-2-7B in bf16: a 512-token prefill, and a decode step after 511 cached positions
         # (the prefill writes K and V for 512 positions: the same bytes as that decode step).
         cases += [(gen.prefill_flops(cfg, 1, 512), gen.decode_step_bytes(cfg, 1, 511, 2)),
-                  (roofline.decode_flops(cfg, 1, 511), gen.decode_step_bytes(cfg, 1, 511, 2))]
+                  (ref_roofline.decode_flops(cfg, 1, 511), gen.decode_step_bytes(cfg, 1, 511, 2))]
         for flops, nbytes in cases:
             got = c.call(flops, nbytes)
             want = flops / nbytes

@@ -7,10 +7,10 @@ import numbers
 
 import torch
 
-from . import reference as ref
-from .engine import Check, builds_on, describe
-from .i18n import N_, _
-from .mistakes import Mistake
+from .. import reference as ref
+from ..engine import Check, builds_on, describe
+from ..i18n import N_, _
+from ..mistakes import Mistake
 
 # --------------------------------------------------------------------------------------------
 # The mistakes this chapter diagnoses

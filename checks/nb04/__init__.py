@@ -12,11 +12,11 @@ import math
 
 import torch
 
-from . import reference as ref
-from .engine import (CallRecord, Check, CheckFailure, builds_on, earlier_failures,
+from .. import reference as ref
+from ..engine import (CallRecord, Check, CheckFailure, builds_on, earlier_failures,
                      fix_first_text, matches)
-from .i18n import N_, _
-from .mistakes import Mistake
+from ..i18n import N_, _
+from ..mistakes import Mistake
 
 # --------------------------------------------------------------------------------------------
 # Forbidden shortcuts, by torch function name (the engine also catches `torch.ops.aten` overloads

@@ -1,5 +1,5 @@
 """The internals of chapter 13's checks of KVCache and forward_with_cache (the checks themselves
-are in checks/nb13.py, whose docstring says how they look inside): random configs and weights,
+are in checks.nb13, whose docstring says how they look inside): random configs and weights,
 caches and cached forward passes with one known mistake each, simulated step by step beside the
 learner's, and the recording cache the learner's forward_with_cache is handed.
 """
@@ -13,13 +13,13 @@ import re
 import torch
 import torch.nn.functional as F
 
-from . import reference as ref
-from .config import ModelConfig
-from .engine import Check, CheckFailure, LearnerError
-from .i18n import N_, _
-from .held import numbers_held
-from .held import storages as storages_of
-from .nb13_mistakes import (AT_ZERO, CFG_MAX_LEN, COPY, DTYPE_IGNORED, IGNORED_CACHE,
+from .. import reference as ref
+from ..config import ModelConfig
+from ..engine import Check, CheckFailure, LearnerError
+from ..i18n import N_, _
+from ..held import numbers_held
+from ..held import storages as storages_of
+from .mistakes import (AT_ZERO, CFG_MAX_LEN, COPY, DTYPE_IGNORED, IGNORED_CACHE,
                             KV_SHARE_BUFFER, K_ONLY, NEW_ONLY, NOT_HEADS_FIRST, NOT_PREALLOCATED,
                             NO_MASK, NO_OFFSET, NO_UPDATE_METHOD, OFFSET_PLUS_ONE, ONE_LAYER,
                             ONE_SHORT, OWN_COUNTER, POSITIONS_PLUS_ONE, REALLOCATED,
@@ -28,7 +28,7 @@ from .nb13_mistakes import (AT_ZERO, CFG_MAX_LEN, COPY, DTYPE_IGNORED, IGNORED_C
                             SUBCLASSES_REFERENCE, SWAPPED, TOP_LEFT, UNROTATED_RECOMPUTED,
                             UNROTATED_STORED, UPDATE_START, UP_TO_START, V_NOT_WRITTEN,
                             WHOLE_BUFFER)
-from .reference import generation as gen
+from ..reference import generation as gen
 
 FORWARD_HINT = N_("this exercise asks you to write the cached forward pass yourself from the "
                   "earlier chapters' pieces (rms_norm, split_qkv, apply_rope, "

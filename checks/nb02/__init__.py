@@ -13,11 +13,11 @@ from collections.abc import Callable
 
 import torch
 
-from . import reference as ref
-from .engine import Check, builds_on, describe, matches
-from .i18n import N_, _
-from .mistakes import FORBIDDEN_CALL, Mistake
-from .reference.tokens import vocab_bytes
+from .. import reference as ref
+from ..engine import Check, builds_on, describe, matches
+from ..i18n import N_, _
+from ..mistakes import FORBIDDEN_CALL, Mistake
+from ..reference.tokens import vocab_bytes
 
 ARTICLE_SENTENCE = "我喜欢学习 AI Infra"
 

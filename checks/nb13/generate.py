@@ -1,4 +1,4 @@
-"""The internals of chapter 13's check of generate (the check itself is in checks/nb13.py): the
+"""The internals of chapter 13's check of generate (the check itself is in checks.nb13): the
 counting embedding table's log, greedy generation with one known mistake each, scenarios whose
 greedy choices win by a clear margin, and what the forward calls must look like with and without
 the cache.
@@ -11,15 +11,15 @@ import math
 import torch
 
 
-from .engine import Check
-from .i18n import _
-from .nb13_cache import _FORWARD_MISTAKES, _cfg, _params, _sim_forward
-from .nb13_mistakes import (EMBED_NOT_SEEN, FIRST_POSITION, GENERATOR_IGNORED, IGNORED_CACHE,
+from ..engine import Check
+from ..i18n import _
+from .cache import _FORWARD_MISTAKES, _cfg, _params, _sim_forward
+from .mistakes import (EMBED_NOT_SEEN, FIRST_POSITION, GENERATOR_IGNORED, IGNORED_CACHE,
                             NEW_TOKENS_ONLY, NOT_ADVANCED, NO_OFFSET, ONE_TOO_FEW, ONE_TOO_MANY,
                             PREFILL_BY_TOKEN, RECOMPUTED, SKIPPED_SLOT, TEMPERATURE_IGNORED,
                             TOP_LEFT, UNCACHED_USES_CACHE, UNROTATED_STORED, WASTED_FORWARD,
                             WASTED_FORWARD_UNCACHED)
-from .reference import generation as gen
+from ..reference import generation as gen
 
 
 class _Recorder:

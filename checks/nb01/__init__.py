@@ -6,11 +6,11 @@ import dataclasses
 
 import torch
 
-from . import reference as ref
-from .config import LLAMA2_7B, ModelConfig
-from .engine import Check, LearnerError
-from .i18n import N_, _
-from .mistakes import Mistake
+from .. import reference as ref
+from ..config import LLAMA2_7B, ModelConfig
+from ..engine import Check, LearnerError
+from ..i18n import N_, _
+from ..mistakes import Mistake
 
 TENSOR_NAMES = ("token_ids", "hidden", "q", "k", "v", "scores", "attn_weights", "attn_out",
                 "ffn_mid", "logits", "kv_cache_layer")

@@ -19,12 +19,12 @@ import math
 
 import torch
 
-from . import reference as ref
-from .config import LLAMA2_7B, ModelConfig
-from . import nb11_init as init
-from .engine import Check, builds_on, is_remote, values_close
-from .i18n import N_, _
-from .mistakes import Mistake
+from .. import reference as ref
+from ..config import LLAMA2_7B, ModelConfig
+from . import init
+from ..engine import Check, builds_on, is_remote, values_close
+from ..i18n import N_, _
+from ..mistakes import Mistake
 
 NAMES = ("attn_norm", "wqkv", "wo", "ffn_norm", "w_gate", "w_up", "w_down")
 NORMS = ("attn_norm", "ffn_norm")
@@ -424,7 +424,7 @@ def _cases(c: Check, thorough: bool):
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 1: init_block_params (the random-initialisation rules: checks.nb11_init)
+# Exercise 1: init_block_params (the random-initialisation rules: checks.nb11.init)
 
 TRANSPOSED = Mistake("transposed_weights", N_(
     "transposed: the course's weights are [in_features, out_features] and applied as x @ W "

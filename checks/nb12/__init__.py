@@ -9,13 +9,13 @@ B * (S - 1) predictions; sample_next_token(logits [B, |V|]) draws one token per 
 softmax(logits / T) restricted to the top_k largest logits (and any tied with the k-th), and is
 greedy (argmax) at T = 0.
 
-Sampling is checked statistically without ever flaking (checks.nb12_sampling says how), and by
+Sampling is checked statistically without ever flaking (checks.nb12.sampling says how), and by
 exact properties: greedy equals argmax, top-k never returns a token outside the top k, the same
 generator seed gives the same samples and different seeds different ones.
 
 Known mistakes are recognised by computing them from the same inputs with the reference pieces
-(checks.nb12_forward, checks.nb12_loss, checks.nb12_sampling declare them; the random
-initialisation's rules are checks.nb11_init's, shared with chapter 11). Some properties cannot be
+(checks.nb12.forward, checks.nb12.loss, checks.nb12.sampling declare them; the random
+initialisation's rules are checks.nb11.init's, shared with chapter 11). Some properties cannot be
 observed when the grader calls the function in another process (a gradient does not travel;
 torch's global generator is the other process's; the positions a forward hands its blocks): those
 are checked when the function runs here, which is always the case in the notebook and in the
@@ -26,19 +26,19 @@ from __future__ import annotations
 
 import torch
 
-from . import nb11_init as init
-from . import nb12_forward as fwd
-from . import nb12_loss as loss
-from . import nb12_sampling as smp
-from .config import LLAMA2_7B, ModelConfig
-from .engine import Check, is_remote, matches, values_close
-from .i18n import N_, _
-from .mistakes import Mistake
-from .nb11 import random_positions  # the same random positions as chapter 11
-from .nb12_sampling import (FAILURE_PROBABILITY, MAX_COMPARISONS, MAX_VOCAB,  # noqa: F401
+from ..nb11 import init
+from . import forward as fwd
+from . import loss
+from . import sampling as smp
+from ..config import LLAMA2_7B, ModelConfig
+from ..engine import Check, is_remote, matches, values_close
+from ..i18n import N_, _
+from ..mistakes import Mistake
+from ..nb11 import random_positions  # the same random positions as chapter 11
+from .sampling import (FAILURE_PROBABILITY, MAX_COMPARISONS, MAX_VOCAB,
                             N_SAMPLES, TOL, frequency_tolerance)
-from .reference import block as ref_block
-from .reference import model as ref_model
+from ..reference import block as ref_block
+from ..reference import model as ref_model
 
 TOP = ("embed", "layers", "final_norm", "lm_head")
 BLOCK = ("attn_norm", "wqkv", "wo", "ffn_norm", "w_gate", "w_up", "w_down")
@@ -282,7 +282,7 @@ def check_init_model_params(f, *, seed: int | None = None, thorough: bool = Fals
 
 
 # ============================================================================================
-# Exercise 2: model_forward (its mistakes and helpers: checks.nb12_forward)
+# Exercise 2: model_forward (its mistakes and helpers: checks.nb12.forward)
 
 _POSITIONS_GIVEN = N_("with positions {how}, the blocks were given positions {got} ({case}); "
                       "expected torch.arange(S) = {want}.")
@@ -365,7 +365,7 @@ def check_model_forward(f, *, seed: int | None = None, thorough: bool = False) -
 
 
 # ============================================================================================
-# Exercise 3: next_token_loss (its mistakes: checks.nb12_loss)
+# Exercise 3: next_token_loss (its mistakes: checks.nb12.loss)
 
 
 def _loss_case(c: Check, logits: torch.Tensor, ids: torch.Tensor, label: str,
@@ -468,7 +468,7 @@ def check_next_token_loss(f, *, seed: int | None = None, thorough: bool = False)
 
 
 # ============================================================================================
-# Exercise 4: model_param_count (its mistakes: checks.nb12_loss)
+# Exercise 4: model_param_count (its mistakes: checks.nb12.loss)
 
 
 def check_model_param_count(f, *, seed: int | None = None, thorough: bool = False) -> None:
@@ -491,7 +491,7 @@ def check_model_param_count(f, *, seed: int | None = None, thorough: bool = Fals
 
 
 # ============================================================================================
-# Exercise 5: sample_next_token (its statistics and mistakes: checks.nb12_sampling)
+# Exercise 5: sample_next_token (its statistics and mistakes: checks.nb12.sampling)
 
 
 def check_sample_next_token(f, *, seed: int | None = None, thorough: bool = False) -> None:

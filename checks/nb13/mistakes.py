@@ -1,5 +1,5 @@
 """The mistakes chapter 13's checks of the cache and of generation name (checks.mistakes): each
-declared once, in the words a failure shows; the roofline's are in checks/nb13_roofline.py.
+declared once, in the words a failure shows; the roofline's are in checks/nb13/roofline.py.
 
 A mistake's id is "13.<exercise>.<key>": the same declaration named by two exercises' checks
 (`NO_OFFSET` by forward_with_cache and by generate) gives one id per exercise.
@@ -7,8 +7,8 @@ A mistake's id is "13.<exercise>.<key>": the same declaration named by two exerc
 
 from __future__ import annotations
 
-from .i18n import N_
-from .mistakes import Mistake
+from ..i18n import N_
+from ..mistakes import Mistake
 
 # --------------------------------------------------------------------------------------------
 # KVCache: what the cache allocates

@@ -10,12 +10,12 @@ from collections.abc import Mapping
 import torch
 from torch.overrides import TorchFunctionMode
 
-from . import reference as ref
-from .engine import Check, ForbiddenCall, builds_on, matches
-from .i18n import N_, _
-from .mistakes import Mistake
-from .nb04 import DTYPE_CHANGED, FULLY_MASKED_NAN, SCALE_BY_INT_SQRT
-from .reference.attention import torch_mha_reference
+from .. import reference as ref
+from ..engine import Check, ForbiddenCall, builds_on, matches
+from ..i18n import N_, _
+from ..mistakes import Mistake
+from ..nb04 import DTYPE_CHANGED, FULLY_MASKED_NAN, SCALE_BY_INT_SQRT
+from ..reference.attention import torch_mha_reference
 
 HEADS_FIRST = ("B", "N", "S", "D")
 

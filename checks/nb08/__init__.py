@@ -17,10 +17,10 @@ import math
 
 import torch
 
-from . import reference as ref
-from .engine import Check, CheckFailure, builds_on, describe, tolerance
-from .i18n import N_, _
-from .mistakes import Mistake
+from .. import reference as ref
+from ..engine import Check, CheckFailure, builds_on, describe, tolerance
+from ..i18n import N_, _
+from ..mistakes import Mistake
 
 HEADS_FIRST = ("B", "N", "S", "D")
 # What a broadcast of tensors that do not fit says (recognised as a mistake where one is known).

@@ -7,11 +7,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .config import ModelConfig
-from .engine import Check
-from .i18n import N_, _
-from .mistakes import Mistake
-from .reference import block as ref_block
+from ..config import ModelConfig
+from ..engine import Check
+from ..i18n import N_, _
+from ..mistakes import Mistake
+from ..reference import block as ref_block
 
 # ============================================================================================
 # next_token_loss
