@@ -7,7 +7,8 @@ reference implementation. `python -m checks --help` lists the command line.
 
 from . import context, reference
 from .config import LLAMA2_7B, ModelConfig
-from .engine import CheckFailure, NotStarted, use_if_passing
+from .borrow import use_if_passing
+from .engine import CheckFailure, NotStarted
 
 context.configure_threads()
 

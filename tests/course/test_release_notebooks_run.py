@@ -27,7 +27,8 @@ from pathlib import Path
 import pytest
 
 from checks import context, display, engine
-from checks.engine import Check, NotStarted, use_if_passing
+from checks.borrow import use_if_passing
+from checks.engine import Check, NotStarted
 
 pytestmark = pytest.mark.slow
 
