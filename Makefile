@@ -55,10 +55,11 @@ test-fast: $(STAMP) $(ORACLE) $(CORPUS)
 	$(TEST_ENV) $(PY) -m pytest -q -n $(TEST_JOBS) -p no:cacheprovider \
 	  -m "not slow and not grader_workers" tests
 
-# ruff over the package, the tests and the scripts (its rules: pyproject.toml [tool.ruff]); make test
-# runs it first.
+# ruff over every Python file of the repository (the package, the tests, the scripts and the root's
+# nbgrader_config.py); its rules and what it leaves out (the notebooks, build folders, .venv):
+# pyproject.toml [tool.ruff]. make test runs it first.
 lint: $(STAMP)
-	$(PY) -m ruff check checks tests scripts
+	$(PY) -m ruff check .
 
 # The environment, rebuilt only when missing or when pyproject.toml or constraints.txt changed: the
 # course package with JupyterLab, nbgrader and the test tools (its extras lab, grader, test), every

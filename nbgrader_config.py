@@ -1,4 +1,4 @@
-"""nbgrader settings for this course (nbgrader 0.9.6).
+r"""nbgrader settings for this course (nbgrader 0.9.6).
 
 Layout, relative to this file (nbgrader's `{nbgrader_step}/{student_id}/{assignment_id}`; the
 source and release steps use the student id `.`):
@@ -19,7 +19,8 @@ Release the learner notebooks with `make release` (python -m checks.tools.releas
 autograding a chapter, record it in the gradebook without touching notebooks/ (the notebook it
 writes to grading/release/ is byte-identical to the committed release):
 
-    nbgrader generate_assignment 01_notation --force --CourseDirectory.release_directory=grading/release
+    nbgrader generate_assignment 01_notation --force \
+        --CourseDirectory.release_directory=grading/release
     nbgrader autograde 01_notation        # every student under grading/submitted/
     nbgrader export --to grading/grades.csv
 """

@@ -360,11 +360,6 @@ def mark_language(nb: dict, lang: str) -> dict:
     return nb
 
 
-def mark_chinese(nb: dict) -> dict:
-    """mark_language(nb, "zh")."""
-    return mark_language(nb, "zh")
-
-
 def _chapter_translation(chapter_dir: Path, lang: str = "zh"
                          ) -> tuple[dict, list[TranslationProblem]] | None:
     """(translated notebook, problems) of one chapter folder; None while it has no translation."""

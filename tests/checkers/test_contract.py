@@ -86,15 +86,6 @@ def test_wrong_implementation_is_diagnosed_at_every_seed(checker, wrong):
         assert_rejects(checker, wrong, seed)
 
 
-@pytest.mark.parametrize("checker,wrong", WRONG)
-def test_wrong_implementation_names_a_declared_mistake(checker, wrong):
-    """Catalogues assert mistake ids (checks.mistakes), never wording: rewording or translating
-    a message breaks no test in another file."""
-    assert wrong.mistake is not None, (
-        f"{wrong.name}: give the id of the declared mistake, not the words "
-        f"{wrong.diagnosis!r}")
-
-
 @pytest.mark.parametrize("checker", STUBS)
 def test_stub_reads_as_not_started(checker):
     assert_not_started(checker)

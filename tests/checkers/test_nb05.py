@@ -99,32 +99,42 @@ def test_torch_mha_reference_agrees_with_sdpa_reference():
 
 
 # --------------------------------------------------------------------------------------------
-# Wrong implementations
+# Wrong implementations, written as a learner would write them and not copied from the checker's
+# own variants (checks/nb05.py's `wrong={...}`): a variant of the checker that computed something
+# else than its mistake would then fail here instead of agreeing with itself.
 
 
-def split_view_no_transpose(x, n):
-    b, s, w = x.shape
-    return x.reshape(b, n, s, w // n)
+def split_view_no_transpose(x, n_heads):
+    """`.view` straight to [B, N, S, D] (the input is contiguous, so the view succeeds)."""
+    b, s, h = x.shape
+    return x.view(b, n_heads, s, h // n_heads)
 
 
-def split_tokens_first(x, n):
-    b, s, w = x.shape
-    return x.reshape(b, s, n, w // n)
+def split_reshape_no_transpose(x, n_heads):
+    """The same mistake with `.reshape`, which also takes a column slice of qkv."""
+    b, s, h = x.shape
+    head_dim = h // n_heads
+    return x.reshape(b, n_heads, s, head_dim)
 
 
-def split_head_minor(x, n):
-    b, s, w = x.shape
-    return x.reshape(b, s, w // n, n).permute(0, 3, 1, 2)
+def split_tokens_first(x, n_heads):
+    return x.unflatten(-1, (n_heads, -1))  # [B, S, N, D]: the transpose forgotten
 
 
-def split_tokenwise(x, n):
-    b, s, w = x.shape
-    return x.reshape(b, n, s // n, w)
+def split_head_minor(x, n_heads):
+    """Head h takes every N-th feature, starting at h."""
+    return torch.stack([x[..., h::n_heads] for h in range(n_heads)], dim=1)
 
 
-def split_wrong_axes(x, n):
-    b, s, w = x.shape
-    return x.reshape(b, s, n, w // n).permute(0, 2, 3, 1)
+def split_tokenwise(x, n_heads):
+    """N chunks of consecutive tokens, one per head."""
+    return torch.stack(x.chunk(n_heads, dim=1), dim=1)
+
+
+def split_wrong_axes(x, n_heads):
+    """One transpose too many: [B, S, N, D] -> [B, N, S, D] -> [B, N, D, S]."""
+    b, s, h = x.shape
+    return x.view(b, s, n_heads, h // n_heads).transpose(1, 2).transpose(2, 3)
 
 
 def split_qkv_view_no_transpose(qkv, n_heads, n_kv_heads, head_dim):
@@ -136,12 +146,20 @@ def split_qkv_view_no_transpose(qkv, n_heads, n_kv_heads, head_dim):
 
 def merge_view_no_transpose(x):
     b, n, s, d = x.shape
-    return x.reshape(b, s, n * d)
+    return x.contiguous().view(b, s, n * d)
 
 
 def merge_head_minor(x):
+    """Feature d of every head, then feature d + 1 of every head, ..."""
     b, n, s, d = x.shape
-    return x.permute(0, 2, 3, 1).reshape(b, s, d * n)
+    return torch.stack([x[:, h] for h in range(n)], dim=-1).reshape(b, s, d * n)
+
+
+def merge_sum_heads(x):
+    out = x[:, 0]
+    for h in range(1, x.shape[1]):
+        out = out + x[:, h]
+    return out
 
 
 def merge_transpose_view(x):
@@ -183,6 +201,14 @@ def qkv_swapped(qkv, n_heads, n_kv_heads, head_dim):
 def qkv_returned_q_v_k(qkv, n_heads, n_kv_heads, head_dim):
     q, k, v = ref.split_qkv(qkv, n_heads, n_kv_heads, head_dim)
     return q, v, k
+
+
+def qkv_reshape_no_transpose(qkv, n_heads, n_kv_heads, head_dim):
+    b, s, _ = qkv.shape
+    q_end, k_end = n_heads * head_dim, (n_heads + n_kv_heads) * head_dim
+    return (qkv[..., :q_end].reshape(b, n_heads, s, head_dim),
+            qkv[..., q_end:k_end].reshape(b, n_kv_heads, s, head_dim),
+            qkv[..., k_end:].reshape(b, n_kv_heads, s, head_dim))
 
 
 def qkv_with(split):
@@ -247,26 +273,27 @@ WRONG = {
         Wrong("reshape without transposing back", merge_view_no_transpose,
               "05.merge_heads.merged_without_transpose"),
         Wrong("head-minor merge", merge_head_minor, "05.merge_heads.merged_head_minor"),
-        Wrong("transpose but no flatten", lambda x: x.transpose(1, 2),
+        Wrong("transpose but no flatten", lambda x: x.permute(0, 2, 1, 3),
               "05.merge_heads.not_flattened"),
-        Wrong("sums the heads", lambda x: x.sum(1), "05.merge_heads.summed_heads"),
+        Wrong("sums the heads", merge_sum_heads, "05.merge_heads.summed_heads"),
         Wrong("view after transpose", merge_transpose_view, "05.merge_heads.view_on_transposed"),
     ],
     nb05.check_fuse_qkv_weights: [
-        Wrong("concatenated along rows", lambda q, k, v: torch.cat([q, k, v], dim=0),
+        Wrong("concatenated along rows (no dim)", lambda q, k, v: torch.cat((q, k, v)),
               "05.fuse_qkv_weights.concatenated_rows"),
-        Wrong("order K | Q | V", lambda q, k, v: torch.cat([k, q, v], dim=1),
+        Wrong("order K | Q | V", lambda q, k, v: torch.hstack([k, q, v]),
               "05.fuse_qkv_weights.blocks_out_of_order"),
-        Wrong("order Q | V | K", lambda q, k, v: torch.cat([q, v, k], dim=1),
+        Wrong("order Q | V | K", lambda q, k, v: torch.cat((q, v, k), dim=-1),
               "05.fuse_qkv_weights.blocks_out_of_order"),
-        Wrong("stacked", lambda q, k, v: torch.stack([q, k, v]), "05.fuse_qkv_weights.stacked"),
+        Wrong("stacked", lambda q, k, v: torch.cat([w.unsqueeze(0) for w in (q, k, v)]),
+              "05.fuse_qkv_weights.stacked"),
         Wrong("[out, in] layout", lambda q, k, v: torch.cat([q.T, k.T, v.T], dim=0),
               "05.fuse_qkv_weights.out_in_layout"),
     ],
     nb05.check_split_qkv: [
         Wrong("slices K | Q | V", qkv_swapped, "05.split_qkv.slices_swapped"),
         Wrong("returns (q, v, k)", qkv_returned_q_v_k, "05.split_qkv.slices_swapped"),
-        Wrong("view without transpose", qkv_with(split_view_no_transpose),
+        Wrong("reshape without transpose", qkv_reshape_no_transpose,
               "05.split_qkv.reshaped_without_transpose"),
         Wrong("view without transpose on a slice (raises)", split_qkv_view_no_transpose,
               "05.split_qkv.viewed_slice_heads_first"),
@@ -284,10 +311,10 @@ WRONG = {
         Wrong("forgot W_O", mha_with(use_wo=False), "05.multi_head_attention.missing_w_o"),
         Wrong("W_O transposed", mha_with(wo_transposed=True),
               "05.multi_head_attention.w_o_transposed"),
-        Wrong("split without transpose", mha_with(split=split_view_no_transpose),
+        Wrong("split without transpose", mha_with(split=split_reshape_no_transpose),
               "05.multi_head_attention.reshaped_without_transpose"),
         Wrong("split and merge without transpose",
-              mha_with(split=split_view_no_transpose, merge=merge_view_no_transpose),
+              mha_with(split=split_reshape_no_transpose, merge=merge_view_no_transpose),
               "05.multi_head_attention.split_merge_without_transpose"),
         Wrong("merge without transpose", mha_with(merge=merge_view_no_transpose),
               "05.multi_head_attention.merged_without_transpose"),

@@ -96,10 +96,30 @@ def test_headless_command_runs_tiny(tmp_path):
     assert result["device"] == "cpu" and "scaled-down" in result["label"]
     assert [(r["batch"], r["length"]) for r in result["prefill"]] == list(plan.prefill)
     assert [(r["batch"], r["length"]) for r in result["decode"]] == list(plan.decode)
+    # Every rate is its row's one time and counts; the counts grow with the batch as they must.
     for row in result["prefill"] + result["decode"]:
-        assert row["seconds"] > 0 and len(row["times"]) == 1
+        assert row["repeats"] == 1 and row["times"] == [row["seconds"]]
+        assert row["fastest"] == row["seconds"] > 0
         assert row["intensity"] == pytest.approx(row["flops"] / row["bytes"])
-    assert result["peaks"]["flop_per_s"] > 0 and result["peaks"]["bytes_per_s"] > 0
+        assert row["flop_per_s"] == pytest.approx(row["flops"] / row["seconds"])
+        assert row["bytes_per_s"] == pytest.approx(row["bytes"] / row["seconds"])
+    for row in result["prefill"]:
+        assert row["tokens_per_s"] == pytest.approx(row["batch"] * row["length"] / row["seconds"])
+    for row in result["decode"]:
+        assert row["tokens_per_s"] == pytest.approx(row["batch"] / row["seconds"])
+        assert row["ms_per_step"] == pytest.approx(1000 * row["seconds"])
+    for rows in (result["prefill"], result["decode"]):
+        for a in rows:           # B sequences of the same length: B times the FLOPs of one
+            for b in rows:
+                if a["length"] == b["length"]:
+                    assert a["flops"] * b["batch"] == b["flops"] * a["batch"], (a, b)
+    decode = result["decode"]    # a larger batch reads the same weights for more tokens
+    assert [r["intensity"] for r in decode] == sorted(r["intensity"] for r in decode)
+    peaks = result["peaks"]
+    assert peaks["matmul_n"] == plan.matmul_n and 0 < peaks["copy_bytes"] <= plan.copy_bytes
+    assert peaks["ridge_flop_per_byte"] == pytest.approx(peaks["flop_per_s"]
+                                                         / peaks["bytes_per_s"])
+    assert 1e6 < peaks["flop_per_s"] < 1e16 and 1e7 < peaks["bytes_per_s"] < 1e14, peaks
     assert fig.stat().st_size > 0
 
 

@@ -52,8 +52,9 @@ def test_training_flops_are_three_forward_passes_about_6n():
     assert training_run.seconds_text(3 * 365 * 86400).endswith("years")
 
 
-def test_matmul_peak_is_a_positive_rate():
-    assert training_run.matmul_peak("cpu", size=64, seconds=0.01) > 1e6
+def test_matmul_peak_is_a_plausible_rate():
+    peak = training_run.matmul_peak("cpu", size=64, seconds=0.01)
+    assert 1e6 < peak < 1e16, peak      # 1 MFLOP/s .. 10 PFLOP/s: a rate, not a unit slip
 
 
 def test_gpu_check_plans():
