@@ -15,18 +15,26 @@ wording.
 What detects a mistake is declared with it, and the engine (checks.engine.Check) does the
 detecting:
 - a wrong variant: the mistake is a key of `expect_tensor(..., wrong={MISTAKE: variant})`;
-- an exception of the learner's code: `Mistake(..., raises=("RuntimeError", r"pattern"))`, listed
-  in `Check(..., errors=[...])`;
+- an exception of the learner's code: `Mistake(..., raises=[("RuntimeError", r"pattern")])`,
+  listed in `Check(..., errors=[...])`;
 - an input changed in place: `Check(..., in_place=MISTAKE)` replaces the engine's generic one.
 
 Keys are snake_case words that say what was done (`missing_scale`, `softmax_over_queries`), never
 a position in a list; once released, a key does not change (a class's records keep it).
+
+Which exercises can name a mistake is declared too: each chapter's package ends with `MISTAKES`,
+{exercise: the mistakes its check can name}, and `checks.registry` maps every full id to exactly
+one `Mistake` from those tables (the class report, the summary, feedback and Gradescope take the
+message from there, never from one student's text). Two mistakes are the same mistake when they
+have the same key and the same message.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+
+from .i18n import N_, _
 
 # The id of a mistake: chapter number, exercise, key.
 ID_PATTERN = re.compile(r"^\d\d\.[A-Za-z_][A-Za-z0-9_]*\.[a-z0-9_]+$")
@@ -43,21 +51,42 @@ class Mistake(str):
 
     key: str
     raises: tuple[tuple[str, str | None], ...]
+    values: dict[str, str]
 
     def __new__(cls, key: str, message: str, *,
-                raises: Iterable[tuple[str, str | None]] = ()) -> "Mistake":
+                raises: Iterable[tuple[str, str | None]] = (),
+                values: dict[str, str] | None = None) -> "Mistake":
+        """`values`: what the message's {placeholders} stand for where they are fixed when the
+        mistake is declared (the helper of a knock-on failure); `shown()` fills them in."""
         if not _KEY_PATTERN.match(key):
             raise ValueError(f"a mistake's key is snake_case: {key!r}")
         self = super().__new__(cls, message)
         self.key = key
         self.raises = tuple((name, pattern) for name, pattern in raises)
+        self.values = dict(values or {})
         return self
 
+    def __eq__(self, other: object) -> bool:
+        # The same mistake: the same key told with the same message (a str compares as text).
+        if isinstance(other, Mistake):
+            return self.key == other.key and str.__eq__(self, other)
+        return str.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    __hash__ = str.__hash__  # equal mistakes are equal texts, so their hashes agree
+
     def __reduce__(self):  # a str subclass with its own __new__ arguments
-        return (_rebuild, (self.key, str(self), self.raises))
+        return (_rebuild, (self.key, str(self), self.raises, self.values))
 
     def __repr__(self) -> str:
         return f"Mistake({self.key!r})"
+
+    def shown(self) -> str:
+        """The message in the reader's language, as a class report shows it: placeholders
+        filled from `values`, and those only a failure knows (its numbers) shown as "…"."""
+        return _placeholders_filled(_(self), self.values)
 
     def with_text(self, text: str) -> "Mistake":
         """The same mistake (same key) told with another text: one built from parts, already in
@@ -70,8 +99,22 @@ class Mistake(str):
                    for name, pattern in self.raises)
 
 
-def _rebuild(key: str, message: str, raises) -> Mistake:
-    return Mistake(key, message, raises=raises)
+def _rebuild(key: str, message: str, raises, values=None) -> Mistake:
+    return Mistake(key, message, raises=raises, values=values)
+
+
+class _Unknown(dict):
+    def __missing__(self, key: str) -> str:
+        return "…"
+
+
+def _placeholders_filled(text: str, values: dict[str, str]) -> str:
+    import string
+
+    try:
+        return string.Formatter().vformat(text, (), _Unknown(values))
+    except (ValueError, IndexError, AttributeError, KeyError):  # not a template after all
+        return text
 
 
 def key_of(hint: object) -> str | None:
@@ -103,18 +146,19 @@ def fix_first_key(helper: str) -> str:
     return f"fix_{helper.lower()}_first"
 
 
-def declared(mistake: str) -> Mistake | None:
-    """The declared `Mistake` of an id ("04.attention_scores.missing_scale"), looked up in its
-    chapter's checker module; None for a mistake told only with a text built when it happened (a
-    knock-on failure, a forbidden call) or an id of no known chapter."""
-    from .exercises import checks_module
+# The engine's own mistakes, as the registry tells them (a failure tells them with its details).
+INPUT_CHANGED_IN_PLACE = Mistake(CHANGED_INPUT, N_(
+    "the check computes what it expects from the inputs as they were: build new tensors (or "
+    "lists) instead of writing into the caller's (`x -= ...`, `x.mul_(...)`, `masked_fill_`, "
+    "`append`)"))
+FORBIDDEN = Mistake(FORBIDDEN_CALL, N_(
+    "calls a library function that this exercise asks you to write yourself"))
+CALLS_COURSE_REFERENCE = Mistake(CALLS_REFERENCE, N_(
+    "calls the course's own answer (checks.reference) instead of computing it"))
+_FIX_FIRST = N_("{helper} does not pass its own check and this exercise is built on it: fix "
+                "{helper} first")
 
-    if not ID_PATTERN.match(mistake or ""):
-        return None
-    chapter, _exercise, key = mistake.split(".")
-    try:
-        module = checks_module(chapter)
-    except ImportError:
-        return None
-    return next((value for value in vars(module).values()
-                 if isinstance(value, Mistake) and value.key == key), None)
+
+def fix_first(helper: str) -> Mistake:
+    """The knock-on mistake "fix <helper> first", as the registry tells it."""
+    return Mistake(fix_first_key(helper), _FIX_FIRST, values={"helper": helper})

@@ -10,8 +10,9 @@ from typing import Any
 
 import torch
 
-from ..i18n import N_, _
-from ..mistakes import CHANGED_INPUT, Mistake
+from ..i18n import _
+from ..mistakes import INPUT_CHANGED_IN_PLACE as IN_PLACE
+from ..mistakes import Mistake
 from .failures import CheckFailure
 
 def snapshot_inputs(args: tuple, kwargs: dict, fn: Any = None) -> list[tuple[str, Any, Any]]:
@@ -63,12 +64,6 @@ def changed_inputs(snapshot: list[tuple[str, Any, Any]], allowed: Iterable[str] 
         if not same:
             changed.append(label)
     return changed
-
-
-IN_PLACE = Mistake(CHANGED_INPUT, N_(
-    "the check computes what it expects from the inputs as they were: build new tensors (or "
-    "lists) instead of writing into the caller's (`x -= ...`, `x.mul_(...)`, `masked_fill_`, "
-    "`append`)"))
 
 
 def in_place_failure(exercise: str, changed: list[str], seed: int | None = None,

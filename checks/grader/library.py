@@ -1,5 +1,5 @@
-"""The worker's copy of `checks`, built per graded chapter from an allow-list (`WORKER_MODULES`):
-a module added to the package later stays with the grader until it is named here.
+"""The worker's copy of `checks`, built per graded chapter from the package's layout: the core and
+the chapters, never grader/ (but for the worker's own side), tools/ or the registry of mistakes.
 
 In the copy, the graded chapter's checkers are stubs that repeat the grader's verdict
 (`checks.grader.worker_side.verdict_check`), later chapters' checkers are absent, and every
@@ -21,18 +21,15 @@ PACKAGE = Path(__file__).resolve().parents[1]  # checks/
 COURSE_SOURCE = PACKAGE.parent / "solutions"  # a clone's; absent from a wheel
 
 
-# What the worker may import, by path under checks/ (an allow-list: a module added later stays
-# with the grader until it is named here). The learner-facing core, the reference (answers of the
-# graded chapter and later ones withheld), the model loader, and the worker's side of the grader:
-# its main loop and what that imports (the channel, the wire encoding, tensors across the
-# channel, the audit hook). Nothing else of grader/ (tests/grader/test_grading.py holds to it).
+# What the worker may import follows from the layout: every module of the package outside
+# grader/ and tools/ (the learner-facing core, the engine, the chapters' checkers, the reference
+# with the graded chapter's answers withheld, the model loader), less GRADER_ONLY; of grader/, its
+# worker's side only: its main loop and what that imports (the channel, the wire encoding, tensors
+# across the channel, the audit hook; tests/grader/test_grading.py holds to it).
 WORKER_GRADER_MODULES = ("grader/__init__.py", "grader/worker_side.py", "grader/channel.py",
                          "grader/wire.py", "grader/tensors.py", "grader/audit.py")
-WORKER_MODULES = ("__init__.py", "config.py", "context.py", "environment.py", "display.py",
-                  "engine.py", "i18n.py", "mistakes.py", "exercises.py", "held.py", "borrow.py",
-                  "figures.py", "diagrams.py", "timing.py", "shakespeare.py",
-                  "training_run.py", "nb[0-9][0-9]/*.py",
-                  "reference/*.py", "smollm/*.py", *WORKER_GRADER_MODULES)
+MAINTAINERS_AND_GRADER = ("grader", "tools")
+GRADER_ONLY = ("registry.py",)  # imports every chapter's checks: the grader's own knowledge
 WORKER_DATA = ("locale/*/LC_MESSAGES/*.mo",)  # copied as they are: the messages' translations
 _library_plans: dict[tuple, tuple[dict[str, bytes], dict[str, set[str] | None]]] = {}
 
@@ -252,8 +249,15 @@ def _imports_internals(node: ast.stmt, chapter: str) -> bool:
 
 
 def worker_module_paths() -> list[Path]:
-    """The modules of `checks` that the worker's copy is built from (WORKER_MODULES)."""
-    found = {path for pattern in WORKER_MODULES for path in PACKAGE.glob(pattern)}
+    """The modules of `checks` that the worker's copy is built from (see WORKER_GRADER_MODULES
+    above: the layout decides, no module is listed by hand)."""
+    found = {PACKAGE / rel for rel in WORKER_GRADER_MODULES}
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE)
+        if "__pycache__" in rel.parts or rel.parts[0] in MAINTAINERS_AND_GRADER or \
+                rel.as_posix() in GRADER_ONLY:
+            continue
+        found.add(path)
     return sorted(found)
 
 

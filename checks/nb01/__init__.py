@@ -361,3 +361,26 @@ def _shape_with_head_dim(name: str, cfg: ModelConfig, b: int, s: int, d: int):
     nh, nkv = cfg.n_heads, cfg.n_kv_heads
     return {"q": (b, nh, s, d), "k": (b, nkv, s, d), "v": (b, nkv, s, d),
             "attn_out": (b, s, nh * d), "kv_cache_layer": (2, b, nkv, s, d)}.get(name)
+
+
+# --------------------------------------------------------------------------------------------
+# The mistakes each exercise's check can name: checks.registry maps "01.<exercise>.<key>" to
+# exactly one of them (tests/checkers/test_registry.py holds each id to one message and to a
+# catalogued wrong implementation that names it).
+
+MISTAKES = {
+    "head_dim": (
+        DIVIDED_BY_N_KV, FLOAT, IGNORED_HEAD_DIM, RETURNED_H),
+    "kv_group_size": (
+        GROUP_INVERTED, FLOAT, GROUP_IS_N_H, GROUP_IS_N_KV, GROUP_DIFFERENCE),
+    "validate_config": (
+        ACCEPTS_INDIVISIBLE_HEADS, ACCEPTS_INDIVISIBLE_KV_HEADS, ACCEPTS_NONPOSITIVE,
+        ACCEPTS_ODD_ROTARY, ACCEPTS_LONG_ROTARY, ACCEPTS_ZERO, ASSERTS, KV_HEADS_COMPARED,
+        DIVIDES_BEFORE_CHECKING, KV_DIVIDES_HIDDEN, NAMES_NO_FIELD, OTHER_EXCEPTION,
+        REJECTS_EXPLICIT_HEAD_DIM, REJECTS_GQA, REJECTS_PARTIAL_ROTARY, REJECTS_FULL_ROTARY,
+        REJECTS_VALID),
+    "tensor_shape": (
+        ATTN_OUT_IS_H, ATTN_OUT_HEADS, CACHE_N_H, CACHE_NO_2, HIDDEN_NO_BATCH, FFN_MID_H,
+        HIDDEN_V, KV_HEADS, LOGITS_LAST, LOGITS_H, Q_HEADS, RECOMPUTED_D_H, SCORES_PER_KV_HEAD,
+        SCORES_PER_HEAD, HEADS_FIRST, UNKNOWN_OTHER_ERROR, UNKNOWN_RETURNS, WEIGHTS_PER_HEAD),
+}

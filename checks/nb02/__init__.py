@@ -16,7 +16,7 @@ import torch
 from .. import reference as ref
 from ..engine import Check, builds_on, describe, matches
 from ..i18n import N_, _
-from ..mistakes import FORBIDDEN_CALL, Mistake
+from ..mistakes import FORBIDDEN_CALL, Mistake, fix_first
 from ..reference.tokens import vocab_bytes
 
 ARTICLE_SENTENCE = "我喜欢学习 AI Infra"
@@ -778,3 +778,34 @@ def _bytes_mixups(v: int, h: int, bpp: int) -> dict:
     return {PARAMETERS: v * h, BYTES_FLOAT: float(n), BITS: n * 8, DIVIDED: v * h // bpp,
             MIB: n / 2**20, MIB_FLOOR: n // 2**20, GIB: n / 2**30, PER_BIT: n // 8,
             SUM: (v + h) * bpp}
+
+
+# --------------------------------------------------------------------------------------------
+# The mistakes each exercise's check can name: checks.registry maps "02.<exercise>.<key>" to
+# exactly one of them (tests/checkers/test_registry.py holds each id to one message and to a
+# catalogued wrong implementation that names it).
+
+MISTAKES = {
+    "utf8_bytes": (
+        UTF8_BOM, GBK, UTF16, UTF16_BOM, NOT_A_LIST, ORD, BYTES_OBJECT, CHARACTERS),
+    "bpe_merge": (
+        MERGE_IN_PLACE, *_MERGE_MISTAKES, TENSOR, TUPLE),
+    "bpe_train": (
+        *_TRAIN_MISTAKES, fix_first('bpe_merge'), ID_TO_PAIR, MERGES_ORDER, NO_PAIR_LEFT),
+    "bpe_encode": (
+        BYTE_PAIRS_ONLY, ENCODE_CHANGED_MERGES, ENCODE_FIRST_ONLY, fix_first('bpe_merge'),
+        LEFTMOST, NOT_MERGED, SORTED_ORDER, BY_FREQUENCY, ENCODE_ORD, RANK_WITHOUT_DEFAULT,
+        REVERSE_ORDER),
+    "bpe_decode": (
+        _APART, APART_IGNORE, LATIN1, ESCAPED_INVALID, DROPPED_INVALID, _EXPAND_HINT,
+        DECODE_BYTES, STRICT),
+    "pad_batch": (
+        PAD_IN_PLACE, IDS_FLOAT, IDS_NOT_LONG, LEFT_PADDED, MASK_FROM_PAD_ID, MASK_INVERTED,
+        MASK_LEFT, MASK_NOT_BOOL, PADDED_WITH_0, NOT_A_TENSOR),
+    "embed": (
+        _KEEP_DTYPE, NO_BATCH, FLATTENED, COLUMNS, SUMMED, SWAPPED_B_S, TRANSPOSED_TABLE),
+    "one_hot": (
+        NOT_FLOAT32, AXIS_FIRST, AXIS_MIDDLE, POSITION_ROW, FROM_MAX, ONE_SHORT),
+    "embedding_table_bytes": (
+        SUM, GIB, MIB, MIB_FLOOR, BITS, PER_BIT, DIVIDED, PARAMETERS, BYTES_FLOAT),
+}

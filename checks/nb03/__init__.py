@@ -424,3 +424,26 @@ def check_to_additive_mask(f, *, seed: int | None = None, thorough: bool = False
                                                              dtype=name),
                              dims=("B", "N", "S_q", "S_k"))
         c.headline(_("the requested dtype"))
+
+
+# --------------------------------------------------------------------------------------------
+# The mistakes each exercise's check can name: checks.registry maps "03.<exercise>.<key>" to
+# exactly one of them (tests/checkers/test_registry.py holds each id to one message and to a
+# catalogued wrong implementation that names it).
+
+MISTAKES = {
+    "causal_mask": (
+        _NO_DIAGONAL, _SHIFT_SIGN, _IGNORED_K_LEN, _INVERTED, _NO_DEFAULT, _NOT_BOOL, _ONE_AHEAD,
+        _SQUEEZED, _TOP_LEFT, _TRANSPOSED),
+    "bidirectional_mask": (
+        _BI_K_LEN, _BI_INVERTED, _NO_DEFAULT, _NOT_BOOL, _BI_CAUSAL, _SQUEEZED, _BI_TRANSPOSED),
+    "padding_mask": (
+        _PAD_ONE_AXIS, _PAD_IN_PLACE, _PAD_EXPANDED, _PAD_INVERTED, _PAD_QUERIES, _PAD_BOTH,
+        _NOT_BOOL, _PAD_2D, _PAD_WRONG_AXIS),
+    "combine_masks": (
+        _COMBINE_IN_PLACE, _OR, _FIRST_ONLY, _FIRST_TWO, _VARARGS, _LAST_ONLY, _BROADCAST,
+        _NOT_BOOL, _PYTHON_AND),
+    "to_additive_mask": (
+        _ADD_IGNORED_DTYPE, _ADD_INVERTED, _ADD_FINITE, _ADD_TIMES_INF, _ADD_PLUS_INF,
+        _ADD_NUMBERS, _ADD_BOOL, _ADD_OTHER_DTYPE),
+}

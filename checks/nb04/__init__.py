@@ -16,7 +16,7 @@ from .. import reference as ref
 from ..engine import (CallRecord, Check, CheckFailure, builds_on, earlier_failures,
                      fix_first_text, matches)
 from ..i18n import N_, _
-from ..mistakes import Mistake
+from ..mistakes import Mistake, fix_first
 
 # --------------------------------------------------------------------------------------------
 # Forbidden shortcuts, by torch function name (the engine also catches `torch.ops.aten` overloads
@@ -764,3 +764,28 @@ def _attention_case(c: Check, q, k, v, mask, what: str, *, large: bool = False) 
             fallback=_attention_hint(mask, want_w.shape, large=large))
     if dead is not None and dead.any():
         c.note(_("fully masked rows give zeros"))
+
+
+# --------------------------------------------------------------------------------------------
+# The mistakes each exercise's check can name: checks.registry maps "04.<exercise>.<key>" to
+# exactly one of them (tests/checkers/test_registry.py holds each id to one message and to a
+# catalogued wrong implementation that names it).
+
+MISTAKES = {
+    "project_qkv": (
+        W_TRANSPOSED, DTYPE_CHANGED, SQUEEZED, IN_PLACE, RETURNED_ONE, OTHER_WEIGHT),
+    "attention_scores": (
+        DTYPE_CHANGED, SCALE_BY_D, NO_SCALE, IN_PLACE, SCALE_MULTIPLIED, QK_SWAPPED,
+        SCALE_BY_INT_SQRT, SCALE_BY_H, SCALE_BY_S, SHAPES),
+    "masked_softmax": (
+        MASK_ADDED, _SOFTMAX_HINT, DTYPE_CHANGED, FINITE_FILL, FULLY_MASKED_NAN, AFTER_SOFTMAX,
+        IGNORED_MASK, INVERTED, ONE_AHEAD, NO_DIAGONAL, MAX_BEFORE_MASK, IN_PLACE,
+        MASK_MULTIPLIED, WHOLE_TENSOR, NOT_NORMALISED, QUERY_AXIS, TOP_LEFT, OVERFLOW),
+    "attention": (
+        MASK_ADDED, _SDPA_HINT, DTYPE_CHANGED, SCALE_BY_D, fix_first('attention_scores'),
+        fix_first('masked_softmax'), FULLY_MASKED_NAN, HELPERS_COMBINED, AFTER_SOFTMAX, INVERTED,
+        NO_DIAGONAL, MAX_BEFORE_MASK, NO_SCALE, WEIGHTS_K, IN_PLACE, SCALE_MULTIPLIED,
+        WHOLE_TENSOR, NOT_NORMALISED, OUT_UNEXPLAINED, OUT_TRANSPOSED, PAIR_ORDER, QK_SWAPPED,
+        ONLY_OUT, SCALE_BY_INT_SQRT, SCALE_BY_DV, SCALE_BY_H, SCALE_BY_S, QUERY_AXIS, WEIGHTS_T_V,
+        OVERFLOW, UNEXPLAINED),
+}

@@ -13,7 +13,7 @@ from torch.overrides import TorchFunctionMode
 from .. import reference as ref
 from ..engine import Check, ForbiddenCall, builds_on, matches
 from ..i18n import N_, _
-from ..mistakes import Mistake
+from ..mistakes import Mistake, fix_first
 from ..nb04 import DTYPE_CHANGED, FULLY_MASKED_NAN, SCALE_BY_INT_SQRT
 from ..reference.attention import torch_mha_reference
 
@@ -527,3 +527,27 @@ def _one_head_mask(mask):
     if mask is None or mask.dim() < 4 or mask.shape[1] == 1:
         return mask
     raise ValueError("a per-head mask has no one-head counterpart")
+
+
+# --------------------------------------------------------------------------------------------
+# The mistakes each exercise's check can name: checks.registry maps "05.<exercise>.<key>" to
+# exactly one of them (tests/checkers/test_registry.py holds each id to one message and to a
+# catalogued wrong implementation that names it).
+
+MISTAKES = {
+    "split_heads": (
+        SPLIT_TOKENS_FIRST, SPLIT_NO_TRANSPOSE, SPLIT_HEAD_MINOR, SPLIT_TOKENWISE,
+        SPLIT_WRONG_AXES),
+    "merge_heads": (
+        MERGE_HEAD_MINOR, MERGE_NO_TRANSPOSE, MERGE_UNFLATTENED, MERGE_SUM, VIEW_NOT_CONTIGUOUS),
+    "fuse_qkv_weights": (
+        FUSE_ORDER, FUSE_ROWS, FUSE_OUT_IN, FUSE_STACK),
+    "split_qkv": (
+        fix_first('split_heads'), KV_REPEATED, KV_HEADS, SPLIT_TOKENS_FIRST, SPLIT_NO_TRANSPOSE,
+        QKV_SWAPPED, SPLIT_HEAD_MINOR, CHUNK3, VIEW_ON_SLICE),
+    "multi_head_attention": (
+        *_MHA_FORBIDDEN.values(), _MHA_AGAINST, DTYPE_CHANGED, fix_first('split_heads'),
+        FULLY_MASKED_NAN, MHA_MASK_IGNORED, MHA_MASK_INVERTED, MERGE_NO_TRANSPOSE, MHA_NO_SCALE,
+        MHA_NO_WO, MHA_ONE_HEAD, MHA_OWN_CAUSAL, SPLIT_NO_TRANSPOSE, SCALE_BY_INT_SQRT,
+        MHA_SCALE_H, QKV_SWAPPED, SPLIT_HEAD_MINOR, MHA_SPLIT_MERGE_NO_TRANSPOSE, MHA_WO_T),
+}

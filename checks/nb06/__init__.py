@@ -24,7 +24,7 @@ from torch.utils._pytree import tree_flatten
 from .. import reference as ref
 from ..engine import Check, CheckFailure, ForbiddenCall, builds_on, tolerance
 from ..i18n import N_, _
-from ..mistakes import Mistake
+from ..mistakes import Mistake, fix_first
 
 # --------------------------------------------------------------------------------------------
 # Exercise 1: kv_head_index
@@ -781,3 +781,27 @@ def _cache_mixups(args, want: int) -> dict:
         ELEMENTS: want // nbytes if nbytes != 1 else None,
         BYTES_TWICE: want * nbytes if nbytes != 1 else None,
     }
+
+
+# --------------------------------------------------------------------------------------------
+# The mistakes each exercise's check can name: checks.registry maps "06.<exercise>.<key>" to
+# exactly one of them (tests/checkers/test_registry.py holds each id to one message and to a
+# catalogued wrong implementation that names it).
+
+MISTAKES = {
+    "kv_head_index": (
+        FROM_ONE, DIVIDED_BY_N_H, DIVIDED_BY_N_KV, FLOAT_INDEX, GROUP_UPSIDE_DOWN, TENSOR_INDEX,
+        QUERY_HEAD_ITSELF, ROUND_ROBIN, ROUNDED, ROUNDED_UP),
+    "repeat_kv": (
+        REPEAT_DTYPE, REPEAT_IN_PLACE, HEAD_ORDER, REPEAT_AXIS_KEPT, NO_DIM, BATCH_AXIS,
+        FEATURE_AXIS, SEQUENCE_AXIS, UNCHANGED, TILED, VIEW_OF_EXPANDED),
+    "grouped_query_attention": (
+        BROADCAST_MATMUL, CALLS_SDPA, GQA_IN_PLACE, GQA_DTYPE, COPIED_KV, GQA_DIVIDED_BY_N_KV,
+        FILLED_KV, fix_first('kv_head_index'), MEAN_ROWS, NAN_ROWS, FULLY_MASKED_WRONG,
+        IGNORED_MASK, INDEXED_KV, EXPANDED_CONTIGUOUS, MASK_ON_FOLDED, MASK_AFTER, NO_SCALE,
+        RETURNED_TUPLE, GQA_ROUND_ROBIN, SCALE_INT, SCALED_WEIGHTS, SCALE_BY_H, SCALE_BY_D_V,
+        SOFTMAX_QUERIES, SOME_HEADS_WRONG, SQUEEZED, UNSTABLE),
+    "kv_cache_bytes": (
+        BITS, ELEMENTS, NO_FACTOR_2, FP16_BYTES, NO_BATCH, NO_LAYERS, NO_SEQ_LEN, OFF_BY_A_FACTOR,
+        CACHE_FLOAT, GB, GIB),
+}

@@ -10,7 +10,7 @@ import torch
 from .. import reference as ref
 from ..engine import Check, builds_on, describe
 from ..i18n import N_, _
-from ..mistakes import Mistake
+from ..mistakes import Mistake, fix_first
 
 # --------------------------------------------------------------------------------------------
 # The mistakes this chapter diagnoses
@@ -365,3 +365,22 @@ def check_sinusoidal_positions(f, *, seed: int | None = None, thorough: bool = F
             c.expect_tensor(got, want, what=what,
                             dims=("pos", "feature"), wrong=_sinusoid_mixups(s, h, want),
                             atol=max(2e-5, 2e-7 * s), rtol=2e-4)
+
+
+# --------------------------------------------------------------------------------------------
+# The mistakes each exercise's check can name: checks.registry maps "07.<exercise>.<key>" to
+# exactly one of them (tests/checkers/test_registry.py holds each id to one message and to a
+# catalogued wrong implementation that names it).
+
+MISTAKES = {
+    "permute_tokens": (
+        INVERSE, X_IN_PLACE, BATCH_AXIS, FEATURE_AXIS, PERMUTED_AXES, UNCHANGED),
+    "permutation_matrix": (
+        MATRIX_IDENTITY, MATRIX_NOT_FLOAT, MATRIX_TRANSPOSED),
+    "equivariance_error": (
+        UNPERMUTED, fix_first('permute_tokens'), INVERSE_ONE_SIDE, NO_ABS, RETURNED_INT,
+        RETURNED_TENSOR, TOOK_MEAN, TOOK_NORM),
+    "sinusoidal_positions": (
+        BASE_1000, PAIR_EXPONENT, MULTIPLIED, TABLE_NOT_FLOAT32, OWN_EXPONENT, PAIRS_FROM_ONE,
+        FROM_ONE, HALVES, SIN_COS_SWAPPED, TABLE_TRANSPOSED),
+}

@@ -20,7 +20,7 @@ import torch
 from .. import reference as ref
 from ..engine import Check, CheckFailure, builds_on, describe, tolerance
 from ..i18n import N_, _
-from ..mistakes import Mistake
+from ..mistakes import Mistake, fix_first
 
 HEADS_FIRST = ("B", "N", "S", "D")
 # What a broadcast of tensors that do not fit says (recognised as a mistake where one is known).
@@ -897,3 +897,34 @@ def check_interleaved_to_half_permutation(f, *, seed: int | None = None,
                    .format(d_r=d_r))
         _headlines(c, ["[0, 2, 4, ..., 1, 3, 5, ...]", "LongTensor",
                        _("rotate-then-permute == permute-then-rotate")])
+
+
+# --------------------------------------------------------------------------------------------
+# The mistakes each exercise's check can name: checks.registry maps "08.<exercise>.<key>" to
+# exactly one of them (tests/checkers/test_registry.py holds each id to one message and to a
+# catalogued wrong implementation that names it).
+
+MISTAKES = {
+    "rope_frequencies": (
+        DOUBLED_EXPONENT, EXPONENT_I, IGNORED_BASE, INT_DIVISION, LINSPACE, FLOAT_DTYPE,
+        PER_FEATURE, INDEX_FROM_1, POSITIVE_EXPONENT),
+    "rope_angles": (
+        ADDED_ARANGE, DIVIDED, BATCH_LOST, BATCH_FLAT, NEW_AXIS_NOT_LAST, ANGLES_DTYPE,
+        PER_FEATURE_ANGLE, OUTER_ON_BATCH, POSITIONS_FROM_1, POSITIONS_IGNORED, TRANSPOSED),
+    "rotation_matrix": (
+        ROT_CLOCKWISE, ROT_DEGREES, ROT_NO_MINUS, ROT_SHAPE, ROT_DTYPE, ROT_SWAPPED),
+    "rotate_pairs": (
+        FIXED_AXES, COS_OF_COS, OTHER_PAIRING_HALF, OTHER_PAIRING_INTERLEAVED, NO_MINUS,
+        MINUS_TWICE, NOT_FLATTENED, ANGLES_AS_GIVEN, HALF_RETURNED, ROTATE_RETURNED_X, WRONG_WAY,
+        SIN_COS_SWAPPED, SPREAD_INTERLEAVED, VIEW_NOT_CONTIGUOUS, LAYOUT_BACK, ROTATE_IN_PLACE),
+    "apply_rope": (
+        ADDED_ARANGE, KEEP_DTYPE, EXPONENT_I, BATCH_FIRST_ROW, fix_first('rope_angles'),
+        fix_first('rope_frequencies'), fix_first('rotate_pairs'), FREQ_FROM_HEAD,
+        OTHER_PAIRING_HALF, IGNORED_BASE, ALL_FEATURES, OTHER_PAIRING_INTERLEAVED,
+        LOW_PRECISION_ANGLES, NO_MINUS, BATCH_HEADS, INDEX_FROM_1, PASS_DROPPED, PASS_FIRST,
+        PASS_ZEROED, POSITIONS_FROM_1, POSITIONS_IGNORED, SEQUENCE_AXIS, RETURNED_X, ROTATED_LAST,
+        WRONG_WAY, IN_PLACE, SIN_COS_SWAPPED, SPREAD_INTERLEAVED, VIEW_NOT_CONTIGUOUS),
+    "interleaved_to_half_permutation": (
+        PERM_HALF_ONLY, fix_first('apply_rope'), PERM_IDENTITY, PERM_INVERSE, PERM_DTYPE,
+        PERM_ODD_FIRST),
+}

@@ -26,7 +26,7 @@ from .. import reference as ref
 from ..engine import (CallRecord, Check, CheckFailure, builds_on, describe, earlier_failures,
                      fix_first_text, mismatch_text, tolerance, values_close)
 from ..i18n import N_, _
-from ..mistakes import Mistake
+from ..mistakes import Mistake, fix_first
 
 # --------------------------------------------------------------------------------------------
 # Forbidden shortcuts. The engine matches a torch function's `__name__` exactly; calls through
@@ -669,3 +669,36 @@ def check_ffn_param_count(f, *, seed: int | None = None, thorough: bool = False)
                            wrong=_count_mistakes(h, h_ff, gated))
         c.headline("LLaMA-2-7B: 3 x 4096 x 11008 = 135,266,304")
         c.headline(_("gated 3 H H_ff, plain 2 H H_ff"))
+
+
+# --------------------------------------------------------------------------------------------
+# The mistakes each exercise's check can name: checks.registry maps "09.<exercise>.<key>" to
+# exactly one of them (tests/checkers/test_registry.py holds each id to one message and to a
+# catalogued wrong implementation that names it).
+
+MISTAKES = {
+    "relu": (
+        RELU_FORBID, RELU_CLAMPED_ABOVE, DETACHED, SQUEEZED, FLOAT32_HARD_WIRED,
+        RELU_KEPT_NEGATIVE, RELU_LEAKY, IN_PLACE, PYTHON_SCALAR, RELU_ABS, RELU_STEP,
+        RETURNED_COMPARISON, RELU_IDENTITY, MAX_REDUCTION, NUMPY),
+    "gelu": (
+        GELU_FORBID, GELU_BY_2, GELU_ERF_DIVIDED, GELU_ERF_X, FLOAT32_HARD_WIRED,
+        GELU_NO_ONE_PLUS, GELU_NO_HALF, PRECISION, IN_PLACE, PYTHON_SCALAR, GELU_PHI_ONLY,
+        GELU_RELU, GELU_SILU, GELU_SIGMOID, GELU_SIGN, GELU_TANH, GELU_TANH_FOR_ERF,
+        GELU_NO_CUBIC, GELU_DENSITY),
+    "silu": (
+        SILU_FORBID, DETACHED, FLOAT32_HARD_WIRED, SILU_GELU_APPROX, IN_PLACE, SILU_OVERFLOWING,
+        SILU_GELU, SILU_SIGMOID_ONLY, SILU_SOFTPLUS, SILU_SIGN, SILU_TANH),
+    "ffn": (
+        FFN_ACT_AFTER_W2, FFN_ACT_BEFORE_W1, FFN_RESULT_UNUSED, FFN_TWICE, FFN_RESIDUAL,
+        LEADING_AXES, FLOAT32_HARD_WIRED, FFN_NO_W2, IGNORED_ACTIVATION, FFN_SHAPES,
+        IN_PLACE_INPUTS),
+    "swiglu_ffn": (
+        SWIGLU_RESIDUAL, SWIGLU_ADDED, LEADING_AXES, SWIGLU_NO_UP, fix_first('silu'),
+        FLOAT32_HARD_WIRED, SWIGLU_NO_DOWN, SWIGLU_SWAPPED, SWIGLU_GEGLU, SWIGLU_SHAPES,
+        IN_PLACE_INPUTS, SWIGLU_BILINEAR, SWIGLU_NO_GATE, SWIGLU_PRECEDENCE, SWIGLU_REGLU,
+        SWIGLU_GLU, SWIGLU_SILU_AFTER, SWIGLU_SILU_OF_PRODUCT, SWIGLU_SILU_BOTH),
+    "ffn_param_count": (
+        COUNT_BIASES_GATED, COUNT_4H, COUNT_ONE, COUNT_DOWN_SQUARE, COUNT_TWO_GATED, COUNT_FLOAT,
+        COUNT_TENSOR, COUNT_THREE_PLAIN),
+}

@@ -771,3 +771,31 @@ def check_pre_norm_residual(f, *, seed: int | None = None, thorough: bool = Fals
 
 def check_post_norm_residual(f, *, seed: int | None = None, thorough: bool = False) -> None:
     _check_residual("post", f, seed=seed, thorough=thorough)
+
+
+# --------------------------------------------------------------------------------------------
+# The mistakes each exercise's check can name: checks.registry maps "10.<exercise>.<key>" to
+# exactly one of them (tests/checkers/test_registry.py holds each id to one message and to a
+# catalogued wrong implementation that names it).
+
+MISTAKES = {
+    "layer_norm": (
+        _BETA_FIRST, _FLOAT32_LN, _DETACHED, _DEFAULT_EPS, _NO_MEAN, _RMS_OF_X, _NO_SQRT_LN,
+        _EPS_OUTSIDE, _FLOAT64_KEPT, _LAST_AXIS, _EPS_IGNORED, _NO_BETA, _NO_EPS, _NO_GAMMA,
+        _EVERY_ENTRY, _WRONG_AXIS, _KEEPDIM, _IN_PLACE_NORM, _EPS_KEYWORD, _CANCELLATION,
+        _SWAPPED, _UNBIASED),
+    "rms_norm": (
+        _GAMMA_ADDED, _CAST_AFTER_GAMMA, _DETACHED, _DEFAULT_EPS, _NO_SQRT, _EPS_OUTSIDE,
+        _GAMMA_INSIDE, _LOW_PRECISION, _LAST_AXIS, _EPS_IGNORED, _NO_EPS_RMS, _NO_GAMMA,
+        _EVERY_ENTRY, _WRONG_AXIS, _KEEPDIM, _IN_PLACE_NORM, _PARTLY_HALF, _FLOAT32_KEPT,
+        _SQUARED_MEAN, _MEAN_SUBTRACTED, _SUM_SQUARES),
+    "pre_norm_residual": (
+        CALLED_TWICE, RESIDUAL_DETACHED, PRE_NO_NORM, PRE_NO_RESIDUAL, RESIDUAL_IN_PLACE,
+        PRE_IS_POST, PRE_NORM_BOTH, PRE_NORM_ON_OUTPUT, PRE_NORMALISED_RESIDUAL,
+        RESIDUAL_PATH_DETACHED, PRE_RESIDUAL_TWICE, _RECEIVED["sublayer"],
+        _NEVER_CALLED["sublayer"], SUBLAYER_PATH_DETACHED),
+    "post_norm_residual": (
+        CALLED_TWICE, RESIDUAL_DETACHED, POST_NO_NORM, POST_NO_RESIDUAL, RESIDUAL_IN_PLACE,
+        _RECEIVED["norm"], POST_NORM_THEN_ADD, POST_NORM_INPUT, POST_ADDED_AFTER,
+        RESIDUAL_PATH_DETACHED, POST_RESIDUAL_TWICE, SUBLAYER_PATH_DETACHED, POST_IS_PRE),
+}

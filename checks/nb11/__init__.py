@@ -701,3 +701,28 @@ def check_block_param_count(f, *, seed: int | None = None, thorough: bool = Fals
             c.properties.remove(what)  # the pass summary lists the properties, not every case
         c.headline(_("the article's 202,383,360 for LLaMA-2-7B"))
         c.headline("GQA, MQA, D_h != H / N_h")
+
+
+# --------------------------------------------------------------------------------------------
+# The mistakes each exercise's check can name: checks.registry maps "11.<exercise>.<key>" to
+# exactly one of them (tests/checkers/test_registry.py holds each id to one message and to a
+# catalogued wrong implementation that names it).
+
+MISTAKES = {
+    "init_block_params": (
+        init.CONSTANT, DTYPE_IGNORED, init.FAN_IN, init.FIXED_SEED, init.GENERATOR_IGNORED,
+        KV_WITH_N_H, init.NONE_FRESH, init.NORM_ZEROS, NORM_NOT_ONE, init.REPEATED, init.SHARED,
+        init.SAME_DRAW, SEPARATE_QKV, init.STD_ONE, TRANSPOSED, init.UNIFORM, WO_H_BY_H),
+    "attention_sublayer": (
+        FFN_NORM_IN_ATTN, HALF_PAIRING, KV_SWAPPED, GROUPING, MERGE_NO_TRANSPOSE, NO_NORM,
+        NON_CAUSAL, NO_WO, NO_ROPE, EPS_IGNORED, POSITIONS_IGNORED, WITH_RESIDUAL, BASE_IGNORED,
+        ROPE_K_ONLY, ROPE_Q_ONLY, ROPE_ON_V, ROTARY_DIM_IGNORED, SCALE_BY_H_OVER_N_H),
+    "decoder_block": (
+        ATTN_NORM_IN_FFN, PARALLEL, GATE_UP_SWAPPED, GROUPING, NO_ATTN_RESIDUAL, NO_NORM,
+        NON_CAUSAL, NO_FFN, FFN_NO_NORM, NO_FFN_RESIDUAL, NO_RESIDUALS, POSITIONS_IGNORED,
+        POST_NORM, POST_NORM_TOO, IN_PLACE, RESIDUAL_TWICE, ROPE_ON_V, SCALE_BY_H_OVER_N_H,
+        FFN_RESIDUAL_FROM_X),
+    "block_param_count": (
+        WITH_EMBEDDING, FOUR_H_BY_H, H_AS_HEADS_WIDTH, KV_COUNT_N_H, LAYERNORM, NORMS_LEFT_OUT,
+        ONE_NORM, COUNT_FLOAT, TWO_FFN, WO_COUNT_H_BY_H, NO_WO_COUNT),
+}

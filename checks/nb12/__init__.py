@@ -583,3 +583,36 @@ def check_sample_next_token(f, *, seed: int | None = None, thorough: bool = Fals
                 c.fail(_("with generator=None, two calls after the same torch.manual_seed gave "
                          "different samples."), smp.NONE_NOT_GLOBAL)
         c.note(_("generator=None uses torch's global generator"))
+
+
+# --------------------------------------------------------------------------------------------
+# The mistakes each exercise's check can name: checks.registry maps "12.<exercise>.<key>" to
+# exactly one of them (tests/checkers/test_registry.py holds each id to one message and to a
+# catalogued wrong implementation that names it).
+
+MISTAKES = {
+    "init_model_params": (
+        SAME_BLOCKS, BLOCK_DTYPE, BLOCK_GENERATOR, LAYERS_NOT_LIST, HEAD_AS_WO, HEAD_V_BY_H,
+        init.NONE_FRESH, NO_LM_HEAD, init.NORM_ZEROS, init.SHARED, init.STD_ONE, TIED, LAYER_COUNT),
+    "model_forward": (
+        fwd.REVERSED, fwd.DEFAULT_POSITIONS, fwd.TIED_HEAD, fwd.EMBED_SCALED, fwd.NORM_EVERY,
+        fwd.FINAL_EPS, fwd.FIRST_BLOCK_ONLY, fwd.FIRST_REPEATED, fwd.FIRST_ROW_POSITIONS,
+        fwd.EMBED_OVERWRITTEN, fwd.LAST_BLOCK_ONLY, fwd.SKIPPED_LAST, fwd.LAST_ONLY,
+        fwd.HEAD_TRANSPOSED, fwd.NO_BLOCKS, fwd.NO_FINAL_NORM, fwd.POSITIONS_IGNORED,
+        fwd.POSITIONS_REQUIRED, fwd.LOG_PROBABILITIES, fwd.PROBABILITIES, fwd.HEAD_TRANSPOSED),
+    "next_token_loss": (
+        loss.NOT_FLATTENED, loss.DIVIDED_BY_BS, loss.NO_LOG, loss.IN_PLACE, loss.LOG_OF_SOFTMAX,
+        loss.AXIS_BATCH, loss.AXIS_SEQ, loss.PER_TOKEN, loss.PER_SEQUENCE, loss.NO_LOG_SOFTMAX,
+        loss.NO_MINUS, loss.NO_SHIFT, loss.NOT_DIFFERENTIABLE, loss.RETURNED_NUMBER,
+        loss.WRONG_WAY, loss.SUMMED, loss.SUM_OVER_TIME, loss.UNSTABLE, loss.ROLLED),
+    "model_param_count": (
+        loss.NO_BLOCK_NORMS, loss.NO_FINAL_NORM_COUNT, loss.FINAL_NORM_PER_BLOCK,
+        loss.L_MINUS_ONE, loss.L_PLUS_ONE, loss.HEAD_AS_WO, loss.HEAD_BIAS, loss.MHA_BLOCKS,
+        loss.ONE_BLOCK, loss.UNTIED, loss.AS_FLOAT),
+    "sample_next_token": (
+        smp.GREEDY_AXIS, smp.GREEDY_ERROR, smp.TOPK_ZERO_FILL, smp.FIXED_SEED,
+        smp.GENERATOR_IGNORED, smp.GREEDY_ARGMIN, smp.TOPK_MINUS_ONE, smp.TOPK_PLUS_ONE,
+        smp.TOPK_SMALLEST, smp.IN_PLACE, smp.SAME_ROW, smp.ONE_THRESHOLD, smp.KEEPDIM,
+        smp.TEMP_IGNORED, smp.TEMP_MULTIPLIED, smp.THRESHOLD_NO_KEEPDIM, smp.TIES_DROPPED,
+        smp.NOT_INT64, smp.TOPK_IGNORED, smp.TOPK_TOO_LARGE, smp.UNIFORM),
+}

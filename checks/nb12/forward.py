@@ -98,6 +98,9 @@ _HEAD_TRANSPOSED = N_(
     "[out, in])")
 
 
+HEAD_TRANSPOSED = Mistake("lm_head_transposed", _HEAD_TRANSPOSED)  # as the registry tells it
+
+
 def head_transposed(cfg: ModelConfig) -> Mistake:
     """x @ lm_head.T: the matmul error of these sizes ([.. x H] and [|V| x H])."""
     h, v = cfg.hidden_size, cfg.vocab_size

@@ -57,6 +57,11 @@ import torch
 import torch.nn.functional as F
 
 from ..config import LLAMA2_7B, ModelConfig
+from ..mistakes import CALLS_COURSE_REFERENCE, fix_first
+from . import cache as _cache
+from . import generate as _generate
+from . import mistakes as _mistakes
+from . import roofline as _roofline
 from ..engine import Check, CheckFailure, LearnerError, NotStarted, builds_on
 from ..i18n import _
 from ..reference import generation as gen
@@ -489,3 +494,52 @@ def check_arithmetic_intensity(f, *, seed: int | None = None, thorough: bool = F
 
 __all__ = ["check_KVCache", "check_arithmetic_intensity", "check_decode_step_bytes",
            "check_forward_with_cache", "check_generate", "check_prefill_flops", "tensor_nbytes"]
+
+
+# --------------------------------------------------------------------------------------------
+# The mistakes each exercise's check can name: checks.registry maps "13.<exercise>.<key>" to
+# exactly one of them (tests/checkers/test_registry.py holds each id to one message and to a
+# catalogued wrong implementation that names it).
+
+MISTAKES = {
+    "KVCache": (
+        _cache.ONE_LAYER, _cache.DTYPE_IGNORED, _cache.KV_SHARE_BUFFER, _cache.SHARED_BUFFER,
+        _mistakes.NO_OVERFLOW, _cache.NO_UPDATE_METHOD, _cache.NOT_PREALLOCATED,
+        _cache.SHARED_COUNTER, _mistakes.OVERFLOW_IGNORES_T, _cache.OWN_COUNTER,
+        _mistakes.FULL_IS_FINE, _cache.REALLOCATED, _cache.COPY, _cache.NEW_ONLY,
+        _cache.ONE_SHORT, _cache.UP_TO_START, _cache.RETURNS_REPEATED, _cache.SWAPPED,
+        _cache.WHOLE_BUFFER, _cache.CFG_MAX_LEN, _cache.REPEATED_HEADS_ALLOC,
+        _cache.SUBCLASSES_REFERENCE, _cache.V_NOT_WRITTEN, _cache.AT_ZERO, _cache.OFFSET_PLUS_ONE,
+        _mistakes.WRONG_ERROR),
+    "forward_with_cache": (
+        _cache.REPEATED_HEADS, _cache.UNROTATED_STORED, _cache.UNROTATED_RECOMPUTED,
+        CALLS_COURSE_REFERENCE, _cache.NO_OFFSET, _cache.IGNORED_CACHE, _cache.NOT_HEADS_FIRST,
+        _mistakes.LAYER_NOT_CACHED, _cache.NO_MASK, _cache.POSITIONS_PLUS_ONE,
+        _mistakes.LAST_ONLY, _cache.SCALE_BY_H, _cache.SQUARE_ALL, _cache.SQUARE_NEW,
+        _cache.TOP_LEFT, _cache.UPDATE_START, _mistakes.UPDATE_TWICE),
+    "generate": (
+        _cache.UNROTATED_STORED, CALLS_COURSE_REFERENCE, _mistakes.PROMPT_CHANGED,
+        _cache.NO_OFFSET, _mistakes.DECODE_IDS_1D, fix_first('forward_with_cache'),
+        _generate.WASTED_FORWARD, _mistakes.FORWARD_FOR_NOTHING, _generate.GENERATOR_IGNORED,
+        _cache.IGNORED_CACHE, _generate.FIRST_POSITION, _generate.ONE_TOO_FEW,
+        _generate.ONE_TOO_MANY, _generate.PREFILL_BY_TOKEN, _generate.RECOMPUTED,
+        _generate.NEW_TOKENS_ONLY, _generate.NOT_ADVANCED, _generate.SKIPPED_SLOT,
+        _generate.TEMPERATURE_IGNORED, _cache.TOP_LEFT, _generate.WASTED_FORWARD_UNCACHED,
+        _generate.UNCACHED_USES_CACHE),
+    "prefill_flops": (
+        _roofline.ATTENTION_KV_HEADS, _roofline.EMBED_PRODUCT, _roofline.FULL_SQUARE,
+        _roofline.H_FOR_HEADS, _roofline.KV_PROJ_REPEATED, _roofline.LM_HEAD_EVERYWHERE,
+        _roofline.MAC_AS_ONE, _roofline.NO_ATTENTION, _roofline.NO_BATCH,
+        _roofline.PREFILL_NO_LM_HEAD, _roofline.NO_WO, _roofline.ONE_LAYER_FLOPS,
+        _roofline.FLOPS_FLOAT, _roofline.SCORES_ONLY, _roofline.TWO_FFN),
+    "decode_step_bytes": (
+        _roofline.BITS, _roofline.BYTES_CACHE_ONLY, _roofline.BYTES_WEIGHTS_ONLY,
+        _roofline.NO_KV_FACTOR, _roofline.CACHE_N_H, _roofline.CACHE_NO_BATCH, _roofline.ELEMENTS,
+        _roofline.HARD_CODED_2, _roofline.NEW_TWICE, _roofline.NO_CACHE_WRITE,
+        _roofline.DECODE_NO_LM_HEAD, _roofline.NO_NORMS, _roofline.ONE_LAYER_CACHE,
+        _roofline.ONE_LAYER_WEIGHTS, _roofline.GB, _roofline.GIB, _roofline.WEIGHTS_PER_SEQUENCE,
+        _roofline.WHOLE_EMBEDDING),
+    "arithmetic_intensity": (
+        _roofline.BYTES_PER_FLOP, _roofline.PER_BIT, _roofline.FLOOR_DIVISION,
+        _roofline.FLOPS_TWICE, _roofline.RETURNS_INT, _roofline.NOT_A_FLOAT),
+}

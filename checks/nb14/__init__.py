@@ -898,3 +898,31 @@ def check_bits_per_byte(f, *, seed: int | None = None, thorough: bool = False) -
 
 __all__ = ["check_adamw_step", "check_bits_per_byte", "check_clip_grad_norm",
            "check_evaluate", "check_get_batch", "check_lr_at", "check_train_step"]
+
+
+# --------------------------------------------------------------------------------------------
+# The mistakes each exercise's check can name: checks.registry maps "14.<exercise>.<key>" to
+# exactly one of them (tests/checkers/test_registry.py holds each id to one message and to a
+# catalogued wrong implementation that names it).
+
+MISTAKES = {
+    "get_batch": (
+        IGNORED_GENERATOR, SAME_WINDOW, OTHER_STARTS, NOT_SHIFTED, SHIFTED_BACK, PAST_END,
+        X_Y_SWAPPED),
+    "lr_at": (
+        COSINE_TO_ZERO, COSINE_FROM_ZERO, COSINE_PAST_TOTAL, LINEAR_DECAY, NOT_A_FLOAT,
+        WARMUP_OFF_BY_ONE),
+    "clip_grad_norm": (
+        SQUARED_NORM, NORM_AFTER, NOT_IN_PLACE_CLIP, PER_TENSOR, NOT_A_FLOAT, SCALED_UP),
+    "adamw_step": (
+        BETAS_SWAPPED, COUPLED_DECAY, DECAY_WITHOUT_LR, EPS_INSIDE, MOMENTS_NOT_KEPT,
+        NO_BIAS_CORRECTION, NOT_IN_PLACE_ADAM, SQRT_BIAS, STEP_NOT_KEPT),
+    "train_step": (
+        GRADS_NOT_RESET, IGNORED_FORWARD, IGNORED_DECAY, LOSS_AFTER, NO_CLIP, TRAIN_NOT_IN_PLACE,
+        NOT_A_FLOAT, SUMMED_LOSS, SHIFTED_TWICE, TRACKED_UPDATE),
+    "evaluate": (
+        EVAL_CHANGED, GRADIENTS_TRACKED, IGNORED_FORWARD, IGNORED_GENERATOR, NOT_A_FLOAT,
+        SAME_BATCH, SUMMED_BATCHES, SHIFTED_TWICE, BATCH_COUNT),
+    "bits_per_byte": (
+        FORGOT_LN2, INVERTED_RATIO, LOG10, TIMES_LN2, PER_TOKEN, NOT_A_FLOAT),
+}

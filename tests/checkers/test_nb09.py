@@ -618,12 +618,13 @@ def _swiglu_scales_w_up_in_place(x, w_gate, w_up, w_down):
     return (F.silu(x @ w_gate) * (x @ w_up)) @ w_down
 
 
-@pytest.mark.parametrize("checker,fn,hint", [
-    (nb09.check_relu, _relu_in_place, nb09.IN_PLACE),
-    (nb09.check_ffn, _ffn_scales_x_in_place, nb09.IN_PLACE_INPUTS),
-    (nb09.check_swiglu_ffn, _swiglu_scales_w_up_in_place, nb09.IN_PLACE_INPUTS),
+@pytest.mark.parametrize("checker,fn,hint,mistake", [
+    (nb09.check_relu, _relu_in_place, nb09.IN_PLACE, "09.relu.modified_x_in_place"),
+    (nb09.check_ffn, _ffn_scales_x_in_place, nb09.IN_PLACE_INPUTS,
+     "09.ffn.modified_input_in_place"),
+    (nb09.check_swiglu_ffn, _swiglu_scales_w_up_in_place, nb09.IN_PLACE_INPUTS,
+     "09.swiglu_ffn.modified_input_in_place"),
 ])
-def test_in_place_edits_get_the_chapters_hint(checker, fn, hint):
-    exercise = checker.__name__.removeprefix("check_")
-    failure = assert_rejects(checker, Wrong("in place", fn, f"09.{exercise}.{hint.key}"), seed=0)
+def test_in_place_edits_get_the_chapters_hint(checker, fn, hint, mistake):
+    failure = assert_rejects(checker, Wrong("in place", fn, mistake), seed=0)
     assert failure.hint == hint and "in place" in failure.message

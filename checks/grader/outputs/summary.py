@@ -8,7 +8,7 @@ explains) is grouped by its status and message."""
 from __future__ import annotations
 
 from ...i18n import _
-from ...mistakes import declared
+from ...registry import message as registry_message
 from ..report import status_word
 from .gradebook import counted
 
@@ -49,8 +49,8 @@ def class_summary(records: list[dict]) -> list[dict]:
 def _described(mistake: str | None, message: str) -> str:
     """A mistake told by its declared message (in the instructor's language), else the first
     student's words."""
-    known = declared(mistake) if mistake else None
-    return _(known) if known is not None else message
+    known = registry_message(mistake)
+    return known if known is not None else message
 
 
 def summary_text(summary: list[dict], records: list[dict]) -> str:
