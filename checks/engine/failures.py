@@ -93,10 +93,11 @@ class NotStarted(CheckFailure):
 class LearnerError(CheckFailure):
     """The learner's function raised an exception while being checked.
 
-    `message` stays in English ("raised ValueError: ...\n  called with (...)"), because
-    checkers read it to recognise an exception (`first.startswith("raised ValueError")`); what
-    the learner reads, `shown_message`, is built from the parts in the current language.
-    `error` is the exception's class name and `error_text` its text (when the engine made it).
+    `message` stays in English ("raised ValueError: ...\n  called with (...)"): it is the
+    failure's record, never parsed; a check recognises an exception from `error` (the exception's
+    class name) and `error_text` (its text) through the mistakes it declares (`Mistake(...,
+    raises=...)`, `Check(errors=...)`). What the learner reads, `shown_message`, is built from
+    the parts in the current language.
     """
 
     def __init__(self, exercise: str, message: str, *, hint: str | None = None,
