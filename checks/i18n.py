@@ -34,8 +34,9 @@ call, so a kernel that switches goes on in the new language at once.
   case.
 - A module that imports `_` never uses `_` as a throwaway name (`for _ in range(n)` would
   replace the function for the rest of the function body): write `for _n in range(n)`.
-- `LearnerError.message` stays English (checkers test it: `first.startswith("raised ValueError")`,
-  `"KeyError" in err.message`); show `err.summary()` or `err.shown_message` to the learner, and
+- `LearnerError.message` stays English (the failure's record; checks recognise an exception by
+  `err.error` and `err.error_text`, never by parsing it); show `err.summary()` or
+  `err.shown_message` to the learner, and
   add a hint with `raise err.with_hint(hint)`, never `LearnerError(err.exercise, err.message, ...)`
   (that loses the parts the Chinese is built from).
 - A hint may be a constant's English (`hint=IN_PLACE`): CheckFailure translates message and hint
