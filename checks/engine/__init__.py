@@ -15,14 +15,15 @@ This face re-exports what the chapters, the grader and the tests use.
 
 from .calls import CallRecord, builds_on, earlier_failures, fix_first_text
 from .check import Check
-from .compare import describe, matches, mismatch_text, tolerance, values_close
+from .compare import (describe, matches, mismatch_text, numbers_apart, tolerance,
+                      values_close)
 from .failures import SEED_LINE, CheckFailure, ForbiddenCall, LearnerError, NotStarted
 from .forbid import _Forbid, as_mistake
 from .in_place import IN_PLACE, changed_inputs, in_place_failure, snapshot_inputs
 from .state import _open_checks, calling, fresh_seed, is_remote, quiet, writes_back
 
 __all__ = ["CallRecord", "builds_on", "earlier_failures", "fix_first_text", "Check", "describe",
-           "matches", "mismatch_text", "tolerance", "values_close", "SEED_LINE",
+           "matches", "mismatch_text", "numbers_apart", "tolerance", "values_close", "SEED_LINE",
            "CheckFailure", "ForbiddenCall", "LearnerError", "NotStarted", "_Forbid",
            "as_mistake", "IN_PLACE", "changed_inputs", "in_place_failure", "snapshot_inputs",
            "_open_checks", "calling", "fresh_seed", "is_remote", "quiet", "writes_back"]

@@ -89,12 +89,22 @@ def mismatch_text(got, want, atol, rtol, dims) -> str:
     where = ", ".join(f"{d}={i}" for d, i in zip(dims, index)) if dims and \
         len(dims) == len(index) else ", ".join(map(str, index))
     count = int(bad.sum())
+    got_text, want_text = numbers_apart(float(got64[index]), float(want64[index]))
     return _("{count} of {total} entries differ; first at [{where}]: got {got}, expected "
-             "{want}.").format(count=count, total=bad.numel(), where=where,
-                               got=_num(got64[index]), want=_num(want64[index]))
+             "{want}.").format(count=count, total=bad.numel(), where=where, got=got_text,
+                               want=want_text)
 
 
-def _num(t: torch.Tensor) -> str:
-    v = float(t)
-    return repr(v) if math.isnan(v) or math.isinf(v) else f"{v:.6g}"
+def numbers_apart(got: float, want: float, digits: int = 6) -> tuple[str, str]:
+    """Two numbers as a message shows them: `digits` significant digits, or as many more as it
+    takes for two different numbers not to read the same ("0.0110004" against "0.011", never
+    "0.011" against "0.011")."""
+    def text(value: float, n: int) -> str:
+        return repr(value) if math.isnan(value) or math.isinf(value) else f"{value:.{n}g}"
+
+    for n in range(digits, 18):
+        shown = text(got, n), text(want, n)
+        if shown[0] != shown[1] or got == want:
+            return shown
+    return repr(got), repr(want)
 

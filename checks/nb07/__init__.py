@@ -8,7 +8,7 @@ import numbers
 import torch
 
 from .. import reference as ref
-from ..engine import Check, builds_on, describe
+from ..engine import Check, builds_on, describe, numbers_apart
 from ..i18n import N_, _
 from ..mistakes import Mistake, fix_first
 
@@ -149,8 +149,9 @@ def _expect_float(c: Check, got, want: float, *, what: str, wrong: dict,
         if close(got, value) and not close(value, want):
             hint = mistake
             break
-    c.fail(_("{what} is {got}, expected {want}.").format(what=what, got=f"{got:.6g}",
-                                                         want=f"{want:.6g}"), hint)
+    got_text, want_text = numbers_apart(got, want)
+    c.fail(_("{what} is {got}, expected {want}.").format(what=what, got=got_text, want=want_text),
+           hint)
 
 
 def _expect_dtype(c: Check, got, want: torch.Tensor, *, what: str, hint: str) -> None:
