@@ -54,7 +54,7 @@ from dataclasses import dataclass
 import torch
 
 from . import context
-from .config import LLAMA2_7B, ModelConfig
+from .config import LLAMA2_7B, ModelConfig, block_shapes, model_shapes, param_shapes
 from .reference import generation as gen
 from .reference import roofline
 
@@ -196,10 +196,8 @@ def _activation_bytes(cfg: ModelConfig, tokens: int, batch: int) -> int:
 
 
 def weights_needed(cfg: ModelConfig, dtype: torch.dtype) -> int:
-    """Bytes `random_params(cfg, dtype, ...)` allocates (from its shapes, `param_shapes`)."""
-    shapes = param_shapes(cfg)
-    every = [*shapes["layers"][0].values()] * cfg.n_layers + \
-        [v for k, v in shapes.items() if k != "layers"]
+    """Bytes `random_params(cfg, dtype, ...)` allocates (from the layout's shapes)."""
+    every = [*block_shapes(cfg).values()] * cfg.n_layers + [*model_shapes(cfg).values()]
     return sum(math.prod(shape) for shape in every) * torch.finfo(dtype).bits // 8
 
 
@@ -293,17 +291,6 @@ def measure_peak_bandwidth(device: torch.device, nbytes: int, *, warmup: int = 2
     timed = measure(lambda: dst.copy_(src), device, warmup=warmup, repeats=repeats,
                     budget=budget)
     return 2 * nbytes / timed.fastest
-
-
-def param_shapes(cfg: ModelConfig) -> dict:
-    """The shapes of the course's parameter layout: {"embed", "layers": [one dict per layer],
-    "final_norm", "lm_head"}."""
-    h, d, h_ff = cfg.hidden_size, cfg.head_dim, cfg.ffn_hidden_size
-    layer = {"attn_norm": (h,), "wqkv": (h, (cfg.n_heads + 2 * cfg.n_kv_heads) * d),
-             "wo": (cfg.n_heads * d, h), "ffn_norm": (h,), "w_gate": (h, h_ff),
-             "w_up": (h, h_ff), "w_down": (h_ff, h)}
-    return {"embed": (cfg.vocab_size, h), "layers": [layer] * cfg.n_layers,
-            "final_norm": (h,), "lm_head": (h, cfg.vocab_size)}
 
 
 def random_params(cfg: ModelConfig, dtype: torch.dtype, device: torch.device,
