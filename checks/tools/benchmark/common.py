@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from ... import timing
 from ...config import ModelConfig, block_shapes, model_shapes
 
 REPO = Path(__file__).resolve().parents[3]
@@ -64,15 +64,9 @@ QUICK = Plan(
 
 
 def best(fn, *, warmup: int = 1, repeats: int = 5) -> float:
-    """Seconds of the fastest of `repeats` calls of fn() after `warmup` untimed ones."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+    """Seconds of the fastest of `repeats` calls of fn() after `warmup` untimed ones
+    (`checks.timing.time_repeats`; the sections that use it run on the CPU: no synchronisation)."""
+    return timing.time_repeats(fn, repeats=repeats, warmup=warmup).fastest
 
 
 def benchmark_params(cfg: ModelConfig, seed: int = 0) -> dict:
