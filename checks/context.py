@@ -12,14 +12,18 @@ the kernel inherits) counts too. In that context:
 
 `time_budget` is how every timing cell measures: for a budget of seconds, not a fixed amount of
 work (`checks.timing` measures; this module picks the budget, a learner's or a grader's).
+Torch's threads are set here too: `configure_threads` for the process, `one_thread` for a check.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
+
+import torch
 
 from . import timing
 from .environment import _NBGRADER_ENV, GRADING_ENV, THREADS_ENV
@@ -80,7 +84,24 @@ def configure_threads() -> None:
         wanted = 1
     else:
         return
-    import torch
-
     if torch.get_num_threads() != wanted:
         torch.set_num_threads(wanted)
+
+
+def one_thread(fn: Callable[..., T]) -> Callable[..., T]:
+    """`fn` run on one CPU thread, the caller's setting back after (chapters 13 and 14 decorate
+    their checks with it). Their models are tiny, so their time goes into the fixed cost of each
+    operation, which more threads do not shorten; on a busy machine the threads of each small
+    operation also wait for one another (measured beside two busy processes on 2 cores:
+    check_generate took 0.8 s on one thread, 28 s on two)."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        saved = torch.get_num_threads()
+        if saved == 1:
+            return fn(*args, **kwargs)
+        torch.set_num_threads(1)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            torch.set_num_threads(saved)
+    return run
