@@ -11,21 +11,23 @@ the kernel inherits) counts too. In that context:
   (`demo_size`), so that no graded result depends on how busy the machine is.
 
 `time_budget` is how every timing cell measures: for a budget of seconds, not a fixed amount of
-work.
+work (`checks.timing` measures; this module picks the budget, a learner's or a grader's).
+Torch's threads are set here too: `configure_threads` for the process, `one_thread` for a check.
 """
 
 from __future__ import annotations
 
+import functools
 import os
-import statistics
 import sys
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import torch
+
+from . import timing
 from .environment import _NBGRADER_ENV, GRADING_ENV, THREADS_ENV
-from .i18n import _
+from .timing import Timing
 
 T = TypeVar("T")
 
@@ -50,20 +52,6 @@ def grading_environment(base: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-@dataclass(frozen=True)
-class Timing:
-    """What `time_budget` measured: the median of `repeats` timed calls, in seconds."""
-
-    median: float
-    repeats: int
-    fastest: float
-    result: Any = None
-
-    def __str__(self) -> str:
-        return _("{time} ms (median of {count})").format(time=f"{self.median * 1e3:.3f}",
-                                                          count=self.repeats)
-
-
 def time_budget(fn: Callable[[], Any], *, budget: float | None = None, warmup: int = 1,
                 min_repeats: int = 3, max_repeats: int = 10_000,
                 sync: Callable[[], None] | None = None) -> Timing:
@@ -72,23 +60,11 @@ def time_budget(fn: Callable[[], Any], *, budget: float | None = None, warmup: i
 
     The default budget is 2 s for a learner and 0.05 s under a grader, where the point is only
     that the code runs. `sync` (for example `torch.cuda.synchronize`) runs after every call so
-    that asynchronous devices are timed to completion."""
-    if budget is None:
-        budget = demo_size(2.0, 0.05)
-    done = sync or (lambda: None)
-    result = None
-    for _n in range(warmup):
-        result = fn()
-        done()
-    samples: list[float] = []
-    deadline = time.perf_counter() + budget
-    while len(samples) < max_repeats and (len(samples) < min_repeats
-                                          or time.perf_counter() < deadline):
-        start = time.perf_counter()
-        result = fn()
-        done()
-        samples.append(time.perf_counter() - start)
-    return Timing(statistics.median(samples), len(samples), min(samples), result)
+    that asynchronous devices are timed to completion. (The measuring is
+    `checks.timing.time_budget`; this picks the budget.)"""
+    return timing.time_budget(fn, budget=demo_size(2.0, 0.05) if budget is None else budget,
+                              warmup=warmup, min_repeats=min_repeats, max_repeats=max_repeats,
+                              sync=sync)
 
 
 def configure_threads() -> None:
@@ -108,7 +84,24 @@ def configure_threads() -> None:
         wanted = 1
     else:
         return
-    import torch
-
     if torch.get_num_threads() != wanted:
         torch.set_num_threads(wanted)
+
+
+def one_thread(fn: Callable[..., T]) -> Callable[..., T]:
+    """`fn` run on one CPU thread, the caller's setting back after (chapters 13 and 14 decorate
+    their checks with it). Their models are tiny, so their time goes into the fixed cost of each
+    operation, which more threads do not shorten; on a busy machine the threads of each small
+    operation also wait for one another (measured beside two busy processes on 2 cores:
+    check_generate took 0.8 s on one thread, 28 s on two)."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        saved = torch.get_num_threads()
+        if saved == 1:
+            return fn(*args, **kwargs)
+        torch.set_num_threads(1)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            torch.set_num_threads(saved)
+    return run

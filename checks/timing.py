@@ -1,4 +1,12 @@
-"""Prefill vs decode, timed: FLOPs and bytes beside the times, against the device's own peaks.
+"""Timing, in one place: how the course measures time, and chapter 13's prefill vs decode, timed
+(FLOPs and bytes beside the times, against the device's own peaks).
+
+The course's timing helpers live here: `time_repeats` (a fixed number of timed calls) and
+`time_budget` (as many as fit in a budget of seconds) both make warm-up calls first, synchronise
+the device after every call (`synchronize`) and give the median and the fastest in a `Timing`.
+`checks.context.time_budget` is the notebooks' door to it (the budget a learner or a grader gets);
+`checks.training_run` measures chapter 14's matmul peak with `measure_peak_flops`; durations are
+put in words by `seconds_text`.
 
     python -m checks.timing [--json FILE] [--device cpu|cuda|mps] [--size tiny|small|7b]
                             [--model random|smollm] [--budget SECONDS] [--figure PNG]
@@ -28,8 +36,8 @@ What is measured, and how:
 - Timing: warm-up calls first, then repeats, each bracketed by a device synchronisation (GPUs
   run kernels asynchronously: without it a clock would time the launches only); the median
   counts. The repeats are a fixed number (the plan's, or `--repeats`), or, with `--budget`, as
-  many as fit in that many seconds per point (`checks.context.time_budget`, at least 3): a busy
-  machine then costs precision, not time. Every row records its number of repeats.
+  many as fit in that many seconds per point (`time_budget`, at least 3): a busy machine then
+  costs precision, not time. Every row records its number of repeats.
 The model is the course's reference (`checks.reference.generation`) under `torch.inference_mode`.
 The FLOP and byte counts are chapter 13's exercises, so this module holds none of them: `run`
 takes them as arguments (`Counts`; the notebook passes the learner's own), and the command line
@@ -49,16 +57,116 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from . import context
-from .config import LLAMA2_7B, ModelConfig
+from .config import LLAMA2_7B, ModelConfig, block_shapes, model_shapes, param_shapes
+from .i18n import _
 from .reference import generation as gen
 from .reference import roofline
 
 MiB = 2**20
+
+# --------------------------------------------------------------------------------------------
+# Measuring time: every wall-clock measurement the course shows goes through these
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Seconds per call of a timed function: the median of `repeats` timed calls (what counts)
+    and the fastest; `result` is the last call's return value; `times` lists every call's
+    seconds (None where a budget decided how many: they can be thousands)."""
+
+    median: float
+    repeats: int
+    fastest: float
+    result: Any = None
+    times: list[float] | None = field(default=None, repr=False, compare=False)
+
+    def __str__(self) -> str:
+        return _("{time} ms (median of {count})").format(time=f"{self.median * 1e3:.3f}",
+                                                          count=self.repeats)
+
+
+def synchronize(device: torch.device | str) -> None:
+    """Wait until the device has finished everything queued (GPUs run kernels asynchronously:
+    without this a clock would time the launches only). Nothing to wait for on the CPU."""
+    kind = torch.device(device).type
+    if kind == "cuda":
+        torch.cuda.synchronize(device)
+    elif kind == "mps":
+        torch.mps.synchronize()
+
+
+def _timed_calls(fn: Callable[[], Any], *, warmup: int, sync: Callable[[], None] | None,
+                 more: Callable[[int, float], bool]) -> Timing:
+    """`warmup` untimed calls of fn(), then timed ones while more(calls so far, seconds since
+    the first timed call began) says so; `sync` runs after every call, inside the clock."""
+    done = sync or (lambda: None)
+    result = None
+    for _n in range(warmup):
+        result = fn()
+        done()
+    samples: list[float] = []
+    began = time.perf_counter()
+    while more(len(samples), time.perf_counter() - began):
+        start = time.perf_counter()
+        result = fn()
+        done()
+        samples.append(time.perf_counter() - start)
+    return Timing(statistics.median(samples), len(samples), min(samples), result, samples)
+
+
+def time_repeats(fn: Callable[[], Any], *, repeats: int, warmup: int = 1,
+                 sync: Callable[[], None] | None = None) -> Timing:
+    """Time fn(): `warmup` untimed calls, then exactly `repeats` timed ones (at least 1)."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    return _timed_calls(fn, warmup=warmup, sync=sync, more=lambda n, _s: n < repeats)
+
+
+def time_budget(fn: Callable[[], Any], *, budget: float, warmup: int = 1, min_repeats: int = 3,
+                max_repeats: int = 10_000, sync: Callable[[], None] | None = None) -> Timing:
+    """Time fn() for about `budget` seconds: `warmup` untimed calls, then timed calls until the
+    budget is spent (at least `min_repeats`, at most `max_repeats`); the median counts, so a busy
+    machine costs precision, not time. `sync` (for example `torch.cuda.synchronize`) runs after
+    every call so that asynchronous devices are timed to completion.
+
+    The notebooks call `checks.context.time_budget`, which picks the budget: a learner's or a
+    grader's."""
+    return _timed_calls(fn, warmup=warmup, sync=sync,
+                        more=lambda n, spent: n < max_repeats and (n < min_repeats
+                                                                   or spent < budget))
+
+
+def measure(fn, device: torch.device | str, *, warmup: int, repeats: int,
+            budget: float | None = None) -> Timing:
+    """Time fn() on `device` (synchronised after every call): `repeats` timed calls after
+    `warmup` untimed ones (`times` lists them), or, with a `budget` in seconds, as many as fit in
+    it (`time_budget`: at least one warm-up call, at least 3 repeats; `times` not kept)."""
+    def sync():
+        synchronize(device)
+
+    if budget is None:
+        return time_repeats(fn, repeats=repeats, warmup=warmup, sync=sync)
+    timed = time_budget(fn, budget=budget, warmup=max(warmup, 1), sync=sync)
+    return dataclasses.replace(timed, times=None)
+
+
+def seconds_text(seconds: float) -> str:
+    """A duration in words: 42 s, 3.5 min, 2.1 h, 4.0 days, 12 years."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.1f} min"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    if seconds < 2 * 365 * 86400:
+        return f"{seconds / 86400:.0f} days"
+    return f"{seconds / (365 * 86400):,.0f} years"
+
 
 # --------------------------------------------------------------------------------------------
 # The counts beside the measurements: chapter 13's answers, passed in
@@ -103,14 +211,15 @@ class DeviceInfo:
     index: int | None = None                   # which CUDA device (None: the current one)
 
 
-def default_kind() -> str:
-    """CUDA when available, else Apple's MPS, else the CPU."""
-    if torch.cuda.is_available():
-        return "cuda"
-    mps = getattr(torch.backends, "mps", None)
-    if mps is not None and mps.is_available():
-        return "mps"
-    return "cpu"
+def default_kind(cuda: bool | None = None, mps: bool | None = None) -> str:
+    """"cuda" when a CUDA device is there, else "mps" (Apple silicon), else "cpu". The two flags
+    stand in for torch's own answers (for tests)."""
+    if cuda is None:
+        cuda = torch.cuda.is_available()
+    if mps is None:
+        backend = getattr(torch.backends, "mps", None)
+        mps = bool(backend is not None and backend.is_available())
+    return "cuda" if cuda else "mps" if mps else "cpu"
 
 
 def _cpu_name() -> str:
@@ -196,10 +305,8 @@ def _activation_bytes(cfg: ModelConfig, tokens: int, batch: int) -> int:
 
 
 def weights_needed(cfg: ModelConfig, dtype: torch.dtype) -> int:
-    """Bytes `random_params(cfg, dtype, ...)` allocates (from its shapes, `param_shapes`)."""
-    shapes = param_shapes(cfg)
-    every = [*shapes["layers"][0].values()] * cfg.n_layers + \
-        [v for k, v in shapes.items() if k != "layers"]
+    """Bytes `random_params(cfg, dtype, ...)` allocates (from the layout's shapes)."""
+    every = [*block_shapes(cfg).values()] * cfg.n_layers + [*model_shapes(cfg).values()]
     return sum(math.prod(shape) for shape in every) * torch.finfo(dtype).bits // 8
 
 
@@ -224,52 +331,7 @@ def fit_points(cfg: ModelConfig, dtype: torch.dtype, dev: DeviceInfo, prefill, d
 
 
 # --------------------------------------------------------------------------------------------
-# Timing
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait until the device has finished everything queued (GPUs run kernels asynchronously)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
-
-
-def time_it(fn, device: torch.device, *, warmup: int, repeats: int) -> list[float]:
-    """Seconds per call of fn(): `warmup` untimed calls, then `repeats` timed ones."""
-    for _ in range(warmup):
-        fn()
-    synchronize(device)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        synchronize(device)
-        times.append(time.perf_counter() - start)
-    return times
-
-
-@dataclass(frozen=True)
-class Measured:
-    """Seconds per call: the median and the fastest of `repeats` timed calls; `times` lists them
-    all when the number of repeats was fixed (None when a time budget decided it)."""
-
-    median: float
-    fastest: float
-    repeats: int
-    times: list[float] | None
-
-
-def measure(fn, device: torch.device, *, warmup: int, repeats: int,
-            budget: float | None = None) -> Measured:
-    """Time fn(): `repeats` timed calls after `warmup` untimed ones, or, with a `budget` in
-    seconds, as many as fit in it (`checks.context.time_budget`: warm-up first, at least 3)."""
-    if budget is None:
-        times = time_it(fn, device, warmup=warmup, repeats=repeats)
-        return Measured(statistics.median(times), min(times), len(times), times)
-    timed = context.time_budget(fn, budget=budget, warmup=max(warmup, 1),
-                                sync=lambda: synchronize(device))
-    return Measured(timed.median, timed.fastest, timed.repeats, None)
+# The measurements: the device's peaks, prefill and decode
 
 
 def measure_peak_flops(device: torch.device, dtype: torch.dtype, n: int, *, warmup: int = 2,
@@ -295,17 +357,6 @@ def measure_peak_bandwidth(device: torch.device, nbytes: int, *, warmup: int = 2
     return 2 * nbytes / timed.fastest
 
 
-def param_shapes(cfg: ModelConfig) -> dict:
-    """The shapes of the course's parameter layout: {"embed", "layers": [one dict per layer],
-    "final_norm", "lm_head"}."""
-    h, d, h_ff = cfg.hidden_size, cfg.head_dim, cfg.ffn_hidden_size
-    layer = {"attn_norm": (h,), "wqkv": (h, (cfg.n_heads + 2 * cfg.n_kv_heads) * d),
-             "wo": (cfg.n_heads * d, h), "ffn_norm": (h,), "w_gate": (h, h_ff),
-             "w_up": (h, h_ff), "w_down": (h_ff, h)}
-    return {"embed": (cfg.vocab_size, h), "layers": [layer] * cfg.n_layers,
-            "final_norm": (h,), "lm_head": (h, cfg.vocab_size)}
-
-
 def random_params(cfg: ModelConfig, dtype: torch.dtype, device: torch.device,
                   seed: int = 0) -> dict:
     """Random weights in the course's layout, drawn directly on the device (values do not matter
@@ -322,7 +373,7 @@ def random_params(cfg: ModelConfig, dtype: torch.dtype, device: torch.device,
             "layers": [{k: make(k, v) for k, v in layer.items()} for layer in shapes["layers"]]}
 
 
-def _row(batch, length, timed: Measured, flops, nbytes, tokens) -> dict:
+def _row(batch, length, timed: Timing, flops, nbytes, tokens) -> dict:
     seconds = timed.median
     return {"batch": batch, "length": length, "seconds": seconds, "repeats": timed.repeats,
             "fastest": timed.fastest, **({"times": timed.times} if timed.times else {}),
@@ -655,7 +706,7 @@ def _place_labels(ax, points: list[tuple[float, float, str, str]], avoid=()) -> 
     fig = ax.figure
     renderer = fig.canvas.get_renderer()
     taken = [a.get_window_extent(renderer).expanded(1.05, 1.1) for a in avoid if a is not None]
-    for x, y, _, _ in points:                       # the markers themselves
+    for x, y, _text, _color in points:           # the markers themselves
         cx, cy = ax.transData.transform((x, y))
         taken.append(_box(cx - 5, cy - 5, cx + 5, cy + 5))
     inside = ax.get_window_extent(renderer)
@@ -693,7 +744,7 @@ def plot_roofline(result: dict, ax=None):
     import numpy as np
 
     if ax is None:
-        _, ax = plt.subplots(figsize=(8, 5.2))
+        _fig, ax = plt.subplots(figsize=(8, 5.2))
     peaks = result["peaks"]
     pf, bw, ridge = peaks["flop_per_s"], peaks["bytes_per_s"], peaks["ridge_flop_per_byte"]
     points = result["prefill"] + result["decode"]

@@ -12,6 +12,10 @@ chapter).
   costs about twice the forward), the forward from chapter 13's prefill count.
 - `matmul_peak(device)`: the FLOP/s of a large float32 matrix product, the roof an MFU is measured
   against.
+
+Measuring and the words for a duration are `checks.timing`'s (`choose_device` is its
+`default_kind`, `seconds_text` its own, `matmul_peak` its `measure_peak_flops`); this module
+keeps what is the training run's.
 """
 
 from __future__ import annotations
@@ -21,7 +25,10 @@ import time
 
 import torch
 
+from . import timing
 from .config import ModelConfig
+from .timing import default_kind as choose_device
+from .timing import seconds_text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,17 +108,6 @@ def run_kind(device: str, grading: bool) -> str:
     return "gpu" if device in ("cuda", "mps") else "cpu"
 
 
-def choose_device(cuda: bool | None = None, mps: bool | None = None) -> str:
-    """"cuda" when a CUDA device is there, else "mps" (Apple silicon), else "cpu". The two flags
-    stand in for torch's own answers (for tests)."""
-    if cuda is None:
-        cuda = torch.cuda.is_available()
-    if mps is None:
-        backend = getattr(torch.backends, "mps", None)
-        mps = bool(backend is not None and backend.is_available())
-    return "cuda" if cuda else "mps" if mps else "cpu"
-
-
 def autocast_dtype(device: str, bf16_supported: bool | None = None) -> torch.dtype | None:
     """bf16 for autocast on CUDA devices that support it (Ampere and later); None elsewhere (the
     CPU's bf16 matmuls are slower than its float32 ones at these sizes; MPS stays float32)."""
@@ -141,42 +137,15 @@ def train_flops_per_token(cfg: ModelConfig, context_len: int) -> float:
 
 def matmul_peak(device: str = "cpu", size: int = 1024, seconds: float = 0.5,
                 dtype: torch.dtype = torch.float32) -> float:
-    """Measured FLOP/s of `size` x `size` matrix products on `device` (the best of the repeats
-    within `seconds`): the roof a model's FLOP/s is compared with (its MFU)."""
-    a = torch.randn(size, size, device=device, dtype=dtype)
-    b = torch.randn(size, size, device=device, dtype=dtype)
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    (a @ b).sum().item()
-    best = float("inf")
-    start = time.perf_counter()
-    repeats = 0
-    while repeats < 3 or time.perf_counter() - start < seconds:
-        t0 = time.perf_counter()
-        a @ b
-        sync()
-        best = min(best, time.perf_counter() - t0)
-        repeats += 1
-        if repeats >= 1000:
-            break
-    return 2.0 * size ** 3 / best
+    """Measured FLOP/s of `size` x `size` matrix products on `device` (the fastest of the
+    repeats within `seconds`: `checks.timing.measure_peak_flops`, chapter 13's peak): the roof a
+    model's FLOP/s is compared with (its MFU)."""
+    return timing.measure_peak_flops(torch.device(device), dtype, size, budget=seconds)
 
 
 def llama2_7b_training_flops(tokens: float = 2e12) -> float:
     """6 N D: LLaMA-2-7B's 6.74 billion parameters, `tokens` training tokens (2 trillion)."""
     return 6.0 * 6_738_415_616 * tokens
-
-
-def seconds_text(seconds: float) -> str:
-    """A duration in words: 42 s, 3.5 min, 2.1 h, 4.0 days, 12 years."""
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.1f} min"
-    if seconds < 2 * 86400:
-        return f"{seconds / 3600:.1f} h"
-    if seconds < 2 * 365 * 86400:
-        return f"{seconds / 86400:.0f} days"
-    return f"{seconds / (365 * 86400):,.0f} years"
 
 
 __all__ = ["FINAL_EVAL_BATCHES", "FINAL_EVAL_SEED", "RunSettings", "autocast_dtype",
@@ -216,8 +185,7 @@ def run_reference(s: RunSettings, train: torch.Tensor, valid: torch.Tensor, *,
         losses.append(loss)
         if log is not None and (step % s.eval_every == 0 or step == s.steps - 1):
             log(step, loss, time.perf_counter() - start)
-    if device == "cuda":
-        torch.cuda.synchronize()
+    timing.synchronize(device)
     seconds = time.perf_counter() - start
     final = tr.evaluate(to_device(params, "cpu") if device != "cpu" else params, cfg, valid,
                         batch_size=s.batch_size, context_len=s.context_len,

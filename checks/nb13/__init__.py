@@ -48,7 +48,6 @@ this module holds its top-level imports and none of the package's other modules.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 import math
 import numbers
@@ -62,36 +61,12 @@ from . import cache as _cache
 from . import generate as _generate
 from . import mistakes as _mistakes
 from . import roofline as _roofline
+from ..context import one_thread as _one_thread
 from ..engine import Check, CheckFailure, LearnerError, NotStarted, builds_on
 from ..i18n import _
 from ..reference import generation as gen
 from ..reference import roofline as ref_roofline
 from ..held import tensor_nbytes
-
-# --------------------------------------------------------------------------------------------
-# Small helpers
-
-
-def _one_thread(check):
-    """Run a check on one CPU thread. Its models are tiny, so their time goes into the fixed cost
-    of each operation, which more threads do not shorten; on a busy machine the threads of each
-    small operation also wait for one another (measured beside two busy processes on 2 cores:
-    check_generate took 0.8 s on one thread, 28 s on two). The caller's setting comes back after."""
-    @functools.wraps(check)
-    def run(*args, **kwargs):
-        saved = torch.get_num_threads()
-        if saved == 1:
-            return check(*args, **kwargs)
-        torch.set_num_threads(1)
-        try:
-            return check(*args, **kwargs)
-        finally:
-            torch.set_num_threads(saved)
-    return run
-
-
-
-
 
 # --------------------------------------------------------------------------------------------
 # The embedding table that counts the tokens looked up in it (generate's check hands it over; the

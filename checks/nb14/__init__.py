@@ -26,7 +26,6 @@ How the checks look inside:
 
 from __future__ import annotations
 
-import functools
 import math
 import numbers
 
@@ -34,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import ModelConfig
+from ..context import one_thread as _one_thread
 from ..engine import Check, describe, is_remote, writes_back
 from ..i18n import N_, _
 from ..mistakes import Mistake
@@ -195,21 +195,6 @@ LOG10 = Mistake("log10", N_("divided by ln 10: bits are log base 2, so divide by
 
 # --------------------------------------------------------------------------------------------
 # Small helpers
-
-
-def _one_thread(check):
-    """Run a check on one CPU thread (its tensors are tiny; see checks.nb13._one_thread)."""
-    @functools.wraps(check)
-    def run(*args, **kwargs):
-        saved = torch.get_num_threads()
-        if saved == 1:
-            return check(*args, **kwargs)
-        torch.set_num_threads(1)
-        try:
-            return check(*args, **kwargs)
-        finally:
-            torch.set_num_threads(saved)
-    return run
 
 
 class _Arguments:

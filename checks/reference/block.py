@@ -20,26 +20,13 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ..config import block_shapes  # the layout's shapes: data, not an answer
 from .ffn import swiglu_ffn
 from .norms import pre_norm_residual, rms_norm
 from .rope import apply_rope
 
 #: The standard deviation of the random weights (LLaMA's and Hugging Face's `initializer_range`).
 INIT_STD = 0.02
-
-
-def block_shapes(cfg) -> dict[str, tuple[int, ...]]:
-    """The shapes of one `layers` entry of the parameter layout, in layout order."""
-    h, d = cfg.hidden_size, cfg.head_dim
-    return {
-        "attn_norm": (h,),
-        "wqkv": (h, (cfg.n_heads + 2 * cfg.n_kv_heads) * d),
-        "wo": (cfg.n_heads * d, h),
-        "ffn_norm": (h,),
-        "w_gate": (h, cfg.ffn_hidden_size),
-        "w_up": (h, cfg.ffn_hidden_size),
-        "w_down": (cfg.ffn_hidden_size, h),
-    }
 
 
 def init_block_params(cfg, generator: torch.Generator | None = None,

@@ -19,14 +19,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .block import INIT_STD, block_param_count, block_shapes, decoder_block, init_block_params
+from ..config import block_shapes, model_shapes  # the layout's shapes: data, not answers
+from .block import INIT_STD, block_param_count, decoder_block, init_block_params
 from .norms import rms_norm
-
-
-def model_shapes(cfg) -> dict[str, tuple[int, ...]]:
-    """The shapes of the top-level tensors of the layout (the blocks are `block_shapes`)."""
-    return {"embed": (cfg.vocab_size, cfg.hidden_size), "final_norm": (cfg.hidden_size,),
-            "lm_head": (cfg.hidden_size, cfg.vocab_size)}
 
 
 def init_model_params(cfg, generator: torch.Generator | None = None,

@@ -6,13 +6,12 @@ docstring), and the tokenizer's fields. The result is the cache's contents (`che
 
 from __future__ import annotations
 
-
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-from ..config import ModelConfig
+from ..config import ModelConfig, block_shapes, model_shapes, qkv_widths
 from .file import ModelFileError, field, reading, tokenizer_fields
 
 
@@ -44,14 +43,20 @@ def _config_from_gguf(reader, path: Path) -> ModelConfig:
 
 
 def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """numpy shapes ([out, in], as stored) of every tensor the file must hold."""
-    h, d, h_ff = cfg.hidden_size, cfg.head_dim, cfg.ffn_hidden_size
-    per_block = {"attn_norm": (h,), "attn_q": (cfg.n_heads * d, h),
-                 "attn_k": (cfg.n_kv_heads * d, h),
-                 "attn_v": (cfg.n_kv_heads * d, h), "attn_output": (h, cfg.n_heads * d),
-                 "ffn_norm": (h,), "ffn_gate": (h_ff, h), "ffn_up": (h_ff, h),
-                 "ffn_down": (h, h_ff)}
-    shapes = {"token_embd.weight": (cfg.vocab_size, h), "output_norm.weight": (h,)}
+    """numpy shapes ([out, in], as stored) of every tensor the file must hold: the course's
+    layout (`checks.config`) with each matrix transposed and `wqkv` as its blocks Q, K and V."""
+    block, top = block_shapes(cfg), model_shapes(cfg)
+    h = cfg.hidden_size
+
+    def stored(name: str) -> tuple[int, ...]:      # the course's [in, out] -> GGUF's [out, in]
+        return block[name][::-1]
+
+    q, k, v = ((width, h) for width in qkv_widths(cfg))
+    per_block = {"attn_norm": block["attn_norm"], "attn_q": q, "attn_k": k, "attn_v": v,
+                 "attn_output": stored("wo"), "ffn_norm": block["ffn_norm"],
+                 "ffn_gate": stored("w_gate"), "ffn_up": stored("w_up"),
+                 "ffn_down": stored("w_down")}
+    shapes = {"token_embd.weight": top["embed"], "output_norm.weight": top["final_norm"]}
     for i in range(cfg.n_layers):
         shapes.update({f"blk.{i}.{name}.weight": s for name, s in per_block.items()})
     return shapes

@@ -319,3 +319,54 @@ def test_the_notebooks_decode_flops_is_the_courses():
         for batch, context in ((1, 0), (3, 17), (64, 4095)):
             assert namespace["decode_flops"](cfg, batch, context) == \
                 roofline.decode_flops(cfg, batch, context)
+
+
+# --------------------------------------------------------------------------------------------
+# The timing helpers every measurement goes through
+
+
+def test_fixed_repeats_time_exactly_that_many_calls_each_synchronised():
+    calls, syncs = [], []
+    timed = timing.time_repeats(lambda: calls.append(1) or len(calls), repeats=4, warmup=2,
+                                sync=lambda: syncs.append(1))
+    assert len(calls) == len(syncs) == 6                    # 2 warm-up calls, 4 timed
+    assert timed.repeats == len(timed.times) == 4 and timed.result == 6
+    assert timed.fastest == min(timed.times) <= timed.median
+    with pytest.raises(ValueError):
+        timing.time_repeats(lambda: None, repeats=0)
+
+
+def test_a_budget_bounds_the_repeats_both_ways():
+    assert timing.time_budget(lambda: None, budget=0.0, min_repeats=3).repeats == 3
+    assert timing.time_budget(lambda: None, budget=60.0, max_repeats=7).repeats == 7
+
+
+def test_a_measurement_keeps_its_times_only_when_their_number_was_fixed():
+    fixed = timing.measure(lambda: None, "cpu", warmup=0, repeats=3)
+    budgeted = timing.measure(lambda: None, "cpu", warmup=0, repeats=3, budget=0.001)
+    assert fixed.times is not None and len(fixed.times) == 3
+    assert budgeted.times is None and budgeted.repeats >= 3
+
+
+def test_the_notebooks_time_budget_picks_a_learners_or_a_graders_budget(monkeypatch):
+    from checks import context
+    from checks.environment import _NBGRADER_ENV, GRADING_ENV
+
+    seen = []
+    monkeypatch.setattr(timing, "time_budget", lambda fn, **kw: seen.append(kw["budget"]))
+    monkeypatch.setenv(GRADING_ENV, "1")
+    context.time_budget(lambda: None)
+    monkeypatch.delenv(GRADING_ENV)
+    monkeypatch.delenv(_NBGRADER_ENV, raising=False)
+    context.time_budget(lambda: None)
+    context.time_budget(lambda: None, budget=0.3)
+    assert seen == [0.05, 2.0, 0.3]
+
+
+def test_a_timing_shows_as_the_notebooks_print_it():
+    from checks import context
+
+    timed = timing.Timing(0.00125, 7, 0.001, result=None, times=[0.001] * 7)
+    assert str(timed) == "1.250 ms (median of 7)"
+    assert "times" not in repr(timed)                       # a bare `timed` in a cell
+    assert context.Timing is timing.Timing

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from ...config import ModelConfig
+from ... import timing
+from ...config import ModelConfig, block_shapes, model_shapes
 
 REPO = Path(__file__).resolve().parents[3]
 SOLUTIONS = REPO / "solutions"
@@ -64,15 +64,9 @@ QUICK = Plan(
 
 
 def best(fn, *, warmup: int = 1, repeats: int = 5) -> float:
-    """Seconds of the fastest of `repeats` calls of fn() after `warmup` untimed ones."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+    """Seconds of the fastest of `repeats` calls of fn() after `warmup` untimed ones
+    (`checks.timing.time_repeats`; the sections that use it run on the CPU: no synchronisation)."""
+    return timing.time_repeats(fn, repeats=repeats, warmup=warmup).fastest
 
 
 def benchmark_params(cfg: ModelConfig, seed: int = 0) -> dict:
@@ -81,19 +75,21 @@ def benchmark_params(cfg: ModelConfig, seed: int = 0) -> dict:
     around one): greedy choices then win by clear margins, so that two implementations that
     differ by rounding pick the same tokens. (Timing does not depend on the values.)"""
     g = torch.Generator().manual_seed(seed)
-    h, d, h_ff = cfg.hidden_size, cfg.head_dim, cfg.ffn_hidden_size
 
-    def w(rows, cols, scale=1.0):
-        return torch.randn(rows, cols, generator=g) * (scale / math.sqrt(rows))
+    def w(shape, scale=1.0):
+        return torch.randn(*shape, generator=g) * (scale / math.sqrt(shape[0]))
 
-    def norm():
-        return 1.0 + 0.1 * torch.randn(h, generator=g)
+    def norm(shape):
+        return 1.0 + 0.1 * torch.randn(*shape, generator=g)
 
-    layers = [{"attn_norm": norm(), "wqkv": w(h, (cfg.n_heads + 2 * cfg.n_kv_heads) * d),
-               "wo": w(cfg.n_heads * d, h), "ffn_norm": norm(), "w_gate": w(h, h_ff),
-               "w_up": w(h, h_ff), "w_down": w(h_ff, h)} for _ in range(cfg.n_layers)]
-    return {"embed": torch.randn(cfg.vocab_size, h, generator=g), "layers": layers,
-            "final_norm": norm(), "lm_head": w(h, cfg.vocab_size, 2.0)}
+    def block():
+        return {name: norm(shape) if len(shape) == 1 else w(shape)
+                for name, shape in block_shapes(cfg).items()}
+
+    layers = [block() for _ in range(cfg.n_layers)]
+    top = model_shapes(cfg)
+    return {"embed": torch.randn(*top["embed"], generator=g), "layers": layers,
+            "final_norm": norm(top["final_norm"]), "lm_head": w(top["lm_head"], 2.0)}
 
 
 def first_difference(a: torch.Tensor, b: torch.Tensor) -> int | None:

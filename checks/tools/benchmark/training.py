@@ -21,7 +21,7 @@ from torch import nn
 
 from ...reference import training as tr
 from ...reference.rope import apply_rope
-from ... import training_run
+from ... import timing, training_run
 
 
 class _Block(nn.Module):
@@ -101,7 +101,9 @@ def run_training(kind: str = "ablation", steps: int | None = None, say=None,
     batches = [tr.get_batch(data, s.batch_size, s.context_len, generator=gen)
                for _n in range(steps + 2)]
     batches = [(x.to(device), y.to(device)) for x, y in batches]
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    def sync():
+        timing.synchronize(device)
+
     state: dict = {}
 
     def course(x, y):
