@@ -18,9 +18,12 @@ Torch's threads are set here too: `configure_threads` for the process, `one_thre
 from __future__ import annotations
 
 import functools
+import io
 import os
 import sys
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
@@ -42,6 +45,16 @@ def demo_size(full: T, quick: T) -> T:
     """`full` for a learner in JupyterLab, `quick` (the smallest run that still exercises the
     code) under a grader."""
     return quick if grading() else full
+
+
+def demo_file(name: str) -> Path | io.BytesIO:
+    """Where a demonstration cell writes a file: an empty in-memory file under a grader; for a
+    learner, `name` in a new folder of the system's temporary directory, so that running a
+    notebook never leaves a file in the course's folders (nbgrader would copy it into the
+    release, and git would list it)."""
+    if grading():
+        return io.BytesIO()
+    return Path(tempfile.mkdtemp(prefix="llama-course-")) / name
 
 
 def grading_environment(base: dict[str, str] | None = None) -> dict[str, str]:
