@@ -32,7 +32,7 @@ The modules, in the order a notebook meets them (`python -m checks grade`):
 
 In the worker's library, and only these of grader/ (`library.WORKER_GRADER_MODULES`):
 
-- `worker_side`: the worker's main loop; the graded chapter's check stubs (`verdict_check`).
+- `worker_side`: the worker's main loop; the graded chapter's check stubs (`echo_check`).
 - `channel`: framing between the two processes; `WorkerGone`.
 - `wire`: the worker's replies, encoded so that the grader can decode them safely.
 - `tensors`: tensors and gradients across the channel (both sides).

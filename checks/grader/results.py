@@ -1,5 +1,6 @@
-"""What grading produces: `ExerciseResult` per test cell, `NotebookResult` per notebook (its
-`to_dict` is the JSON report's record), and the two ways a notebook's grading ends without one:
+"""What grading produces: `Verdict` per failed test cell (from the run stage to the score
+stage), `ExerciseResult` per test cell, `NotebookResult` per notebook (its `to_dict` is the JSON
+report's record), and the two ways a notebook's grading ends without one:
 `GradingError` (bad input, one readable line) and `GradingIncident` (something no notebook may do
 happened; grading stops)."""
 
@@ -88,6 +89,21 @@ class GradingIncident(Exception):
         return _("while grading {where}: {what}: {changed}").format(where=where, what=_(self.what),
                                                                      changed=shown)
 
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The grader's verdict on a test cell that failed, taken from the failure where it was
+    raised in the grading process (`score.verdict_of`): the stage that runs the cell (`run`)
+    returns it beside the notebook, by cell index, and the stage that scores (`score`) is handed
+    it; nothing of it travels in the notebook. `mistake`: the diagnosed mistake's id
+    ("04.attention_scores.missing_scale"), None when none was recognised; `seed`: the seed that
+    replays the failing case, None when it had no random inputs; `message`: the diagnosis as the
+    report shows it, None when the failure was not a check's (the error is classified instead)."""
+
+    mistake: str | None = None
+    seed: int | None = None
+    message: str | None = None
 
 
 @dataclass
