@@ -226,3 +226,39 @@ class Incident:
 
 
 Outcome = Graded | NotGraded | Incident
+
+
+# --------------------------------------------------------------------------------------------
+# What grading many notebooks gave (`checks.grader.api`): the library's answer, from which the
+# command line takes its exit status.
+
+
+@dataclass
+class GradeRun:
+    """One run of `api.grade_folder` (or `api.status`): the notebooks graded now, those that
+    could not be, why grading stopped if it did, and (grade) the report's records and class
+    summary as the outputs were written from them."""
+
+    # graded now, in the order given; those that could not be (one line each)
+    results: list[NotebookResult] = field(default_factory=list)
+    problems: list[GradingError] = field(default_factory=list)
+    # refused before grading: links, special files, past the caps, a student's second notebook
+    refused: list[GradingError] = field(default_factory=list)
+    # grading stopped: something no notebook may do happened
+    incident: GradingIncident | None = None
+    # the records of an earlier report (--json) kept: their files are unchanged since
+    kept: list[dict] = field(default_factory=list)
+    # every record of the report (the JSON's `notebooks`), and the class summary of those
+    # counted (the JSON's `summary`), as the outputs were written from them
+    records: list[dict] = field(default_factory=list)
+    summary: list[dict] = field(default_factory=list)
+
+    @property
+    def exit_status(self) -> int:
+        """`python -m checks`'s: 3 when grading stopped on an incident, 2 when a notebook could
+        not be graded, was refused or does not count, else 0."""
+        if self.incident is not None:
+            return 3
+        if self.problems or self.refused or not all(r.counted for r in self.results):
+            return 2
+        return 0
