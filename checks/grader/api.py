@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Iterable
 
 from ..environment import GRADING_ENV
-from ..i18n import _
+from ..i18n import _, using
 from . import grading
 from .batch import grade_each, grading_plan, sigterm_as_interrupt
 from .identify import SOURCE_DIR, find_submissions
@@ -67,12 +67,14 @@ def grade_folder(paths: str | os.PathLike | Iterable[str | os.PathLike],
     `submitted/`, one student's folder), `options.jobs` at a time, and write the outputs that
     `outputs` names as each notebook finishes (with `outputs.json`, an earlier report is merged
     and its unchanged submissions are not graded again). `outputs.source` is `options.source`.
-    What `python -m checks grade` does; see the module's docstring for `echo`."""
+    `outputs.lang`: the instructor's language, of what is printed and of the class summary and
+    report (each submission's diagnoses and feedback stay in its own language). What
+    `python -m checks grade` does; see the module's docstring for `echo`."""
     options = options or GradeOptions()
     outputs = replace(outputs or OutputOptions(), source=options.source)
     paths = _paths(paths)
     _become_the_grader()
-    with sigterm_as_interrupt():
+    with sigterm_as_interrupt(), using(outputs.lang):
         _require_sources(options.source)
         return _grade(paths, options, outputs, echo)
 

@@ -23,7 +23,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..i18n import _
+from ..i18n import LANGUAGES, _
 from . import api
 from .batch import Terminated
 from .grading import DEFAULT_CELL_TIMEOUT
@@ -181,6 +181,11 @@ def _parser() -> argparse.ArgumentParser:
     grade.add_argument("--roster", type=roster_argument, metavar="FILE",
                        help="a CSV naming the students (columns folder, id, name, login, "
                             "section): the gradebook gets their LMS ids and a row each")
+    grade.add_argument("--lang", choices=tuple(LANGUAGES), default=None,
+                       help="your language: the lines printed, the class summary and the "
+                            "class report, with the mistakes' messages in them (default: "
+                            "LLAMA_COURSE_LANG, else English); each student's diagnoses and "
+                            "feedback stay in the submission's language")
     grade.add_argument("--max-size", type=_capped(_size, CEILING_BYTES), default=Caps.max_bytes,
                        metavar="SIZE", help="largest notebook file graded, checked before it is "
                        "read (default: %(default)s bytes; at most 64M)")

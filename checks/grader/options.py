@@ -58,6 +58,9 @@ class OutputOptions:
     extensions: dict[str, datetime] | None = None  # {student: their own due time}
     roster: dict[str, dict[str, str]] | None = None  # {folder: id, name, login, section}
     source: Path = SOURCE_DIR  # (the library grades with GradeOptions.source's)
+    # The instructor's language ("en", "zh"): the class summary, the class report and the
+    # mistakes' messages in them. None: LLAMA_COURSE_LANG's, else English.
+    lang: str | None = None
 
 
 def from_namespace(kind: type, namespace) -> object:
