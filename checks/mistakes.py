@@ -86,7 +86,7 @@ class Mistake(str):
     def shown(self) -> str:
         """The message in the reader's language, as a class report shows it: placeholders
         filled from `values`, and those only a failure knows (its numbers) shown as "…"."""
-        return _placeholders_filled(_(self), self.values)
+        return filled(_(self), self.values)
 
     def with_text(self, text: str) -> "Mistake":
         """The same mistake (same key) told with another text: one built from parts, already in
@@ -108,7 +108,9 @@ class _Unknown(dict):
         return "…"
 
 
-def _placeholders_filled(text: str, values: dict[str, str]) -> str:
+def filled(text: str, values: dict[str, str]) -> str:
+    """`text` with its {placeholders} filled from `values`, and "…" for those it lacks (what
+    only a failure knows: its numbers)."""
     import string
 
     try:

@@ -3,7 +3,10 @@ core and the model loader, never `checks.tools`.
 
 The modules, in the order a notebook meets them (`python -m checks grade`):
 
-- `cli`: `python -m checks status|grade`: arguments, finding notebooks, grading them N at a time.
+- `cli`: `python -m checks status|grade`: the arguments onto the options, the library's call.
+- `api`: grading as a library (`grade_folder`, `grade_notebook`, `status`), what the commands do:
+  finding the notebooks, grading them N at a time, the outputs written, the lines printed.
+- `options`: the library's options (`GradeOptions`, `OutputOptions`); the flags map onto them.
 - `visible`: `status` where the course has no source notebooks (a wheel): the learner's own
   notebooks' visible checks.
 - `grading`: `grade_notebook`, the pipeline: the five stages below, in order, and the tripwire.
@@ -32,7 +35,7 @@ The modules, in the order a notebook meets them (`python -m checks grade`):
 
 In the worker's library, and only these of grader/ (`library.WORKER_GRADER_MODULES`):
 
-- `worker_side`: the worker's main loop; the graded chapter's check stubs (`verdict_check`).
+- `worker_side`: the worker's main loop; the graded chapter's check stubs (`echo_check`).
 - `channel`: framing between the two processes; `WorkerGone`.
 - `wire`: the worker's replies, encoded so that the grader can decode them safely.
 - `tensors`: tensors and gradients across the channel (both sides).

@@ -31,20 +31,23 @@ from .tripwire import Tripwire, course_files, short_path
 
 
 def grade_each(paths: list[Path], options: GradeOptions, show: Callable[[NotebookResult], None],
-               *, roots: list[Path] = (), progress: bool = True
+               *, roots: list[Path] = (), progress: bool = True,
+               on_result: Callable[[NotebookResult], object] | None = None
                ) -> tuple[list[NotebookResult], list[GradingError], GradingIncident | None]:
     """Grade notebooks, `options.jobs` at a time (`roots`: the folders or files given, which
-    the workers must not see), showing each result in the order of `paths` as
-    soon as it and those before it are done, and a progress line on stderr as each finishes.
-    One that cannot be graded is reported in one line and skipped. A notebook that hangs,
-    crashes or misbehaves scores zero where it must and never stops the others.
+    the workers must not see), handing each result to `on_result` as soon as it is graded (in
+    the order they finish: where results are saved, so that none waits to be lost), showing
+    each in the order of `paths` as soon as it and those before it are done, and (`progress`)
+    a progress line on stderr as each finishes. One that cannot be graded is reported in one
+    line and skipped. A notebook that hangs, crashes or misbehaves scores zero where it must
+    and never stops the others.
 
     The course's code, the sources and every notebook in `paths` are hashed first and compared
     after each notebook: a change stops grading (no notebook starts after it) and is returned
     as the incident, naming the notebooks that were being graded."""
     tripwire = Tripwire([*course_files(options.source), *python_startup_files(), *paths])
     jobs = max(1, min(options.jobs, len(paths)))
-    plan = _plan(options, list(roots) or paths, threads=max(1, cores() // jobs))
+    plan = grading_plan(options, list(roots) or paths, threads=max(1, cores() // jobs))
     outcomes: dict[int, Outcome] = {}
     results: list[NotebookResult] = []
     problems: list[GradingError] = []
@@ -59,6 +62,8 @@ def grade_each(paths: list[Path], options: GradeOptions, show: Callable[[Noteboo
         if changed:
             return GradingIncident([str(paths[index]), *map(str, running)],
                                    [short_path(p) for p in changed])
+        if on_result is not None and isinstance(outcome, Graded):
+            on_result(outcome.result)
         if progress:
             progress_line(len(outcomes), len(paths), paths[index], outcome)
         while shown in outcomes:
@@ -267,8 +272,10 @@ def _end_this_grading_process(signum, frame) -> None:
     raise Terminated()
 
 
-def _plan(options: GradeOptions, roots: list[Path], threads: int) -> dict:
-    """What each grading process needs (plain data: it crosses to --jobs' processes)."""
+def grading_plan(options: GradeOptions, roots: list[Path], threads: int) -> dict:
+    """What each grading process needs (plain data: it crosses to --jobs' processes): the
+    sources, its threads, the folders its workers must not see (those of `roots`, and
+    `options.hide`), the limits."""
     hide = [p if p.is_dir() else p.parent for p in roots] + list(options.hide)
     return {"source": options.source, "threads": threads, "hide": [p.resolve() for p in hide],
             "limits": Limits(cell_timeout=options.timeout, memory=options.memory,

@@ -7,8 +7,9 @@ notebooks at once (default: one per core), each in its own grading process and w
 cores divided among them; results are the same as one at a time, shown in the order given, with
 a progress line on stderr as each notebook finishes.
 
-Here: the arguments and the two commands. Finding the notebooks is `read`'s, grading many of them
-`batch`'s, one notebook `grading`'s, and what is printed or written `report`'s.
+Here: the arguments, mapped onto the library's options (`options.GradeOptions`,
+`options.OutputOptions`; a flag is the field of its name), the call to the library
+(`api.status`, `api.grade_folder`: what is graded, written and printed), and its exit status.
 
 Bad input gets one line on stderr and exit status 2; a folder keeps being graded past a
 notebook that cannot be read, and the exit status is 2 at the end. If a file that no notebook may
@@ -19,28 +20,21 @@ with an incident report and exit status 3.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
-from ..environment import GRADING_ENV
-from ..i18n import _
-from .batch import Terminated, grade_each, sigterm_as_interrupt
-from .options import GradeOptions, OutputOptions, from_namespace
+from ..i18n import LANGUAGES, _
+from . import api
+from .batch import Terminated
 from .grading import DEFAULT_CELL_TIMEOUT
-from .identify import SOURCE_DIR, find_submissions
-from .isolation import make_undumpable
+from .identify import SOURCE_DIR
 from .limits import Limits, cores
-from .read import CEILING_BYTES, CEILING_CELLS, Caps, chapter_notebooks
-from .outputs.gradebook import counted
-from .outputs.late import due_argument, extensions_argument, late_text
+from .options import GradeOptions, OutputOptions, from_namespace
+from .outputs.late import due_argument, extensions_argument
 from .outputs.roster import roster_argument
-from .outputs.summary import summary_text
-from .outputs.writer import GradeOutputs
-from .report import (PROG, Progress, grade_table, pts, report_incident, report_problem,
-                     status_header, status_label, status_row, status_total)
+from .read import CEILING_BYTES, CEILING_CELLS, Caps
+from .report import PROG
 from .results import GradingError
-from .visible import status_without_sources
 
 
 class _Parser(argparse.ArgumentParser):
@@ -187,6 +181,11 @@ def _parser() -> argparse.ArgumentParser:
     grade.add_argument("--roster", type=roster_argument, metavar="FILE",
                        help="a CSV naming the students (columns folder, id, name, login, "
                             "section): the gradebook gets their LMS ids and a row each")
+    grade.add_argument("--lang", choices=tuple(LANGUAGES), default=None,
+                       help="your language: the lines printed, the class summary and the "
+                            "class report, with the mistakes' messages in them (default: "
+                            "LLAMA_COURSE_LANG, else English); each student's diagnoses and "
+                            "feedback stay in the submission's language")
     grade.add_argument("--max-size", type=_capped(_size, CEILING_BYTES), default=Caps.max_bytes,
                        metavar="SIZE", help="largest notebook file graded, checked before it is "
                        "read (default: %(default)s bytes; at most 64M)")
@@ -211,15 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] in (["gradescope"], ["doctor"]):
         return _hand_over(argv[0], argv[1:])
     args = _parser().parse_args(argv)
-    os.environ[GRADING_ENV] = "1"  # checks behave as under a grader, here and in the workers
-    make_undumpable()  # a worker running as this user cannot read this process's memory
     try:
-        with sigterm_as_interrupt():
-            if not args.source.is_dir():
-                if args.run is _status and args.source == SOURCE_DIR:  # a wheel: no solutions/
-                    return status_without_sources(args, _status)
-                raise GradingError(args.source, _("no such folder of source notebooks"))
-            return args.run(args)
+        return args.run(args)
     except GradingError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
@@ -242,75 +234,13 @@ def _hand_over(command: str, argv: list[str]) -> int:
 
 
 # --------------------------------------------------------------------------------------------
-# status
+# the commands: the flags onto the options, the library's run (checks.grader.api), its exit status
 
 
 def _status(args) -> int:
-    paths = chapter_notebooks(args.dir)
-    width = max(len(status_label(p)) for p in paths) + 2
-    print(status_header(width), flush=True)
-    results, problems, incident = grade_each(  # each row is printed as soon as it is known
-        paths, from_namespace(GradeOptions, args),
-        lambda r: print(status_row(r, width), flush=True), roots=[args.dir], progress=False)
-    if incident is not None:
-        report_incident(incident, len(results) + len(problems), len(paths))
-        return 3
-    passed = sum(r.passed for r in results)
-    total = sum(len(r.exercises) for r in results)
-    print(status_total(width, passed, total))
-    return 2 if problems else 0
-
-
-# --------------------------------------------------------------------------------------------
-# grade
+    return api.status(args.dir, from_namespace(GradeOptions, args)).exit_status
 
 
 def _grade(args) -> int:
-    found = find_submissions(args.paths, Caps(args.max_size, args.max_cells, args.max_notebooks),
-                             args.source)  # links, special files, caps: one line each, here
-    paths = found.paths
-    # unwritable outputs are refused here, before grading
-    outputs = GradeOutputs(from_namespace(OutputOptions, args), paths)
-    for refusal in found.refused:
-        report_problem(refusal)
-    todo = outputs.to_grade(paths)
-    if outputs.kept:
-        print(f"{PROG}: " + _("{kept} of {count} notebooks unchanged since they were graded: "
-                              "their results in {json} are kept (--regrade grades them "
-                              "again)").format(kept=len(outputs.kept), count=len(paths),
-                                               json=args.json), file=sys.stderr, flush=True)
-        outputs.write_kept_feedback()
-    if outputs.regraded:
-        print(f"{PROG}: " + _("{count} unchanged notebooks graded again: the course's checks or "
-                              "their chapter's source notebook changed since their results in "
-                              "{json}").format(count=len(outputs.regraded), json=args.json),
-              file=sys.stderr, flush=True)
-    to_stdout = args.json == Path("-")
-
-    def save(result):  # as each notebook finishes, in the order they finish: nothing is lost
-        found.adopt(result)  # its student, and whether it counts, before any output sees it
-        outputs.add(result)  # every output brought up to date
-
-    def show(result):  # in the order given
-        if not to_stdout:
-            print(grade_table(result, late_text(outputs.record_of(result))), flush=True)
-
-    progress = Progress(todo, args.jobs, on_result=save).start()
-    try:
-        results, problems, incident = (
-            grade_each(todo, from_namespace(GradeOptions, args), show, roots=args.paths)
-            if todo else ([], [], None))
-    finally:
-        progress.stop()
-    outputs.write(found.refused + problems, incident)
-    records = counted(outputs.all_records())
-    if not to_stdout and incident is None:
-        if len(records) > 1:
-            print(_("total: {points}/{max_points} points in {count} notebooks").format(
-                points=pts(sum(r["points"] for r in records)),
-                max_points=pts(sum(r["max_points"] for r in records)), count=len(records)))
-            print(summary_text(outputs.summary(), records), end="")
-    if incident is not None:
-        report_incident(incident, len(results) + len(problems), len(todo))
-        return 3
-    return 2 if problems or found.refused or not all(r.counted for r in results) else 0
+    return api.grade_folder(args.paths, from_namespace(GradeOptions, args),
+                            from_namespace(OutputOptions, args)).exit_status

@@ -7,7 +7,8 @@ nbgrader's preprocessors.
 3. `build.build_graded_notebook`: the submission's code cells + the source's test cells.
 4. `run.execute_notebook`: its cells in a walled-in worker (time, memory and output limits; a dead
    worker is survived); each test decided here, on the worker's functions.
-5. `score.score_notebook`: nbgrader's rule for each test cell -> `ExerciseResult`s.
+5. `score.score_notebook`: nbgrader's rule for each test cell -> `ExerciseResult`s, handed what
+   the run returned beside the notebook (each failed test's `Verdict`, the cells skipped).
 
 Around them, `tripwire.Tripwire`: the course's code, the sources and the submissions, hashed before
 and compared after each notebook; a change is a `GradingIncident` that stops the run.
@@ -71,7 +72,8 @@ def grade_notebook(path: str | os.PathLike, *, cell_timeout: float = DEFAULT_CEL
     try:
         with using(lang):
             run = _run_in_scratch(path, nb, source, limits, chapter, source_dir, hide)
-            exercises = score_notebook(nb, source, run.completed)
+            exercises = score_notebook(nb, source, run.completed, verdicts=run.verdicts,
+                                       skipped=run.skipped_cells, tampered=run.tampered)
     except WorkerCannotStart as failure:  # said to the instructor, in the terminal's language
         raise GradingError(path, _("not graded: {why}; the grader's environment is at fault, "
                                    "not the submission: fix it and grade again").format(

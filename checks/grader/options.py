@@ -1,12 +1,16 @@
 """The grading library's options, with their defaults: the command line (`checks.grader.cli`)
-maps its flags onto these, and a program or a test grades with them directly:
+maps its flags onto these (a field is named like its flag: `--max-size` is `max_size`), and a
+program or a test grades with them directly through the library (`checks.grader.api`):
 
+    from pathlib import Path
+    from checks.grader.api import grade_folder
     from checks.grader.options import GradeOptions, OutputOptions
-    from checks.grader.batch import grade_each
-    results, problems, incident = grade_each(paths, GradeOptions(jobs=1), show=print)
+    run = grade_folder([Path("submitted")], GradeOptions(jobs=1),
+                       OutputOptions(json=Path("grades.json")))
 
-`GradeOptions` decides how notebooks are graded (the same for `status` and `grade`);
-`OutputOptions` what `grade` writes (checks.grader.outputs.writer.GradeOutputs)."""
+`GradeOptions` decides which notebooks are graded and how (the same for `status` and `grade`;
+`status` has no caps); `OutputOptions` what `grade` writes
+(checks.grader.outputs.writer.GradeOutputs)."""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from pathlib import Path
 from .grading import DEFAULT_CELL_TIMEOUT
 from .identify import SOURCE_DIR
 from .limits import Limits, cores
+from .read import Caps
 
 _LIMITS = Limits()
 
@@ -32,6 +37,13 @@ class GradeOptions:
     cpu_time: int = _LIMITS.cpu  # CPU seconds per notebook, 0: no limit
     max_output: int = _LIMITS.output  # largest file a notebook may write
     source: Path = SOURCE_DIR  # the chapters' source notebooks
+    max_size: int = Caps.max_bytes  # largest notebook file graded (checked before it is read)
+    max_cells: int = Caps.max_cells  # most cells a notebook may have
+    max_notebooks: int = Caps.max_notebooks  # most notebooks graded for one student
+
+    def caps(self) -> Caps:
+        """The caps on what one submission may be (`identify.find_submissions`)."""
+        return Caps(self.max_size, self.max_cells, self.max_notebooks)
 
 
 @dataclass
@@ -45,7 +57,10 @@ class OutputOptions:
     due: datetime | None = None  # the deadline: later submissions are marked late
     extensions: dict[str, datetime] | None = None  # {student: their own due time}
     roster: dict[str, dict[str, str]] | None = None  # {folder: id, name, login, section}
-    source: Path = SOURCE_DIR
+    source: Path = SOURCE_DIR  # (the library grades with GradeOptions.source's)
+    # The instructor's language ("en", "zh"): the class summary, the class report and the
+    # mistakes' messages in them. None: LLAMA_COURSE_LANG's, else English.
+    lang: str | None = None
 
 
 def from_namespace(kind: type, namespace) -> object:

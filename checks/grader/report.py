@@ -14,7 +14,6 @@ import sys
 import threading
 import time
 import unicodedata
-from collections.abc import Callable
 from pathlib import Path
 
 from ..i18n import N_, _
@@ -38,12 +37,8 @@ class Progress:
     still being graded (a slow or hanging cell), so that a quiet run is not mistaken for a dead
     one. `start` before grading, `stop` after."""
 
-    def __init__(self, paths: list[Path], jobs: int, heartbeat: float = HEARTBEAT,
-                 on_result: Callable[[NotebookResult], object] | None = None):
+    def __init__(self, paths: list[Path], jobs: int, heartbeat: float = HEARTBEAT):
         self.paths, self.jobs, self.heartbeat = list(paths), max(1, jobs), heartbeat
-        # Called as each notebook finishes, in the order they finish (the tables wait for the
-        # notebooks before them): where results are saved, so that none waits to be lost.
-        self.on_result = on_result
         self.finished: set[Path] = set()
         self.started = self.last = time.monotonic()
         self._stop = threading.Event()
@@ -95,8 +90,6 @@ def progress_line(done: int, total: int, path: Path, outcome) -> None:
     eta = _progress.finish(path) if _progress is not None else ""
     r = getattr(outcome, "result", None)  # a results.Graded
     if r is not None:
-        if _progress is not None and _progress.on_result is not None:
-            _progress.on_result(r)
         print(f"[{done}/{total}] {shown_path(path)}: " + _(
             "{points}/{max_points} points ({seconds} s{eta})").format(
                 points=pts(r.points), max_points=pts(r.max_points), seconds=f"{r.seconds:.1f}",

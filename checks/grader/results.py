@@ -1,5 +1,6 @@
-"""What grading produces: `ExerciseResult` per test cell, `NotebookResult` per notebook (its
-`to_dict` is the JSON report's record), and the two ways a notebook's grading ends without one:
+"""What grading produces: `Verdict` per failed test cell (from the run stage to the score
+stage), `ExerciseResult` per test cell, `NotebookResult` per notebook (its `to_dict` is the JSON
+report's record), and the two ways a notebook's grading ends without one:
 `GradingError` (bad input, one readable line) and `GradingIncident` (something no notebook may do
 happened; grading stops)."""
 
@@ -88,6 +89,21 @@ class GradingIncident(Exception):
         return _("while grading {where}: {what}: {changed}").format(where=where, what=_(self.what),
                                                                      changed=shown)
 
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The grader's verdict on a test cell that failed, taken from the failure where it was
+    raised in the grading process (`score.verdict_of`): the stage that runs the cell (`run`)
+    returns it beside the notebook, by cell index, and the stage that scores (`score`) is handed
+    it; nothing of it travels in the notebook. `mistake`: the diagnosed mistake's id
+    ("04.attention_scores.missing_scale"), None when none was recognised; `seed`: the seed that
+    replays the failing case, None when it had no random inputs; `message`: the diagnosis as the
+    report shows it, None when the failure was not a check's (the error is classified instead)."""
+
+    mistake: str | None = None
+    seed: int | None = None
+    message: str | None = None
 
 
 @dataclass
@@ -210,3 +226,39 @@ class Incident:
 
 
 Outcome = Graded | NotGraded | Incident
+
+
+# --------------------------------------------------------------------------------------------
+# What grading many notebooks gave (`checks.grader.api`): the library's answer, from which the
+# command line takes its exit status.
+
+
+@dataclass
+class GradeRun:
+    """One run of `api.grade_folder` (or `api.status`): the notebooks graded now, those that
+    could not be, why grading stopped if it did, and (grade) the report's records and class
+    summary as the outputs were written from them."""
+
+    # graded now, in the order given; those that could not be (one line each)
+    results: list[NotebookResult] = field(default_factory=list)
+    problems: list[GradingError] = field(default_factory=list)
+    # refused before grading: links, special files, past the caps, a student's second notebook
+    refused: list[GradingError] = field(default_factory=list)
+    # grading stopped: something no notebook may do happened
+    incident: GradingIncident | None = None
+    # the records of an earlier report (--json) kept: their files are unchanged since
+    kept: list[dict] = field(default_factory=list)
+    # every record of the report (the JSON's `notebooks`), and the class summary of those
+    # counted (the JSON's `summary`), as the outputs were written from them
+    records: list[dict] = field(default_factory=list)
+    summary: list[dict] = field(default_factory=list)
+
+    @property
+    def exit_status(self) -> int:
+        """`python -m checks`'s: 3 when grading stopped on an incident, 2 when a notebook could
+        not be graded, was refused or does not count, else 0."""
+        if self.incident is not None:
+            return 3
+        if self.problems or self.refused or not all(r.counted for r in self.results):
+            return 2
+        return 0

@@ -2,9 +2,14 @@
 (`worker.Worker`). Each test cell runs twice: first here, in the grading process, with the
 grader's own checkers and torch, on the worker's functions (`remote.RemoteFunction`): this run
 decides the points. Then in the worker, in the notebook's namespace, as Jupyter would: there the
-graded chapter's `check_*` functions repeat this run's verdict, so an honest notebook gets the same
-outcome, and one whose own run passes while the grader's failed has tampered with something
-(`tampering suspected` in the report).
+graded chapter's `check_*` functions echo this run's outcome (its `Echo`: passed, or the error),
+so an honest notebook gets the same outcome, and one whose own run passes while the grader's
+failed has tampered with something (`tampering suspected` in the report).
+
+What the run learns besides the cells' outputs is returned beside the notebook, in `Execution`,
+by cell index: each failed test's `Verdict` (mistake, seed, message), the cells skipped and why,
+the tests tampered with. The score stage is handed them; none travels in the notebook's
+metadata.
 
 Watching from inside the worker is advice only: the forbidden-library-function guard (chapter
 04's "no library softmax") runs in the worker, where the notebook could switch it off; a detection
@@ -34,18 +39,24 @@ from .identify import SOURCE_DIR
 from .library import WorkerLibrary, defined_names
 from .read import Node, grade_id, is_test_cell
 from .remote import RemoteFunction
-from .results import OUTLIVED, GradingIncident, WorkerCannotStart
+from .results import OUTLIVED, GradingIncident, Verdict, WorkerCannotStart
 from .score import exercise_name, verdict_of
-from .worker import Worker
+from .worker import Echo, Worker
 
 
 @dataclass
 class Execution:
+    """What running a notebook gave, besides the outputs written into its cells; cells are
+    named by their index in the notebook run."""
+
     completed: set[int]  # indices of the cells that ran to the end
     error: str | None  # what went wrong (cells skipped, an early stop), or None
     isolation: str = ""
     worker_uid: int | None = None
     skipped: dict[str, str] = field(default_factory=dict)  # {cell described: why}
+    verdicts: dict[int, Verdict] = field(default_factory=dict)  # the failed tests' verdicts
+    skipped_cells: dict[int, str] = field(default_factory=dict)  # {index: why it was skipped}
+    tampered: set[int] = field(default_factory=set)  # tests the worker passed, the grader failed
 
 
 def chapter_namespace(source) -> dict[str, Any]:
@@ -130,7 +141,7 @@ def worker_source(cell) -> str:
     replaced by `pass` (at the block's indentation, so the cell still compiles). The hidden
     tests ran here, on the grader's side; their source never reaches the worker, where the
     learner's code could read it (an audit hook on compile, the cell's frame) and raise it as a
-    message. The visible part's checks repeat the grader's verdict there, so a notebook whose
+    message. The visible part's checks echo the grader's outcome there, so a notebook whose
     own run passes where the grader's failed is still seen (tampering). A block left open hides
     the rest of the cell."""
     kept: list[str] = []
@@ -191,7 +202,8 @@ class _WrongKind:
 def _grader_side_test(cell, worker, imports: dict[str, Any], kinds: dict[str, str],
                       limits) -> dict[str, Any]:
     """Run a test cell in this process on the worker's functions: {"ok", "ename", "evalue",
-    "stderr"}. Raises WorkerGone when the worker dies or runs out of time."""
+    "stderr", and "verdict" when it failed}. Raises WorkerGone when the worker dies or runs out
+    of time."""
     deadline = worker.deadline()
     worker.begin_test(deadline)
     namespace = dict(imports)
@@ -291,14 +303,15 @@ def execute_notebook(nb, source, *, limits, workdir: str | os.PathLike, chapter:
                      hide: list | tuple = ()) -> Execution:
     """Run the cells of `nb` in a worker, in order. Each test cell (from the source) runs first
     here, on the worker's functions (this run decides), then in the worker, where the graded
-    chapter's checks repeat this run's verdict.
+    chapter's checks echo this run's outcome.
 
-    `nb` gets the outputs (stderr and the first error; for a test cell, those of the run here)
-    and, on a test cell whose run in the worker passed while the run here failed,
-    `checks_tampering` metadata. A cell that runs past the time limit, kills the worker or
-    breaks the protocol costs only itself (and what needs it), as a restarted Jupyter kernel
-    would: it is skipped (`checks_skipped` metadata: why), the worker restarted, the cells
-    before it run again (their results stand) and the notebook goes on. The notebook's budget
+    `nb` gets the outputs (stderr and the first error; for a test cell, those of the run here);
+    the rest is returned: each failed test's verdict, and the tests whose run in the worker
+    passed while the run here failed (`Execution.verdicts`, `.tampered`). A cell that runs past
+    the time limit, kills the worker or breaks the protocol costs only itself (and what needs
+    it), as a restarted Jupyter kernel would: it is skipped (`Execution.skipped_cells`: why), the
+    worker restarted, the cells before it run again (their results stand) and the notebook goes
+    on. The notebook's budget
     (`limits.notebook_time`) and `MAX_RESTARTS` bound it all. Raises GradingIncident if any of
     a worker's processes survive it, and WorkerCannotStart if the first worker does not start.
     """
@@ -323,7 +336,9 @@ class _NotebookRun:
         self.budget = time.monotonic() + limits.notebook_time if limits.notebook_time else None
         self.completed: set[int] = set()  # cells that ran to the end (their results stand)
         self.replay: list[int] = []  # of those, the ones a restarted worker runs again
-        self.verdicts: dict[int, Any] = {}  # a test cell's verdict, repeated when it is replayed
+        self.echoes: dict[int, Echo] = {}  # a test cell's outcome, echoed again on a replay
+        self.verdicts: dict[int, Verdict] = {}  # the failed tests' verdicts
+        self.tampered: set[int] = set()  # tests whose run in the worker passed, here failed
         self.skipped: dict[int, str] = {}  # cells that hung or crashed the worker: why
         self.stop: str | None = None  # why the cells from some point on were not run
         self.restarts = 0
@@ -340,7 +355,9 @@ class _NotebookRun:
             raise GradingIncident([], [f"process {pid}" for pid in self.left_behind], OUTLIVED)
         return Execution(self.completed, self._error(), self.mode, self.uid,
                          skipped={_describe_cell(self.nb, i): why
-                                  for i, why in sorted(self.skipped.items())})
+                                  for i, why in sorted(self.skipped.items())},
+                         verdicts=dict(self.verdicts), skipped_cells=dict(self.skipped),
+                         tampered=set(self.tampered))
 
     def _run_cells(self) -> None:
         try:
@@ -361,7 +378,6 @@ class _NotebookRun:
                 self._run_cell(index, cell)
             except WorkerGone as gone:
                 self.skipped[index] = str(gone)
-                cell.metadata["checks_skipped"] = str(gone)
                 cell.outputs = []
                 if not self._restart(index):
                     return
@@ -375,16 +391,16 @@ class _NotebookRun:
             cell.outputs = _as_outputs(worker.run_cell(index, cell.source))
             return
         here = _grader_side_test(cell, worker, self.imports, self.kinds, self.limits)
-        verdict = "passed" if here["ok"] else (here["ename"], here["evalue"])
-        self.verdicts[index] = verdict
-        inside = worker.run_cell(index, worker_source(cell), verdict)
+        echo: Echo = "passed" if here["ok"] else (here["ename"], here["evalue"])
+        self.echoes[index] = echo
+        inside = worker.run_cell(index, worker_source(cell), echo)
         if inside["ok"] and not here["ok"]:
-            cell.metadata["checks_tampering"] = True
+            self.tampered.add(index)
         # Only this process's run counts: the worker's may fail for reasons of its own (a
         # hidden test that uses a reference function the worker does not have).
         cell.outputs = _as_outputs(here)
         if here.get("verdict"):
-            cell.metadata["checks_verdict"] = here["verdict"]
+            self.verdicts[index] = here["verdict"]
 
     def _restart(self, broken: int) -> bool:
         """A fresh worker with the notebook's state up to `broken` (without it): the cells that
@@ -424,7 +440,7 @@ class _NotebookRun:
                 if is_graded_test(cell):
                     self.worker.begin_test(self.worker.deadline())
                 source = worker_source(cell) if is_graded_test(cell) else cell.source
-                self.worker.run_cell(index, source, self.verdicts.get(index))
+                self.worker.run_cell(index, source, self.echoes.get(index))
             except WorkerGone:
                 return index
         return None

@@ -10,11 +10,15 @@ import contextlib
 import shutil
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, TypeVar
 
 from ..i18n import N_, _
+from .options import GradeOptions
 from .read import chapter_notebooks
+
+T = TypeVar("T")
 
 NOTE = N_("the course is installed without its source notebooks (solutions/): the visible checks "
            "of your own notebooks are run (the hidden tests are the instructor's)")
@@ -35,13 +39,10 @@ def visible_sources(folder: Path) -> Iterator[Path]:
         yield Path(tmp)
 
 
-def status_without_sources(args, status: Callable) -> int:
-    """Run `status(args)` with the learner's notebooks as the sources, saying so in one line."""
+def status_without_sources(folder: Path, options: GradeOptions,
+                           status: Callable[[Path, GradeOptions], T]) -> T:
+    """`status(folder, options)` with the learner's notebooks under `folder` as the sources,
+    saying so in one line."""
     print(_(NOTE), file=sys.stderr, flush=True)
-    missing = args.source
-    with visible_sources(args.dir) as sources:
-        args.source = sources
-        try:
-            return status(args)
-        finally:
-            args.source = missing
+    with visible_sources(folder) as sources:
+        return status(folder, replace(options, source=sources))

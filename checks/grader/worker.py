@@ -33,7 +33,7 @@ import sys
 import time
 import types
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -52,6 +52,11 @@ from .remote import (MAX_TEXT, RemoteFunction, RemoteObject, capped_text, grader
 from .tensors import as_is, attach_autograd, flat_tensors, grad_leaf, replace_tensors
 from .wire import ProtocolError
 from .zygote import zygote_spawn
+
+# What the grader's run of a test cell gave, which the graded chapter's check stubs in the worker
+# echo when the notebook's own copy of the cell runs (`worker_side.echo_check`): "passed", or the
+# error's (name, text). Not the grader's verdict (`results.Verdict`): only pass or fail.
+Echo = Literal["passed"] | tuple[str, str]
 
 
 class _Session:
@@ -431,11 +436,11 @@ class Worker:
         self.session = _Session(deadline)
         self.stderr_text = ""
 
-    def run_cell(self, index: int, source: str, verdict: Any = None) -> dict:
+    def run_cell(self, index: int, source: str, echo: Echo | None = None) -> dict:
         """Execute one cell in the notebook's namespace: {"ok", "ename", "evalue", "stderr"}.
-        `verdict` (for a test cell: "passed" or (ename, evalue)) is what the graded chapter's
-        check stubs repeat."""
-        self._post(("cell", index, source, verdict))
+        `echo` (for a test cell: "passed" or (ename, evalue)) is what the graded chapter's
+        check stubs echo."""
+        self._post(("cell", index, source, echo))
         reply = self._serve("cell", self.deadline())
         return {"ok": reply.get("ok") is True,
                 "ename": capped_text(reply.get("ename"), 200) or "Error",

@@ -2,8 +2,9 @@
 `python -I -c "...; from checks.grader.worker_side import worker_main; ..."` or, walled in, by
 `jail.py`), which runs the notebook's cells in one namespace and the learner's functions when the
 grader asks, sending back what they return through `wire`; stand-ins for the objects the grader
-kept (their calls go back to the grader); and `verdict_check`, what the graded chapter's `check_*`
-functions are in the worker's library: they repeat the verdict the grader already reached.
+kept (their calls go back to the grader); and `echo_check`, what the graded chapter's `check_*`
+functions are in the worker's library: they echo the outcome of the grader's own run of the test
+(passed, or its error), never more of it.
 
 This module runs in the untrusted worker and is in its library (`library.WORKER_GRADER_MODULES`):
 it and everything it imports must hold nothing the worker may not have."""
@@ -31,24 +32,28 @@ from .tensors import attach_autograd, flat_tensors
 
 
 _worker_state: dict[str, Any] = {}
-_VERDICTS: dict[str, type] = {}  # the exception classes verdicts are raised as, by name
+_ECHOED: dict[str, type] = {}  # the exception classes echoed errors are raised as, by name
 
 
-def verdict_check(name: str):
-    """In the worker: the graded chapter's `check_*`, which repeats the grader's verdict on the
-    test cell being run (the grader has already run the real check)."""
+def echo_check(name: str):
+    """In the worker: the graded chapter's `check_*`, which echoes the outcome of the grader's
+    run of the test cell being run (the grader has already run the real check): None when it
+    passed, else an error of the same name and text."""
     def check(*args, **kwargs):
-        verdict = _worker_state.get("verdict")
-        if verdict is None:
+        echo = _worker_state.get("echo")
+        if echo is None:
             raise RuntimeError(f"{name} runs only in the test cells while this chapter is graded")
-        if verdict == "passed":
+        if echo == "passed":
             return None
-        ename, evalue = verdict
-        cls = _VERDICTS.setdefault(f"verdict:{ename}", type(str(ename), (AssertionError,), {}))
+        ename, evalue = echo
+        cls = _ECHOED.setdefault(str(ename), type(str(ename), (AssertionError,), {}))
         raise cls(evalue)
 
     check.__name__ = check.__qualname__ = name
     return check
+
+
+verdict_check = echo_check  # the name the worker's library imports it by (library.py)
 
 
 class _CappedText(io.TextIOBase):
@@ -188,16 +193,16 @@ class _WorkerSide:
             sys.stdout, sys.stderr = self.real
 
     # ---- the grader's requests ----
-    def do_cell(self, index: int, source: str, verdict) -> None:
+    def do_cell(self, index: int, source: str, echo) -> None:
         self.clear()
-        _worker_state["verdict"] = verdict
+        _worker_state["echo"] = echo
         result: dict[str, Any] = {"kind": "cell", "ok": True}
         with self.captured() as err:
             try:
                 exec(compile(source, f"<cell {index}>", "exec"), self.namespace)
             except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt too
                 result.update(ok=False, ename=type(exc).__name__, evalue=str(exc)[:4000])
-        _worker_state["verdict"] = None
+        _worker_state["echo"] = None
         result.update(stderr=err.getvalue(), stderr_total=err.total)
         self.send(**result)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from checks.grader.outputs.headlines import headline
 from checks.grader.report import replay_text
 
 from ..support import submissions as sub
@@ -99,8 +100,9 @@ def check_results(results: dict, record: dict | None) -> None:
             exercise = exercises[test["name"].split(": ", 1)[1]]
             assert test["score"] == exercise["points"]
             replay = replay_text(exercise)  # how to see the failing inputs again, if any
-            assert test["output"] == (exercise["message"] or exercise["status"]) + (
-                "\n" + replay if replay else "")
+            told = headline(exercise["mistake"]) if exercise["status"] != "passed" else None
+            assert test["output"] == (f"{told}\n" if told else "") + (
+                exercise["message"] or exercise["status"]) + ("\n" + replay if replay else "")
     assert results["score"] == sum(t["score"] for t in tests)
 
 

@@ -2,7 +2,8 @@
 `python -m checks grade` (the sandboxed grader, in its own process), and write
 `<root>/results/results.json` in Gradescope's format: one test per exercise of the chapters this
 autograder was built for (`score`, `max_score`, `name`, `number`, `output`: the grader's
-diagnosis, `status`, `visibility`), the overall `score`, and the grader's table as `output`.
+diagnosis, under the registry's message for its mistake when one was diagnosed, `status`,
+`visibility`), the overall `score`, and the grader's table as `output`.
 
 A chapter whose notebook is missing from the submission scores zero with a test per exercise
 saying so; a submission that cannot be graded at all (an incident) scores zero and says why.
@@ -20,6 +21,7 @@ import time
 from pathlib import Path
 
 from ...i18n import N_, _, using
+from ..outputs.headlines import headline
 from ..read import is_test_cell, read_notebook
 from ..report import replay_text, status_word
 from ..score import exercise_name
@@ -145,6 +147,9 @@ def _chapter_tests(chapter: str, record: dict | None, course: Path, before: int)
             score = float(exercise["points"])
             status = PASSED if exercise["status"] == PASSED else "failed"
             output = exercise["message"] or status_word(exercise["status"])
+            told = headline(exercise.get("mistake")) if status != PASSED else None
+            if told:  # the registry's message over the student's own diagnosis
+                output = f"{told}\n{output}"
             if replay_text(exercise):
                 output += "\n" + replay_text(exercise)
         tests.append({"name": f"{chapter}: {name}", "number": f"{chapter[:2]}.{number}",

@@ -2,10 +2,11 @@
 
 Per chapter: the distribution of scores, how many were late, and per exercise the pass rate and
 the mistakes made most often, each counted once per student, with its id, its message and which
-students made it. The charts are SVG drawn with matplotlib and put inline: the page needs no
-JavaScript and no other file, so it can be mailed or archived as it is. Every piece of text from
-a submission (student names, messages) is escaped. The page is in the instructor's language
-(LLAMA_COURSE_LANG), like the terminal's summary."""
+students made it (the registry's message for the id, `headlines.headline`, never a student's
+words). The charts are SVG drawn with matplotlib and put inline: the page needs no JavaScript and
+no other file, so it can be mailed or archived as it is. Every piece of text from a submission
+(student names, messages) is escaped. The page is in the instructor's language (`checks grade
+--lang`, else LLAMA_COURSE_LANG), like the terminal's summary."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import html
 import io
 from collections import defaultdict
 
-from ...i18n import _, language
+from ...i18n import _, language, using
 from ..report import status_word
 from .gradebook import counted, student_label
 from .summary import class_summary
@@ -34,10 +35,17 @@ figcaption { color: #555; font-size: .9rem; }
 """
 
 
-def class_report_html(records: list[dict]) -> str:
-    """The page for these records (the JSON report's), in the language of the moment."""
+def class_report_html(records: list[dict], lang: str | None = None) -> str:
+    """The page for these records (the JSON report's), in `lang` (None: the language of the
+    moment; LLAMA_COURSE_LANG, when set, still decides the page's own words, and `lang` the
+    mistakes' messages)."""
+    with using(lang):
+        return _page(records, lang)
+
+
+def _page(records: list[dict], lang: str | None) -> str:
     graded = counted(records)
-    summary = class_summary(records)
+    summary = class_summary(records, lang)
     title = _("Class report: {count} notebooks, {students} students").format(
         count=len(graded), students=len({student_label(r) for r in graded}))
     parts = ["<!DOCTYPE html>", f'<html lang="{language()}"><head><meta charset="utf-8">',

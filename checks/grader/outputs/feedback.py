@@ -1,5 +1,6 @@
 """Feedback for students: `DIR/<student>/<chapter>.html`, each exercise's points and the
-grader's diagnosis (what the checks said, the error's name and message), the notebook's own
+grader's diagnosis (a diagnosed mistake's registry message as its headline, `headlines.headline`,
+over what the checks said to this student, the error's name and message), the notebook's own
 problems (a cell skipped because it hung or crashed), and lateness. Nothing of the hidden tests:
 the diagnoses are the grader's one-line messages, never a cell's source or a traceback. Every
 piece of text is escaped: student names, messages and file names are the students' to choose.
@@ -16,6 +17,7 @@ from pathlib import Path
 from ...i18n import _, language, using
 from ..report import replay_text, status_word
 from .gradebook import student_label
+from .headlines import headline
 from .late import late_text
 from .store import atomic_write
 
@@ -88,8 +90,8 @@ def _page(record: dict) -> str:
         parts.append(f"<tr><td>{e(exercise['name'])}</td><td class=\"points\">"
                      f"{_pts(exercise['points'])} / {_pts(exercise['max_points'])}</td>"
                      f'<td class="{css}">{e(word)}</td>'
-                     f'<td class="message">{e(exercise.get("message") or "")}'
-                     f'{_replay(exercise)}</td></tr>')
+                     f'<td class="message">{_headline(exercise)}'
+                     f'{e(exercise.get("message") or "")}{_replay(exercise)}</td></tr>')
     parts.append("</tbody></table>")
     # The notebook's error names each skipped cell and why already: each said once.
     for skipped in [] if record.get("error") else record.get("skipped") or []:
@@ -100,6 +102,13 @@ def _page(record: dict) -> str:
         parts.append(f'<p class="note">{e(record["error"])}</p>')
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
+
+
+def _headline(exercise: dict) -> str:
+    """The registry's message for the exercise's mistake, in the page's language, over the
+    student's own diagnosis ("" when it passed or no declared mistake was diagnosed)."""
+    told = headline(exercise.get("mistake")) if exercise.get("status") != "passed" else None
+    return f'<strong class="headline">{html.escape(told)}</strong><br>' if told else ""
 
 
 def _replay(exercise: dict) -> str:

@@ -78,7 +78,7 @@ PACKAGE = Path(__file__).resolve().parents[2]  # checks/
 # modules included): the maintainers' tools, how results are shown and written, the other
 # commands. The message catalogues are left out too: points never depend on the language.
 NOT_SCORING = ("tools/**/*.py", "grader/outputs/*.py", "grader/gradescope/*.py",
-               "grader/cli.py", "grader/batch.py", "grader/report.py",
+               "grader/cli.py", "grader/api.py", "grader/batch.py", "grader/report.py",
                "grader/nbgrader_plugins.py", "doctor.py", "install.py", "__main__.py",
                "smollm/__main__.py")
 

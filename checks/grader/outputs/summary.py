@@ -2,23 +2,26 @@
 the mistakes most often made by those that did not, counted once per student.
 
 A diagnosis with a mistake id (checks.mistakes) is grouped by that id, whatever its random values
-or the language the student read it in; one without (an error, a failure no declared mistake
-explains) is grouped by its status and message."""
+or the language the student read it in, and told by the registry's message for the id in the
+instructor's language (`headlines.headline`), never by one student's words; one without (an
+error, a failure no declared mistake explains) is grouped by its status and message."""
 
 from __future__ import annotations
 
 from ...i18n import _
-from ...registry import message as registry_message
 from ..report import status_word
 from .gradebook import counted
+from .headlines import headline
 
 COMMON = 3  # diagnoses shown per exercise in the terminal
 
 
-def class_summary(records: list[dict]) -> list[dict]:
+def class_summary(records: list[dict], lang: str | None = None) -> list[dict]:
     """[{chapter, exercise, passed, graded, diagnoses: [{mistake, status, message, count,
     students}]}] in chapter order, then the order of the exercises in the notebook; each
-    exercise's diagnoses most common first (`count`: how many students)."""
+    exercise's diagnoses most common first (`count`: how many students). A mistake's `message`
+    is the registry's, in `lang` (None: the language of the moment; "" when the registry has no
+    message for the id)."""
     rows: dict[tuple[str, str], dict] = {}
     groups: dict[tuple[str, str], dict[tuple, dict]] = {}
     for record in sorted(counted(records), key=lambda r: r["chapter"]):
@@ -36,7 +39,7 @@ def class_summary(records: list[dict]) -> list[dict]:
             group_key = ("mistake", mistake) if mistake else ("text", exercise["status"], message)
             group = groups.setdefault(key, {}).setdefault(group_key, {
                 "mistake": mistake, "status": exercise["status"],
-                "message": _described(mistake, message), "students": []})
+                "message": _described(mistake, message, lang), "students": []})
             if student not in group["students"]:
                 group["students"].append(student)
     for key, row in rows.items():
@@ -46,11 +49,13 @@ def class_summary(records: list[dict]) -> list[dict]:
     return list(rows.values())
 
 
-def _described(mistake: str | None, message: str) -> str:
-    """A mistake told by its declared message (in the instructor's language), else the first
-    student's words."""
-    known = registry_message(mistake)
-    return known if known is not None else message
+def _described(mistake: str | None, message: str, lang: str | None) -> str:
+    """A mistake told by the registry's message for its id (in the instructor's language), and
+    by nothing else: never the first student's words ("" when the registry has none). A
+    diagnosis without an id by its text, the same for every student of its group."""
+    if not mistake:
+        return message
+    return headline(mistake, lang) or ""
 
 
 def summary_text(summary: list[dict], records: list[dict]) -> str:
@@ -66,7 +71,7 @@ def summary_text(summary: list[dict], records: list[dict]) -> str:
         name = f"{row['chapter']}/{row['exercise']}"
         lines.append(f"  {name:<{width}}{row['passed']:>4}/{row['graded']:<4} " + _("passed"))
         for d in row["diagnoses"][:COMMON]:
-            named = f"[{d['mistake']}] " if d["mistake"] else ""
-            lines.append(f"      {d['count']:>3} × {status_word(d['status'])}: {named}"
-                         f"{d['message']}")
+            told = " ".join(filter(None, [f"[{d['mistake']}]" if d["mistake"] else "",
+                                          d["message"]]))
+            lines.append(f"      {d['count']:>3} × {status_word(d['status'])}: {told}")
     return "\n".join(lines) + "\n"

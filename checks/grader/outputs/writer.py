@@ -36,6 +36,7 @@ class FileOutput:
     render: Callable[[list[dict]], str]
     as_each_finishes: bool = True  # else only once grading ends (drawing charts takes a while)
     with_roster: bool = False  # render(records, roster): the --roster table as well
+    with_lang: bool = False  # render(records, lang=...): in the instructor's language (--lang)
 
 
 # Every output that is one file made from the records, in the order they are written. The JSON
@@ -44,7 +45,7 @@ class FileOutput:
 FILE_OUTPUTS = (
     FileOutput("csv", "CSV", gradebook_csv, with_roster=True),
     FileOutput("csv_exercises", "CSV", exercises_csv),
-    FileOutput("report", "HTML", class_report_html, as_each_finishes=False),
+    FileOutput("report", "HTML", class_report_html, as_each_finishes=False, with_lang=True),
 )
 
 
@@ -57,6 +58,7 @@ class GradeOutputs:
         self.extensions = options.extensions  # {student: due}
         self.roster = options.roster  # {folder: id, name, login, section}
         self.regrade = options.regrade
+        self.lang = options.lang  # the instructor's language (None: LLAMA_COURSE_LANG, English)
         self.source = Path(options.source or SOURCE_DIR).resolve()
         self.regraded: list[Path] = []  # unchanged submissions graded again: the grader changed
         self._refuse_overwriting_inputs(paths)
@@ -141,14 +143,14 @@ class GradeOutputs:
                       key=lambda r: order.get(record_key(r["path"]), len(order)))
 
     def summary(self) -> list[dict]:
-        return class_summary(self.all_records())
+        return class_summary(self.all_records(), self.lang)
 
     def write(self, problems: list[GradingError] = (), incident: GradingIncident | None = None,
               *, final: bool = True) -> None:
         records = self.all_records()
         if self.json is not None and (final or self._merging):
-            text = json.dumps(report_data(records, problems, incident, complete=final),
-                              indent=2, ensure_ascii=False) + "\n"
+            text = json.dumps(report_data(records, problems, incident, complete=final,
+                                          lang=self.lang), indent=2, ensure_ascii=False) + "\n"
             if self.json == Path("-"):
                 sys.stdout.write(text)
             else:
@@ -156,8 +158,9 @@ class GradeOutputs:
         for output in FILE_OUTPUTS:
             target = getattr(self.options, output.option)
             if target is not None and (final or output.as_each_finishes):
-                atomic_write(target, output.render(records, self.roster) if output.with_roster
-                             else output.render(records))
+                extras = {"lang": self.lang} if output.with_lang else {}
+                atomic_write(target, output.render(records, self.roster, **extras)
+                             if output.with_roster else output.render(records, **extras))
 
     def write_kept_feedback(self) -> None:
         """Feedback pages for the records kept from the earlier run (they may be new here)."""
@@ -167,8 +170,9 @@ class GradeOutputs:
 
 
 def report_data(records: list[dict], problems, incident: GradingIncident | None, *,
-                complete: bool = True) -> dict:
-    """The JSON report. `complete` is false while grading is still going on (or was stopped)."""
+                complete: bool = True, lang: str | None = None) -> dict:
+    """The JSON report. `complete` is false while grading is still going on (or was stopped);
+    `lang`: the language of the summary's mistakes (None: the language of the moment)."""
     mine = counted(records)
     data = {
         "points": sum(r["points"] for r in mine),
@@ -176,7 +180,7 @@ def report_data(records: list[dict], problems, incident: GradingIncident | None,
         "complete": complete,
         "notebooks": records,
         "errors": [{"path": p.path, "error": p.problem} for p in problems],
-        "summary": class_summary(records),
+        "summary": class_summary(records, lang),
         "grader_memory_mib": round(max([peak_memory_mib()]
                                        + [r.get("grader_memory_mib", 0) for r in records]), 1),
     }
