@@ -242,16 +242,12 @@ def _sampling_variants(logits: torch.Tensor, temperature: float) -> dict:
     }
 
 
-def _fit(logp: torch.Tensor, truth: torch.Tensor, drawn: torch.Tensor) -> tuple[float, float]:
-    """(log-likelihood of the draws under `logp`, its z-score if the draws follow `truth`... of
-    `logp` itself): how far the draws' total log-probability under `logp` is from what draws of
-    `logp` would give, in standard deviations."""
+def _fit(logp: torch.Tensor, drawn: torch.Tensor) -> tuple[float, float]:
+    """(the draws' total log-probability under `logp`, how far it is from what draws of `logp`
+    itself would give, in standard deviations)."""
     ll = float(logp.gather(-1, drawn[..., None]).sum())
-    p = logp.exp()
-    mean = (p * logp).sum(-1)
-    var = (p * logp.square()).sum(-1) - mean.square()
-    z = (ll - float(mean.sum())) / math.sqrt(max(float(var.sum()), 1e-12))
-    return ll, z
+    mean = float((logp.exp() * logp).sum())
+    return ll, (ll - mean) / _spread(logp)
 
 
 def _check_distribution(c: Check, cfg, params, use_cache: bool, temperature: float) -> None:
@@ -273,8 +269,8 @@ def _check_distribution(c: Check, cfg, params, use_cache: bool, temperature: flo
         c.fail(_("{call} gave the greedy token in every one of its {count} draws.").format(
             call=label, count=rows * n), TEMPERATURE_IGNORED)
     right = torch.log_softmax(logits / temperature, -1)
-    ll, z = _fit(right, right, drawn)
-    fits = {m: _fit(lp, lp, drawn) for m, lp in _sampling_variants(logits, temperature).items()}
+    ll, z = _fit(right, drawn)
+    fits = {m: _fit(lp, drawn) for m, lp in _sampling_variants(logits, temperature).items()}
     best, *others = sorted(fits, key=lambda m: -fits[m][0])
     if abs(z) <= _Z_LIMIT and fits[best][0] - ll < _NATS:
         return
@@ -292,6 +288,7 @@ def _check_distribution(c: Check, cfg, params, use_cache: bool, temperature: flo
 
 
 def _spread(logp: torch.Tensor) -> float:
+    """The standard deviation of the total log-probability of one draw per row of `logp`."""
     p = logp.exp()
     mean = (p * logp).sum(-1)
     return math.sqrt(max(float(((p * logp.square()).sum(-1) - mean.square()).sum()), 1e-12))
