@@ -25,6 +25,17 @@ How the checks look inside:
   call carries exactly one new token per sequence, and nothing is fed after the last new token
   (n tokens: the prefill and n - 1 decode steps); without it, one call per new token, each over
   the whole sequence so far (B·P, B·(P + 1), ... ids: a use_cache=False that uses the cache shows).
+- `generate` sampling (temperature > 0): reproducible with a generator, with and without the
+  cache; 128 sequences of 4 new tokens each are scored token by token under the model's own
+  softmax(logits / T) (the whole sequence re-run without the cache), with the cache at T = 2 and
+  without it at T = 0.6; their total log-probability must lie within 6 standard deviations of what
+  true draws give (a correct sampler fails about once in 10^9), and a known sampling mistake
+  (softmax twice, T twice, T dropped, logits times T, softmax over the batch) is named only when
+  it explains the draws 12 nats better than the right distribution and every other mistake; two
+  calls with generator=None must differ; an LM head 300 times larger (logits in the hundreds)
+  must sample without overflow.
+- Configs never tie sizes together: H // N_h is not head_dim, rope_base is not 10000 and norm_eps
+  is far from 1e-5, so a size read from the wrong place changes the results at every seed.
 - `prefill_flops`, `decode_step_bytes`, `arithmetic_intensity`: exact numbers compared with the
   reference's counts (`checks.reference.generation`). Each known mistake is the count with one
   term changed, and every random case is drawn so that the mistakes give different numbers, so a
