@@ -25,6 +25,17 @@ How the checks look inside:
   call carries exactly one new token per sequence, and nothing is fed after the last new token
   (n tokens: the prefill and n - 1 decode steps); without it, one call per new token, each over
   the whole sequence so far (B·P, B·(P + 1), ... ids: a use_cache=False that uses the cache shows).
+- `generate` sampling (temperature > 0): reproducible with a generator, with and without the
+  cache; 128 sequences of 4 new tokens each are scored token by token under the model's own
+  softmax(logits / T) (the whole sequence re-run without the cache), with the cache at T = 2 and
+  without it at T = 0.6; their total log-probability must lie within 6 standard deviations of what
+  true draws give (a correct sampler fails about once in 10^9), and a known sampling mistake
+  (softmax twice, T twice, T dropped, logits times T, softmax over the batch) is named only when
+  it explains the draws 12 nats better than the right distribution and every other mistake; two
+  calls with generator=None must differ; an LM head 300 times larger (logits in the hundreds)
+  must sample without overflow.
+- Configs never tie sizes together: H // N_h is not head_dim, rope_base is not 10000 and norm_eps
+  is far from 1e-5, so a size read from the wrong place changes the results at every seed.
 - `prefill_flops`, `decode_step_bytes`, `arithmetic_intensity`: exact numbers compared with the
   reference's counts (`checks.reference.generation`). Each known mistake is the count with one
   term changed, and every random case is drawn so that the mistakes give different numbers, so a
@@ -236,7 +247,8 @@ def check_KVCache(cls, *, seed: int | None = None, thorough: bool = False) -> No
 
 @_one_thread
 def check_forward_with_cache(f, *, seed: int | None = None, thorough: bool = False) -> None:
-    from .cache import (_FORWARD_MISTAKES, _CacheHandle, _diagnose_raise, _no_reference,
+    from .cache import (_FORWARD_MISTAKES, _CacheHandle, _diagnose_head_dim, _diagnose_raise,
+                        _no_reference,
                              _params, _plans, _RecordingCache, _replay)
     from .mistakes import (LAST_ONLY, LAYER_NOT_CACHED, POSITIONS_PLUS_ONE,
                                 UNROTATED_RECOMPUTED, UNROTATED_STORED, UPDATE_TWICE)
@@ -262,6 +274,7 @@ def check_forward_with_cache(f, *, seed: int | None = None, thorough: bool = Fal
                     except LearnerError as err:
                         if mine.failure is not None:
                             raise mine.failure from None
+                        _diagnose_head_dim(c, err, cfg)
                         # A square mask raises in a later chunk: replayed to name it.
                         _diagnose_raise(c, err, tokens, params, cfg, batch, s_max, chunks[:n + 1])
                         raise
@@ -321,11 +334,12 @@ def check_generate(f, *, seed: int | None = None, thorough: bool = False) -> Non
     from .cache import _no_reference
     from .generate import (_check_sampling, _check_steps, _check_uncached_calls,
                                 _generate_mixups, _Recorder, _scenario)
-    from .mistakes import DECODE_IDS_1D, FORWARD_FOR_NOTHING, PROMPT_CHANGED
+    from .mistakes import BATCH_SQUEEZED, DECODE_IDS_1D, FORWARD_FOR_NOTHING, PROMPT_CHANGED
 
     earlier = {"KVCache": check_KVCache, "forward_with_cache": check_forward_with_cache}
     with builds_on("generate", earlier), Check(
-            "generate", f, seed=seed, errors=[DECODE_IDS_1D], in_place=PROMPT_CHANGED) as c:
+            "generate", f, seed=seed, errors=[DECODE_IDS_1D, BATCH_SQUEEZED],
+            in_place=PROMPT_CHANGED) as c:
         _no_reference(c, gen.generate)
         batch, p = c.sizes(2, 2, 5)
         trials = [("gqa", batch, p + 2, c.randint(5, 8)), ("mqa", 1, c.randint(2, 6),
@@ -485,13 +499,15 @@ MISTAKES = {
         _cache.ONE_SHORT, _cache.UP_TO_START, _cache.RETURNS_REPEATED, _cache.SWAPPED,
         _cache.WHOLE_BUFFER, _cache.CFG_MAX_LEN, _cache.REPEATED_HEADS_ALLOC,
         _cache.SUBCLASSES_REFERENCE, _cache.V_NOT_WRITTEN, _cache.AT_ZERO, _cache.OFFSET_PLUS_ONE,
-        _mistakes.WRONG_ERROR),
+        _mistakes.WRONG_ERROR, _mistakes.CACHE_HEAD_DIM_FROM_H),
     "forward_with_cache": (
         _cache.REPEATED_HEADS, _cache.UNROTATED_STORED, _cache.UNROTATED_RECOMPUTED,
         CALLS_COURSE_REFERENCE, _cache.NO_OFFSET, _cache.IGNORED_CACHE, _cache.NOT_HEADS_FIRST,
         _mistakes.LAYER_NOT_CACHED, _cache.NO_MASK, _cache.POSITIONS_PLUS_ONE,
         _mistakes.LAST_ONLY, _cache.SCALE_BY_H, _cache.SQUARE_ALL, _cache.SQUARE_NEW,
-        _cache.TOP_LEFT, _cache.UPDATE_START, _mistakes.UPDATE_TWICE),
+        _cache.TOP_LEFT, _cache.UPDATE_START, _mistakes.UPDATE_TWICE,
+        _mistakes.FORWARD_HEAD_DIM_FROM_H, _mistakes.ROPE_BASE_FIXED, _mistakes.EPS_FIXED,
+        _mistakes.ROTARY_DIM_IGNORED),
     "generate": (
         _cache.UNROTATED_STORED, CALLS_COURSE_REFERENCE, _mistakes.PROMPT_CHANGED,
         _cache.NO_OFFSET, _mistakes.DECODE_IDS_1D, fix_first('forward_with_cache'),
@@ -500,7 +516,10 @@ MISTAKES = {
         _generate.ONE_TOO_MANY, _generate.PREFILL_BY_TOKEN, _generate.RECOMPUTED,
         _generate.NEW_TOKENS_ONLY, _generate.NOT_ADVANCED, _generate.SKIPPED_SLOT,
         _generate.TEMPERATURE_IGNORED, _cache.TOP_LEFT, _generate.WASTED_FORWARD_UNCACHED,
-        _generate.UNCACHED_USES_CACHE),
+        _generate.UNCACHED_USES_CACHE, _mistakes.SOFTMAX_TWICE, _mistakes.TEMPERATURE_TWICE,
+        _mistakes.TEMPERATURE_NOT_APPLIED, _mistakes.TEMPERATURE_MULTIPLIED,
+        _mistakes.UNSTABLE_SOFTMAX, _mistakes.FIXED_SEED, _mistakes.SOFTMAX_OVER_BATCH,
+        _mistakes.BATCH_SQUEEZED, _mistakes.ROPE_BASE_FIXED),
     "prefill_flops": (
         _roofline.ATTENTION_KV_HEADS, _roofline.EMBED_PRODUCT, _roofline.FULL_SQUARE,
         _roofline.H_FOR_HEADS, _roofline.KV_PROJ_REPEATED, _roofline.LM_HEAD_EVERYWHERE,

@@ -19,6 +19,8 @@ from ..engine import Check, CheckFailure, LearnerError
 from ..i18n import N_, _
 from ..held import numbers_held
 from ..held import storages as storages_of
+from .mistakes import (CACHE_HEAD_DIM_FROM_H, EPS_FIXED, FORWARD_HEAD_DIM_FROM_H,
+                       ROPE_BASE_FIXED, ROTARY_DIM_IGNORED)
 from .mistakes import (AT_ZERO, CFG_MAX_LEN, COPY, DTYPE_IGNORED, IGNORED_CACHE,
                             KV_SHARE_BUFFER, K_ONLY, NEW_ONLY, NOT_HEADS_FIRST, NOT_PREALLOCATED,
                             NO_MASK, NO_OFFSET, NO_UPDATE_METHOD, OFFSET_PLUS_ONE, ONE_LAYER,
@@ -75,11 +77,14 @@ def _cfg(c: Check, kind: str = "gqa", *, partial: bool = False, n_layers: int = 
         n_kv, g = c.randint(2, 4), 1
     n_h = n_kv * g
     d = c.choice([4, 6, 8])
-    h = n_h * d
+    # Sizes never tied together as in LLaMA-2: H = N_h (D_h + 1 or 3), so H // N_h is not D_h
+    # (and, being odd, not a multiple of it either); a base other than 10000 and an eps far from
+    # 1e-5, so that a default or a hard-coded value changes the logits at every seed.
+    h = n_h * (d + c.choice([1, 3]))
     return ModelConfig(vocab_size=c.randint(40, 70), hidden_size=h, n_heads=n_h,
                        n_kv_heads=n_kv, head_dim=d, ffn_hidden_size=2 * h + c.randint(1, 9),
-                       n_layers=n_layers, rope_base=c.choice([100.0, 10000.0]),
-                       rotary_dim=d - 2 if partial else d, norm_eps=1e-5,
+                       n_layers=n_layers, rope_base=c.choice([100.0, 500.0]),
+                       rotary_dim=d - 2 if partial else d, norm_eps=c.choice([0.1, 0.25]),
                        max_seq_len=max_seq_len)
 
 
@@ -108,7 +113,7 @@ def _params(c: Check, cfg: ModelConfig) -> dict:
 
 def _sim_forward(token_ids, params, cfg, cache, start_pos, *, offset=True, mask="bottom_right",
                  store_rotated=True, rerotate=False, use_cache=True, scale_width=False,
-                 shift=0):
+                 shift=0, rope_base=None, eps=None, full_rotary=False):
     """forward_with_cache with the named mistake (no keyword: the correct computation).
 
     offset=False: RoPE positions 0..T-1; mask: "bottom_right", "top_left", "none", or a square
@@ -117,16 +122,20 @@ def _sim_forward(token_ids, params, cfg, cache, start_pos, *, offset=True, mask=
     store_rotated=False: K goes into the cache before RoPE (and is used from there as it is,
     or, with rerotate, rotated again by 0..end-1); use_cache=False: attends to the new tokens only;
     scale_width: the scores divided by sqrt(H) (here N_h * D_h), not by sqrt(D_h);
-    shift: every position `shift` too far (which only the cache's keys show: RoPE is relative).
+    shift: every position `shift` too far (which only the cache's keys show: RoPE is relative);
+    rope_base, eps: a fixed base or eps instead of the config's; full_rotary: every feature of a
+    head rotated (rotary_dim ignored).
     """
     b, t = token_ids.shape
     end = start_pos + t
     n_h, n_kv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     pos = torch.arange(start_pos + shift, end + shift) if offset else torch.arange(t)
-    rope = dict(base=cfg.rope_base, rotary_dim=cfg.rotary_dim)
+    rope = dict(base=cfg.rope_base if rope_base is None else rope_base,
+                rotary_dim=d if full_rotary else cfg.rotary_dim)
+    eps = cfg.norm_eps if eps is None else eps
     x = F.embedding(token_ids, params["embed"])
     for i, layer in enumerate(params["layers"]):
-        h = ref.rms_norm(x, layer["attn_norm"], cfg.norm_eps)
+        h = ref.rms_norm(x, layer["attn_norm"], eps)
         q, k, v = ref.split_qkv(h @ layer["wqkv"], n_h, n_kv, d)
         q = ref.apply_rope(q, pos, **rope)
         k_rot = ref.apply_rope(k, pos, **rope)
@@ -146,13 +155,13 @@ def _sim_forward(token_ids, params, cfg, cache, start_pos, *, offset=True, mask=
             m = ref.causal_mask(keys)
         else:
             m = None
-        if scale_width:  # (q / sqrt(N_h)) k^T / sqrt(D_h) = q k^T / sqrt(N_h * D_h)
-            q = q / math.sqrt(n_h)
+        if scale_width:  # (q sqrt(D_h / H)) k^T / sqrt(D_h) = q k^T / sqrt(H)
+            q = q * math.sqrt(d / cfg.hidden_size)
         out = ref.grouped_query_attention(q, k_all, v_all, m)
         x = x + ref.merge_heads(out) @ layer["wo"]
-        x = x + ref.swiglu_ffn(ref.rms_norm(x, layer["ffn_norm"], cfg.norm_eps),
+        x = x + ref.swiglu_ffn(ref.rms_norm(x, layer["ffn_norm"], eps),
                                layer["w_gate"], layer["w_up"], layer["w_down"])
-    return ref.rms_norm(x, params["final_norm"], cfg.norm_eps) @ params["lm_head"]
+    return ref.rms_norm(x, params["final_norm"], eps) @ params["lm_head"]
 
 
 _FORWARD_MISTAKES = {
@@ -164,6 +173,9 @@ _FORWARD_MISTAKES = {
     UNROTATED_RECOMPUTED: dict(store_rotated=False, rerotate=True),
     SCALE_BY_H: dict(scale_width=True),
     POSITIONS_PLUS_ONE: dict(shift=1),
+    ROPE_BASE_FIXED: dict(rope_base=10000.0),
+    EPS_FIXED: dict(eps=1e-5),
+    ROTARY_DIM_IGNORED: dict(full_rotary=True),
 }
 
 
@@ -265,6 +277,8 @@ def _check_allocation(c: Check, cache, cfg, batch, s_max, dtype) -> dict[int, to
         CFG_MAX_LEN: 2 * cfg.n_layers * cfg.n_kv_heads * batch * cfg.max_seq_len * cfg.head_dim,
         ONE_LAYER: 2 * cfg.n_kv_heads * per,
         K_ONLY: cfg.n_layers * cfg.n_kv_heads * per,
+        CACHE_HEAD_DIM_FROM_H: 2 * cfg.n_layers * cfg.n_kv_heads * batch * s_max
+        * (cfg.hidden_size // cfg.n_heads),
     }
     named = [m for m, n in mixups.items() if n == held]    # the check's sizes keep them apart
     hint = named[0] if len(named) == 1 else None
@@ -477,3 +491,17 @@ def _diagnose_raise(c: Check, err: LearnerError, tokens, params, cfg, batch, s_m
                found[0] if len(found) == 1 else SQUARE_EITHER)
 
 
+
+
+def _diagnose_head_dim(c: Check, err: LearnerError, cfg) -> None:
+    """The learner's call raised. Fail naming head_dim = H // N_h when the check's config sets
+    head_dim apart and the error's sizes are those of heads that wide: split sizes N_h·(H // N_h)
+    or (N_h + 2 N_kv)·(H // N_h), or a shape with H // N_h beside N_h; otherwise return."""
+    wide = cfg.hidden_size // cfg.n_heads
+    if wide == cfg.head_dim or err.error not in ("RuntimeError", "ValueError"):
+        return
+    numbers = {int(n) for n in re.findall(r"\d+", err.error_text)}
+    sizes = {cfg.n_heads * wide, (cfg.n_heads + 2 * cfg.n_kv_heads) * wide}
+    if numbers & sizes or ("shape" in err.error_text and {wide, cfg.n_heads} <= numbers):
+        c.fail(_("{error} (the config's head_dim is {d}, while hidden_size // n_heads is {wide})")
+               .format(error=err.summary(), d=cfg.head_dim, wide=wide), FORWARD_HEAD_DIM_FROM_H)

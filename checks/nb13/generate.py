@@ -14,6 +14,9 @@ import torch
 from ..engine import Check
 from ..i18n import _
 from .cache import _FORWARD_MISTAKES, _cfg, _params, _sim_forward
+from .mistakes import (FIXED_SEED, SOFTMAX_OVER_BATCH, SOFTMAX_TWICE, TEMPERATURE_MULTIPLIED,
+                       TEMPERATURE_NOT_APPLIED, TEMPERATURE_TWICE, UNSTABLE_SOFTMAX)
+from .mistakes import ROPE_BASE_FIXED
 from .mistakes import (EMBED_NOT_SEEN, FIRST_POSITION, GENERATOR_IGNORED, IGNORED_CACHE,
                             NEW_TOKENS_ONLY, NOT_ADVANCED, NO_OFFSET, ONE_TOO_FEW, ONE_TOO_MANY,
                             PREFILL_BY_TOKEN, RECOMPUTED, SKIPPED_SLOT, TEMPERATURE_IGNORED,
@@ -41,6 +44,7 @@ _GENERATE_MISTAKES = {
     TOP_LEFT: dict(forward=_FORWARD_MISTAKES[TOP_LEFT]),
     UNROTATED_STORED: dict(forward=_FORWARD_MISTAKES[UNROTATED_STORED]),
     IGNORED_CACHE: dict(forward=_FORWARD_MISTAKES[IGNORED_CACHE]),
+    ROPE_BASE_FIXED: dict(forward=_FORWARD_MISTAKES[ROPE_BASE_FIXED]),
 }
 
 
@@ -73,7 +77,8 @@ def _greedy_margin(params, cfg, seq: torch.Tensor, p: int) -> float:
 
 def _scenario(c: Check, kind: str, batch: int, p: int, n: int):
     """cfg, params, prompt and the reference's greedy output, drawn until every greedy choice wins
-    by a clear margin and the main mistakes would give other tokens (so none goes unnoticed)."""
+    by a clear margin and the main mistakes would give other tokens (so none goes unnoticed, and
+    none is taken for another)."""
     for _n in range(40):
         cfg = _cfg(c, kind)
         params = _params(c, cfg)
@@ -81,10 +86,19 @@ def _scenario(c: Check, kind: str, batch: int, p: int, n: int):
         want = gen.generate(params, cfg, prompt, n)
         if n and _greedy_margin(params, cfg, want, p) < 1e-3:
             continue
-        main = (NOT_ADVANCED, SKIPPED_SLOT, NO_OFFSET, UNROTATED_STORED)
-        if n > 1 and any(torch.equal(_sim_generate(params, cfg, prompt, n,
-                                                   **_GENERATE_MISTAKES[m]), want) for m in main):
-            continue
+        # The main mistakes give other tokens than the right ones and than one another (a
+        # stuck start_pos and a top-left mask can agree, and then the first would be named).
+        main = (NOT_ADVANCED, SKIPPED_SLOT, NO_OFFSET, UNROTATED_STORED, ROPE_BASE_FIXED,
+                TOP_LEFT)
+        if n > 1:
+            outs = [want]
+            for m in main:
+                out = _sim_generate(params, cfg, prompt, n, **_GENERATE_MISTAKES[m])
+                if any(torch.equal(out, o) for o in outs):
+                    break
+                outs.append(out)
+            if len(outs) <= len(main):
+                continue
         return cfg, params, prompt, want
     return cfg, params, prompt, want
 
@@ -158,35 +172,175 @@ def _check_uncached_calls(c: Check, log: list[int], batch: int, p: int, n: int,
 
 
 def _check_sampling(c: Check) -> None:
-    """temperature > 0: reproducible with the generator, the generator really used, not greedy."""
+    """temperature > 0: reproducible with the generator (with and without the cache), the
+    generator really used, not greedy; the draws distributed as softmax(logits / T) at every step
+    (with and without the cache); two calls with generator=None differ; huge logits sampled
+    without overflow."""
     cfg, params, prompt, _want = _scenario(c, "gqa", 2, 3, 0)
     n = 8
     greedy = gen.generate(params, cfg, prompt, n)
-    label = "generate(..., temperature=1.5, generator=g)"
     outs = []
     for attempt in range(3):
+        use_cache = attempt != 1          # the second attempt without the cache
+        label = "generate(..., temperature=1.5, generator=g{more})".format(
+            more="" if use_cache else ", use_cache=False")
         seed = 1000 + attempt + c.randint(0, 10**6)
         runs = []
         for other in (11, 12):
             with torch.random.fork_rng():
                 torch.manual_seed(other)     # the global RNG differs between the two runs
                 g = torch.Generator().manual_seed(seed)
-                runs.append(c.call(params, cfg, prompt, n, temperature=1.5, generator=g))
+                runs.append(c.call(params, cfg, prompt, n, temperature=1.5, generator=g,
+                                   use_cache=use_cache))
         a, b = runs
-        if not isinstance(a, torch.Tensor) or a.shape != greedy.shape or a.dtype != torch.long:
-            c.expect_tensor(a, greedy, what=label, dims=("B", "P + max_new_tokens"))
-        if not torch.equal(a[:, :prompt.shape[1]], prompt):
-            c.fail(_("{call} does not start with the prompt.").format(call=label))
-        if int(a.min()) < 0 or int(a.max()) >= cfg.vocab_size:
-            c.fail(_("{call} produced token ids outside 0 .. {last}.").format(
-                call=label, last=cfg.vocab_size - 1))
+        _expect_tokens(c, a, greedy, prompt, cfg, label)
         if not torch.equal(a, b):
             c.fail(_("{call}: two runs with generators seeded alike gave different tokens.")
                    .format(call=label),
                    GENERATOR_IGNORED)
         outs.append(a)
     if all(torch.equal(o, greedy) for o in outs):
-        c.fail(_("{call} gave the greedy tokens three times out of three.").format(call=label),
-               TEMPERATURE_IGNORED)
+        c.fail(_("{call} gave the greedy tokens three times out of three.").format(
+            call="generate(..., temperature=1.5, generator=g)"), TEMPERATURE_IGNORED)
+    # The draws' distribution, with the cache at T = 2 and without it at T = 0.6 (T = 1 would
+    # hide a temperature dropped or applied twice).
+    for use_cache, temperature in ((True, 2.0), (False, 0.6)):
+        _check_distribution(c, cfg, params, use_cache, temperature)
+    _check_fresh_draws(c, cfg, params)
+    _check_huge_logits(c, cfg, params)
 
 
+def _expect_tokens(c: Check, got, like: torch.Tensor, prompt: torch.Tensor, cfg,
+                   label: str) -> None:
+    """A LongTensor shaped like `like` that starts with the prompt, every id in the vocabulary."""
+    if not isinstance(got, torch.Tensor) or got.shape != like.shape or got.dtype != torch.long:
+        c.expect_tensor(got, like, what=label, dims=("B", "P + max_new_tokens"))
+    if not torch.equal(got[:, :prompt.shape[1]], prompt):
+        c.fail(_("{call} does not start with the prompt.").format(call=label))
+    if int(got.min()) < 0 or int(got.max()) >= cfg.vocab_size:
+        c.fail(_("{call} produced token ids outside 0 .. {last}.").format(
+            call=label, last=cfg.vocab_size - 1))
+
+
+# How the draws' log-probability may stray from its expectation (in standard deviations) before
+# the check says they do not follow softmax(logits / T): a correct sampler strays this far about
+# once in 10^9 checks. A named mistake must also explain the draws better by this many nats.
+_Z_LIMIT = 6.0
+_NATS = 12.0
+
+
+def _sampling_variants(logits: torch.Tensor, temperature: float) -> dict:
+    """log-probabilities [.., V] of the draws of each known sampling mistake."""
+    t = temperature
+    return {
+        SOFTMAX_TWICE: torch.log_softmax(torch.softmax(logits / t, -1), -1),
+        TEMPERATURE_TWICE: torch.log_softmax(logits / (t * t), -1),
+        TEMPERATURE_NOT_APPLIED: torch.log_softmax(logits, -1),
+        TEMPERATURE_MULTIPLIED: torch.log_softmax(logits * t, -1),
+        # softmax over the rows of each step's [B, V] logits, renormalised per row by the sampler
+        SOFTMAX_OVER_BATCH: torch.log_softmax(torch.log_softmax(logits / t, 0), -1),
+    }
+
+
+def _fit(logp: torch.Tensor, drawn: torch.Tensor) -> tuple[float, float]:
+    """(the draws' total log-probability under `logp`, how far it is from what draws of `logp`
+    itself would give, in standard deviations)."""
+    ll = float(logp.gather(-1, drawn[..., None]).sum())
+    mean = float((logp.exp() * logp).sum())
+    return ll, (ll - mean) / _spread(logp)
+
+
+def _check_distribution(c: Check, cfg, params, use_cache: bool, temperature: float) -> None:
+    """Many sequences (random prompts), four new tokens each: every draw is scored under the
+    model's own softmax(logits / T) given the tokens before it (the whole sequence re-run
+    without the cache), so every step of the loop is tested, not only the first."""
+    rows, p, n = 128, 3, 4
+    prompt = c.randint(0, cfg.vocab_size, (rows, p))
+    g = torch.Generator().manual_seed(c.randint(0, 10**6))
+    label = (f"generate(params, cfg, prompt [B={rows}, P={p}], max_new_tokens={n}, "
+             f"temperature={temperature}, generator=g{'' if use_cache else ', use_cache=False'})")
+    got = c.call(params, cfg, prompt.clone(), n, temperature=temperature, generator=g,
+                 use_cache=use_cache)
+    _expect_tokens(c, got, torch.zeros(rows, p + n, dtype=torch.long), prompt, cfg, label)
+    with torch.no_grad():
+        logits = gen.full_forward(got[:, :-1], params, cfg)[:, p - 1:].double()
+    drawn = got[:, p:]
+    if torch.equal(drawn, logits.argmax(-1)):
+        c.fail(_("{call} gave the greedy token in every one of its {count} draws.").format(
+            call=label, count=rows * n), TEMPERATURE_IGNORED)
+    right = torch.log_softmax(logits / temperature, -1)
+    ll, z = _fit(right, drawn)
+    fits = {m: _fit(lp, drawn) for m, lp in _sampling_variants(logits, temperature).items()}
+    best, *others = sorted(fits, key=lambda m: -fits[m][0])
+    if abs(z) <= _Z_LIMIT and fits[best][0] - ll < _NATS:
+        return
+    # Named only when that mistake explains the draws as well as draws of its own would, and
+    # clearly better than the right distribution and every other mistake.
+    lead = min([fits[best][0] - ll] + [fits[best][0] - fits[m][0] for m in others])
+    hint = best if lead >= _NATS and abs(fits[best][1]) <= _Z_LIMIT else None
+    draws = rows * n
+    c.fail(_("{call}: the {count} sampled tokens do not follow softmax(logits / T) of the "
+             "model's own logits: their mean log-probability under it is {got:.3f} per token, "
+             "while draws from it average {want:.3f} ± {spread:.3f} ({z:+.1f} standard "
+             "deviations).").format(
+        call=label, count=draws, got=ll / draws, want=(ll - z * _spread(right)) / draws,
+        spread=_spread(right) / draws, z=z), hint)
+
+
+def _spread(logp: torch.Tensor) -> float:
+    """The standard deviation of the total log-probability of one draw per row of `logp`."""
+    p = logp.exp()
+    mean = (p * logp).sum(-1)
+    return math.sqrt(max(float(((p * logp.square()).sum(-1) - mean.square()).sum()), 1e-12))
+
+
+def _check_fresh_draws(c: Check, cfg, params) -> None:
+    """generator=None, called twice (the global random state moved on in between): the tokens
+    differ (two alike would happen about once in 10^20 for a correct sampler)."""
+    rows, p, n = 16, 3, 4
+    prompt = c.randint(0, cfg.vocab_size, (rows, p))
+    label = f"generate(params, cfg, prompt [B={rows}, P={p}], max_new_tokens={n}, " \
+            "temperature=1.5)"
+    runs = []
+    with torch.random.fork_rng():
+        torch.manual_seed(c.randint(0, 10**6))
+        for _n in range(2):
+            runs.append(c.call(params, cfg, prompt.clone(), n, temperature=1.5))
+    for got in runs:
+        _expect_tokens(c, got, torch.zeros(rows, p + n, dtype=torch.long), prompt, cfg, label)
+    if torch.equal(*runs):
+        c.fail(_("{call}, called twice without a generator, gave the same {count} tokens both "
+                 "times.").format(call=label, count=rows * n), FIXED_SEED)
+
+
+def _check_huge_logits(c: Check, cfg, params) -> None:
+    """An LM head 300 times larger: logits in the hundreds, whose exp overflows float32 unless
+    the row's maximum is subtracted first. Where the best logit leads by more than 40·T, the
+    draw is (all but surely: e^-40) the greedy token."""
+    big = {**params, "lm_head": params["lm_head"] * 300}
+    rows, p, n, t = 4, 3, 3, 1.5
+    prompt = c.randint(0, cfg.vocab_size, (rows, p))
+    label = (f"generate(params with logits in the hundreds, cfg, prompt [B={rows}, P={p}], "
+             f"max_new_tokens={n}, temperature={t}, generator=g)")
+    saved = c.errors
+    c.errors = saved + (UNSTABLE_SOFTMAX,)
+    try:
+        got = c.call(big, cfg, prompt.clone(), n, temperature=t,
+                     generator=torch.Generator().manual_seed(c.randint(0, 10**6)))
+    finally:
+        c.errors = saved
+    _expect_tokens(c, got, torch.zeros(rows, p + n, dtype=torch.long), prompt, cfg, label)
+    with torch.no_grad():
+        logits = gen.full_forward(got[:, :-1], big, cfg)[:, p - 1:]
+    top = logits.topk(2, dim=-1)
+    sure = (top.values[..., 0] - top.values[..., 1]) > 40 * t
+    wrong = sure & (got[:, p:] != top.indices[..., 0])
+    if wrong.any():
+        row, step = (int(i) for i in wrong.nonzero()[0])
+        overflows = float(logits.abs().max()) / t > 88
+        c.fail(_("{call}: new token {step} of sequence {row} is {got}, while token {want}'s logit "
+                 "leads every other by more than 40·T (it is drawn with probability above "
+                 "1 - e^-40).").format(call=label, step=step, row=row,
+                                       got=int(got[row, p + step]),
+                                       want=int(top.indices[row, step, 0])),
+               UNSTABLE_SOFTMAX if overflows else None)

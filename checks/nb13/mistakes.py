@@ -137,8 +137,8 @@ LAST_ONLY = Mistake("returns_last_position_only", N_(
     "returned the logits of the last position only ([B, 1, V]): forward_with_cache returns the "
     "logits of all T new tokens, [B, T, V]; generate picks the last one itself"))
 SCALE_BY_H = Mistake("scaled_by_sqrt_h", N_(
-    "scaled the scores by 1/sqrt(H) = 1/sqrt(N_h * D_h), the width of all heads together; each "
-    "head scales its scores by 1/sqrt(D_h), its own width (cfg.head_dim)"))
+    "scaled the scores by 1/sqrt(H) (cfg.hidden_size), the width of the whole model; each head "
+    "scales its scores by 1/sqrt(D_h), its own width (cfg.head_dim)"))
 REPEATED_HEADS = Mistake("cache_gets_repeated_heads", N_(
     "passed K/V with N_h heads (repeated for every query head) to cache.update: the cache stores "
     "the N_kv KV heads only, and grouped_query_attention shares them among the query heads by "
@@ -206,3 +206,60 @@ GENERATOR_IGNORED = Mistake("generator_not_passed_on", N_(
 TEMPERATURE_IGNORED = Mistake("temperature_not_passed_on", N_(
     "pass `temperature` on to the sampler: temperature 0 is greedy, above 0 it samples from "
     "softmax(logits / temperature)"))
+
+# generate, sampling (temperature > 0): the draws compared with the model's own
+# softmax(logits / T), step by step, with and without the cache
+
+SOFTMAX_TWICE = Mistake("softmax_of_probabilities", N_(
+    "sampled from a softmax of probabilities (softmax applied twice, or the probabilities handed "
+    "to a sampler that takes logits): the draws come out almost uniform over the vocabulary; "
+    "pass the logits (divided by the temperature) to ONE softmax, or the logits themselves to "
+    "sample_next_token"))
+TEMPERATURE_TWICE = Mistake("temperature_applied_twice", N_(
+    "divided the logits by the temperature twice (logits / T handed to a sampler that divides by "
+    "T again): the draws follow softmax(logits / T²); divide once, or pass the raw logits and "
+    "temperature=T to sample_next_token"))
+TEMPERATURE_NOT_APPLIED = Mistake("sampled_at_temperature_one", N_(
+    "sampled from softmax(logits), as if the temperature were 1 (the temperature was dropped on "
+    "this path, or applied after the softmax, where dividing by T changes nothing once the "
+    "sampler renormalises): sample from softmax(logits / temperature)"))
+TEMPERATURE_MULTIPLIED = Mistake("logits_times_temperature", N_(
+    "multiplied the logits by the temperature: a higher temperature must flatten the "
+    "distribution, so sample from softmax(logits / temperature)"))
+UNSTABLE_SOFTMAX = Mistake("softmax_overflows", N_(
+    "the softmax overflowed on large logits (exp(logits / T) is inf beyond about 88 in float32, "
+    "and inf / inf is nan): subtract each row's maximum before exp, or use torch.softmax, which "
+    "does"),
+    raises=[("RuntimeError", r"probability tensor contains either `inf`, `nan` or element < 0")])
+FIXED_SEED = Mistake("fixed_seed_without_generator", N_(
+    "with generator=None two calls gave the same tokens: a generator with a fixed seed (or "
+    "torch.manual_seed) stood in for the missing one; when generator is None, pass None on, so "
+    "the sampler draws from the global random state and every call differs"))
+
+# KVCache and forward_with_cache: configurations whose sizes are not tied together
+
+CACHE_HEAD_DIM_FROM_H = Mistake("head_dim_from_hidden_size", N_(
+    "sized the cache's head dimension as hidden_size // n_heads: a config may set head_dim apart "
+    "from H / N_h; use cfg.head_dim"))
+FORWARD_HEAD_DIM_FROM_H = Mistake("head_dim_from_hidden_size", N_(
+    "split the heads with head_dim = hidden_size // n_heads: a config may set head_dim apart "
+    "from H / N_h (Q is [N_h·D_h] wide, not H); use cfg.head_dim"))
+ROPE_BASE_FIXED = Mistake("rope_base_ignored", N_(
+    "rotated with base 10000 (apply_rope's default, or a fixed number) instead of the config's: "
+    "pass base=cfg.rope_base to apply_rope"))
+EPS_FIXED = Mistake("norm_eps_ignored", N_(
+    "normalised with eps = 1e-5 (rms_norm's default, or a fixed number) instead of the config's: "
+    "pass cfg.norm_eps to every rms_norm"))
+ROTARY_DIM_IGNORED = Mistake("rotary_dim_ignored", N_(
+    "rotated every feature of each head: with rotary_dim < head_dim only the first rotary_dim "
+    "features are rotated; pass rotary_dim=cfg.rotary_dim to apply_rope"))
+SOFTMAX_OVER_BATCH = Mistake("softmax_over_batch_axis", N_(
+    "took the softmax over the batch axis (dim=0) instead of the vocabulary: each row's "
+    "probabilities must sum to 1 over its own |V| logits; use softmax(logits / T, dim=-1)"))
+BATCH_SQUEEZED = Mistake("batch_axis_squeezed", N_(
+    "squeezed away the batch axis: with a batch of one, logits[:, -1].squeeze() (or the next "
+    "token's .squeeze()) drops B as well, and the token comes out 0-d; keep [B, |V|] and [B] "
+    "(squeeze(-1) or reshape(B, 1) only the axis you mean)"),
+    raises=[("IndexError", r"too many indices for tensor of dimension 0"),
+            ("IndexError", r"Dimension out of range \\(expected to be in range of \\[-1, 0\\], "
+                           r"but got 1\\)")])

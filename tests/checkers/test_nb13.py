@@ -10,6 +10,7 @@ count, each with one term wrong.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import types
 
@@ -695,6 +696,148 @@ GENERATE_WRONG = [
           "13.generate.decode_tokens_without_sequence_axis"),
 ]
 
+
+# ------------------------------------------------------------------------------------------------
+# generate's sampling path and configurations whose sizes are not tied together: samplers and
+# shortcuts a learner writes without the solution at hand
+
+def _s_multinomial(row, t, g):
+    return torch.multinomial(torch.softmax(row / t, -1), 1, generator=g)[:, 0]
+
+
+def _s_inverse_cdf(row, t, g):
+    p = torch.softmax(row.double() / t, -1)
+    u = torch.rand(p.shape[0], 1, generator=g, dtype=torch.float64)
+    return torch.searchsorted(p.cumsum(-1), u)[:, 0].clamp(max=p.shape[-1] - 1)
+
+
+def _s_power(row, t, g):      # softmax(logits) ** (1/T), renormalised: softmax(logits / T) too
+    return torch.multinomial(torch.softmax(row, -1) ** (1 / t), 1, generator=g)[:, 0]
+
+
+SAMPLERS = {
+    "reference": lambda row, t, g: sample_next_token(row, temperature=t, generator=g),
+    "multinomial": _s_multinomial,
+    "inverse_cdf": _s_inverse_cdf,
+    "power": _s_power,
+    "softmax twice": lambda row, t, g: torch.multinomial(
+        torch.softmax(torch.softmax(row / t, -1), -1), 1, generator=g)[:, 0],
+    "T twice": lambda row, t, g: sample_next_token(row / t, temperature=t, generator=g),
+    "T ignored": lambda row, t, g: torch.multinomial(torch.softmax(row, -1), 1,
+                                                     generator=g)[:, 0],
+    "T after softmax": lambda row, t, g: torch.multinomial(torch.softmax(row, -1) / t, 1,
+                                                           generator=g)[:, 0],
+    "T times": lambda row, t, g: torch.multinomial(torch.softmax(row * t, -1), 1,
+                                                   generator=g)[:, 0],
+    "exp without max": lambda row, t, g: torch.multinomial(
+        torch.exp(row / t) / torch.exp(row / t).sum(-1, keepdim=True), 1, generator=g)[:, 0],
+    "softmax dim 0": lambda row, t, g: torch.multinomial(torch.softmax(row / t, 0), 1,
+                                                         generator=g)[:, 0],
+    "fixed seed when None": lambda row, t, g: sample_next_token(
+        row, temperature=t, generator=g or torch.Generator().manual_seed(0)),
+    "greedy": lambda row, t, g: row.argmax(-1),
+    "no generator": lambda row, t, g: sample_next_token(row, temperature=t),
+}
+
+
+def _sampling(sampler, uncached=None, *, none_seeded=None, squeeze=False):
+    """generate with its own sampler (`uncached`: another one without the cache); none_seeded:
+    "generator" (a seeded one stands in for None) or "global" (torch.manual_seed(0))."""
+    def generate(params, cfg, prompt_ids, max_new_tokens, *, use_cache=True, temperature=0.0,
+                 generator=None):
+        if none_seeded == "global" and generator is None:
+            torch.manual_seed(0)
+        if none_seeded == "generator" and generator is None:
+            generator = torch.Generator().manual_seed(1234)
+        b, p = prompt_ids.shape
+        tokens = prompt_ids.clone()
+        cache = ref.KVCache(cfg, b, p + max_new_tokens + 1)
+        draw = SAMPLERS[sampler if use_cache or uncached is None else uncached]
+        with torch.no_grad():
+            for step in range(max_new_tokens):
+                if not use_cache:
+                    logits = model_forward(tokens, params, cfg)
+                elif step == 0:
+                    logits = _forward(prompt_ids, params, cfg, cache, 0)
+                else:
+                    logits = _forward(tokens[:, -1:], params, cfg, cache, p + step - 1)
+                row = logits[:, -1].squeeze() if squeeze else logits[:, -1]
+                nxt = row.argmax(-1) if temperature == 0 else draw(row, temperature, generator)
+                tokens = torch.cat([tokens, nxt[:, None]], 1)
+        return tokens
+    return generate
+
+
+def _with_cfg(**changes):
+    """forward_with_cache reading some sizes its own way (a callable: from the config)."""
+    def forward_with_cache(token_ids, params, cfg, cache, start_pos):
+        mine = dataclasses.replace(cfg, **{k: v(cfg) if callable(v) else v
+                                           for k, v in changes.items()})
+        return _forward(token_ids, params, mine, cache, start_pos)
+    return forward_with_cache
+
+
+def _gen_with_cfg(**changes):
+    return _gen(forward=_with_cfg(**changes))
+
+
+def _head_dim_from_h(cfg):
+    return cfg.hidden_size // cfg.n_heads
+
+
+class HeadDimFromHCache(_correct(nb13.check_KVCache)):
+    """Sizes the head dimension as H // N_h."""
+
+    def __init__(self, cfg, batch_size, max_seq_len, dtype=torch.float32, device=None):
+        super().__init__(dataclasses.replace(cfg, head_dim=_head_dim_from_h(cfg)), batch_size,
+                         max_seq_len, dtype=dtype, device=device)
+
+
+SAMPLING_WRONG = [
+    Wrong("samples a softmax of the softmax", _sampling("softmax twice"),
+          "13.generate.softmax_of_probabilities"),
+    Wrong("temperature applied twice", _sampling("T twice"),
+          "13.generate.temperature_applied_twice"),
+    Wrong("temperature dropped", _sampling("T ignored"), "13.generate.sampled_at_temperature_one"),
+    Wrong("temperature dropped without the cache", _sampling("reference", "T ignored"),
+          "13.generate.sampled_at_temperature_one"),
+    Wrong("temperature after the softmax", _sampling("T after softmax"),
+          "13.generate.sampled_at_temperature_one"),
+    Wrong("logits times the temperature", _sampling("T times"),
+          "13.generate.logits_times_temperature"),
+    Wrong("softmax without subtracting the max", _sampling("exp without max"),
+          "13.generate.softmax_overflows"),
+    Wrong("softmax over the batch axis", _sampling("softmax dim 0"),
+          "13.generate.softmax_over_batch_axis"),
+    Wrong("seeded generator when None", _sampling("reference", none_seeded="generator"),
+          "13.generate.fixed_seed_without_generator"),
+    Wrong("torch.manual_seed(0) when None", _sampling("reference", none_seeded="global"),
+          "13.generate.fixed_seed_without_generator"),
+    Wrong("sampler seeds its own generator", _sampling("fixed seed when None"),
+          "13.generate.fixed_seed_without_generator"),
+    Wrong("greedy without the cache", _sampling("reference", "greedy"),
+          "13.generate.temperature_not_passed_on"),
+    Wrong("generator dropped without the cache", _sampling("reference", "no generator"),
+          "13.generate.generator_not_passed_on"),
+    Wrong("logits row squeezed", _sampling("multinomial", squeeze=True),
+          "13.generate.batch_axis_squeezed"),
+    Wrong("forward with rope base 10000", _gen_with_cfg(rope_base=10000.0),
+          "13.generate.rope_base_ignored"),
+]
+FORWARD_WRONG += [
+    Wrong("rope base 10000", _with_cfg(rope_base=10000.0),
+          "13.forward_with_cache.rope_base_ignored"),
+    Wrong("eps 1e-5", _with_cfg(norm_eps=1e-5), "13.forward_with_cache.norm_eps_ignored"),
+    Wrong("head_dim = H // N_h", _with_cfg(head_dim=_head_dim_from_h),
+          "13.forward_with_cache.head_dim_from_hidden_size"),
+    Wrong("rotary over the whole head", _with_cfg(rotary_dim=lambda cfg: cfg.head_dim),
+          "13.forward_with_cache.rotary_dim_ignored"),
+]
+KV_WRONG += [
+    Wrong("head_dim = H // N_h", HeadDimFromHCache, "13.KVCache.head_dim_from_hidden_size"),
+]
+GENERATE_WRONG += SAMPLING_WRONG
+
 # ------------------------------------------------------------------------------------------------
 # The roofline's arithmetic: the count a learner writes, with one mistake each
 
@@ -912,7 +1055,10 @@ CORRECT = {
                                     "solution_style": _fwd()},
     nb13.check_generate: {"reference": _correct(nb13.check_generate),
                           "solution_style": _gen(), "late_token": _late_last_token,
-                          "uncached_by_fresh_caches": _uncached_by_fresh_caches},
+                          "uncached_by_fresh_caches": _uncached_by_fresh_caches,
+                          "multinomial sampler": _sampling("multinomial"),
+                          "inverse-CDF sampler": _sampling("inverse_cdf"),
+                          "softmax ** (1/T) sampler": _sampling("power")},
     nb13.check_prefill_flops: {"reference": _correct(nb13.check_prefill_flops),
                                "learner_style": _learner_prefill()},
     nb13.check_decode_step_bytes: {"reference": _correct(nb13.check_decode_step_bytes),
