@@ -67,6 +67,10 @@ OTHER_STARTS = Mistake("starts_not_as_specified", N_(
     "each row is a right window of the data, but the starts are not the contract's draw: "
     "starts = torch.randint(0, len(data) - context_len, (batch_size,), generator=generator), "
     "one call, in that order"))
+GENERATOR_NOT_USED = Mistake("generator_not_used", N_(
+    "two different generators gave the same batch: the starts do not come from the generator "
+    "given (one made inside get_batch?); draw them with torch.randint(0, len(data) - "
+    "context_len, (batch_size,), generator=generator)"))
 FIXED_GENERATOR = Mistake("fixed_generator_when_none", N_(
     "called twice with generator=None, it gave the same batch both times (a generator made and "
     "seeded inside get_batch?): with no generator, draw from PyTorch's global one, "
@@ -530,8 +534,8 @@ def check_get_batch(f, *, seed: int | None = None, thorough: bool = False) -> No
                 again = c.call(data, b, t, generator=torch.Generator().manual_seed(gseed))
                 other = c.call(data, b, t, generator=torch.Generator().manual_seed(gseed + 1))
                 hint = IGNORED_GENERATOR if not (isinstance(again, tuple) and torch.equal(
-                    again[0], x)) or (isinstance(other, tuple) and torch.equal(other[0], x)) \
-                    else OTHER_STARTS
+                    again[0], x)) else GENERATOR_NOT_USED if isinstance(other, tuple) and \
+                    torch.equal(other[0], x) else OTHER_STARTS
                 for high, mistake in ((n - t + 1, PAST_END), (n, PAST_END),
                                       (n - t - 1, LAST_START)):
                     if high > 0 and torch.randint(0, high, (b,), generator=torch.Generator()
@@ -753,11 +757,13 @@ def check_clip_grad_norm(f, *, seed: int | None = None, thorough: bool = False) 
                              what=what, norm=want,
                              how=_("scaled by {scale:.6g}").format(scale=scale)
                              if want > max_norm else _("unchanged")), hint)
-            _expect_float(c, got, want, what, wrong=[
+            # a norm measured the wrong way first: with one tensor much larger than the others,
+            # its norm is also the largest per-tensor norm
+            _expect_float(c, got, want, what, wrong=(
+                [(value_hint, 0.0 if value is None else value)] if value_hint else []) + [
                 (NORM_AFTER, min(want, max_norm * want / (want + 1e-6))),
                 (SQUARED_NORM, want ** 2),
-                (PER_TENSOR, max((float(g.norm()) for g in before), default=0.0))]
-                + ([(value_hint, 0.0 if value is None else value)] if value_hint else []),
+                (PER_TENSOR, max((float(g.norm()) for g in before), default=0.0))],
                 rel=1e-5)
         c.headline(_("the global norm before clipping; every gradient scaled in place only "
                      "above max_norm"))
@@ -1191,8 +1197,8 @@ __all__ = ["check_adamw_step", "check_bits_per_byte", "check_clip_grad_norm",
 MISTAKES = {
     "get_batch": (
         IGNORED_GENERATOR, SAME_WINDOW, OTHER_STARTS, NOT_SHIFTED, SHIFTED_BACK, PAST_END,
-        X_Y_SWAPPED, FIXED_GENERATOR, LAST_START, WITHOUT_REPLACEMENT, WRONG_LENGTH, TRANSPOSED,
-        SIZES_SWAPPED),
+        X_Y_SWAPPED, FIXED_GENERATOR, GENERATOR_NOT_USED, LAST_START, WITHOUT_REPLACEMENT,
+        WRONG_LENGTH, TRANSPOSED, SIZES_SWAPPED),
     "lr_at": (
         COSINE_TO_ZERO, COSINE_FROM_ZERO, COSINE_PAST_TOTAL, LINEAR_DECAY, NOT_A_FLOAT,
         WARMUP_OFF_BY_ONE, WARMUP_DIVISOR, SHIFTED_SCHEDULE, WRONG_SPAN, COSINE_OFF_BY_ONE,

@@ -693,7 +693,7 @@ def lr_le_total(step, *, max_lr, min_lr, warmup_steps, total_steps):
 FRESH_WRONG = {
  "get_batch": [
   Wrong("fresh generator when none", gb_fresh_generator, "14.get_batch.fixed_generator_when_none"),
-  Wrong("seeded inside", gb_seeded_inside, "14.get_batch.ignored_generator"),
+  Wrong("seeded inside", gb_seeded_inside, "14.get_batch.generator_not_used"),
   Wrong("python random", gb_python_random, "14.get_batch.ignored_generator"),
   Wrong("upper bound one short", gb_bound_one_short, "14.get_batch.last_start_never_drawn"),
   Wrong("randperm starts", gb_randperm, "14.get_batch.starts_without_replacement"),
