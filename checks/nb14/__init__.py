@@ -403,6 +403,19 @@ def _expect_float(c: Check, got, want: float, what: str, wrong=(), rel: float = 
     c.note(what)
 
 
+class _Lazy(dict):
+    """{kind: a wrong variant}, each computed when a failure first asks for it (a correct
+    implementation never pays for the wrong ones)."""
+
+    def __init__(self, make):
+        super().__init__()
+        self.make = make
+
+    def __missing__(self, kind):
+        value = self[kind] = self.make(kind)
+        return value
+
+
 def _digits(got: float, want: float, least: int = 6) -> tuple[str, str]:
     """`got` and `want` with as many significant digits as it takes to tell them apart (at least
     `least`, at most 17), so that a message never shows two equal numbers for a gap it rejects."""
@@ -752,11 +765,14 @@ def check_clip_grad_norm(f, *, seed: int | None = None, thorough: bool = False) 
                     hint = SCALED_UP
                 else:
                     hint = None
-                c.fail(_("{what}: the gradients after the call are not the expected ones "
+                told = _("{what}: the gradients after the call are not the expected ones "
                          "(the norm is {norm:.6g}; expected them {how}).").format(
                              what=what, norm=want,
                              how=_("scaled by {scale:.6g}").format(scale=scale)
-                             if want > max_norm else _("unchanged")), hint)
+                             if want > max_norm else _("unchanged"))
+                if value is not None and not math.isclose(value, want, rel_tol=1e-5):
+                    told += " " + _("It returned {got:.6g} as the norm.").format(got=value)
+                c.fail(told, hint)
             # a norm measured the wrong way first: with one tensor much larger than the others,
             # its norm is also the largest per-tensor norm
             _expect_float(c, got, want, what, wrong=(
@@ -854,8 +870,8 @@ def check_adamw_step(f, *, seed: int | None = None, thorough: bool = False) -> N
             cases.append((params0, grads_seq, lrs, betas, eps, wd))
         for params0, grads_seq, lrs, betas, eps, wd in cases:
             want = _adamw_variant(None, params0, grads_seq, lrs, betas, eps, wd)
-            variants = {kind: _adamw_variant(kind, params0, grads_seq, lrs, betas, eps, wd)
-                        for kind, _m in _ADAM_MISTAKES}
+            variants = _Lazy(lambda kind, args=(params0, grads_seq, lrs, betas, eps, wd):
+                             _adamw_variant(kind, *args))
             params = [p.clone().requires_grad_(True) for p in params0]
             state: dict = {}
             got_steps, unchanged = [], []
@@ -994,6 +1010,10 @@ def _train_replay(params0, cfg, batches, scales, lrs, *, max_norm, wd, kind=None
     return losses, after
 
 
+def _train_replay_of(params0, cfg, batches, scales, lrs, max_norm, wd, kind):
+    return _train_replay(params0, cfg, batches, scales, lrs, max_norm=max_norm, wd=wd, kind=kind)
+
+
 _TRAIN_MISTAKES = [("not_reset", GRADS_NOT_RESET), ("no_clip", NO_CLIP),
                    ("default_decay", IGNORED_DECAY), ("no_decay", IGNORED_DECAY),
                    ("shifted_twice", SHIFTED_TWICE), ("summed", SUMMED_LOSS),
@@ -1026,9 +1046,8 @@ def check_train_step(f, *, seed: int | None = None, thorough: bool = False) -> N
             max_norm = norm * 0.1
             want_losses, want_params = _train_replay(params0, cfg, batches, scales, lrs,
                                                      max_norm=max_norm, wd=wd)
-            variants = {kind: _train_replay(params0, cfg, batches, scales, lrs,
-                                            max_norm=max_norm, wd=wd, kind=kind)
-                        for kind, _m in _TRAIN_MISTAKES}
+            variants = _Lazy(functools.partial(_train_replay_of, params0, cfg, batches, scales,
+                                               lrs, max_norm, wd))
             params = _copy(params0)
             tensors = tr.param_list(params)
             forward = _Forward(scales, batches)
