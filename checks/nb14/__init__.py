@@ -268,6 +268,9 @@ TRACKED_UPDATE = Mistake("update_tracked_by_autograd", N_(
 TRAIN_NOT_IN_PLACE = Mistake("parameters_unchanged", N_(
     "the parameters are unchanged after the step: adamw_step must update the tensors of "
     "`params` themselves, in place"))
+IGNORED_MAX_NORM = Mistake("ignored_max_norm", N_(
+    "the gradients were clipped to norm 1 whatever max_norm was given: pass max_norm on, "
+    "clip_grad_norm(grads, max_norm)"))
 STATE_NOT_PASSED = Mistake("state_not_passed", N_(
     "AdamW started afresh at every step (its moments and step count lost): pass train_step's "
     "own `state` to adamw_step, the same dict at every call, not a new one"))
@@ -994,7 +997,7 @@ def _train_replay(params0, cfg, batches, scales, lrs, *, max_norm, wd, kind=None
             grads = [g + k for g, k in zip(grads, kept)]
         kept = [g.clone() for g in grads]
         if kind != "no_clip":
-            tr.clip_grad_norm(grads, max_norm)
+            tr.clip_grad_norm(grads, 1.0 if kind == "max_norm_one" else max_norm)
         if kind == "not_reset":
             kept = [g.clone() for g in grads]  # backward accumulates into the clipped .grad
         decay = {"default_decay": 0.1, "no_decay": 0.0}.get(kind, wd)
@@ -1018,7 +1021,7 @@ _TRAIN_MISTAKES = [("not_reset", GRADS_NOT_RESET), ("no_clip", NO_CLIP),
                    ("default_decay", IGNORED_DECAY), ("no_decay", IGNORED_DECAY),
                    ("shifted_twice", SHIFTED_TWICE), ("summed", SUMMED_LOSS),
                    ("ignored_forward", IGNORED_FORWARD), ("loss_after", LOSS_AFTER),
-                   ("fresh_state", STATE_NOT_PASSED)]
+                   ("fresh_state", STATE_NOT_PASSED), ("max_norm_one", IGNORED_MAX_NORM)]
 
 
 @_one_thread
@@ -1071,13 +1074,18 @@ def check_train_step(f, *, seed: int | None = None, thorough: bool = False) -> N
                 far = 2.5 * max(lrs)
 
                 def matching(upto=step, with_params=True):
-                    return next((m for kind, m in _TRAIN_MISTAKES if all(
+                    fits = [(kind, m) for kind, m in _TRAIN_MISTAKES if all(
                         math.isclose(got_losses[i], variants[kind][0][i], rel_tol=1e-4)
                         and (not with_params or i == upto or _mostly_close(
                             got_params[i], variants[kind][1][i], 1e-5, 1e-4, far))
                         for i in range(upto + 1)) and (not with_params or _mostly_close(
-                            got_params[upto], variants[kind][1][upto], 1e-5, 1e-4, far))),
-                        None)
+                            got_params[upto], variants[kind][1][upto], 1e-5, 1e-4, far))]
+                    if len(fits) > 1 and with_params:
+                        # several wrong steps within tolerance: the closest one
+                        fits.sort(key=lambda km: sum(
+                            float((a.double() - b.double()).abs().sum()) for a, b in
+                            zip(got_params[upto], variants[km[0]][1][upto])))
+                    return fits[0][1] if fits else None
 
                 if not math.isclose(got_losses[-1], want_losses[step], rel_tol=1e-4,
                                     abs_tol=1e-6):
@@ -1094,6 +1102,29 @@ def check_train_step(f, *, seed: int | None = None, thorough: bool = False) -> N
                                  what=what), hint)
             c.note(_("{count} steps: the loss before each update, the parameters after it")
                    .format(count=n_steps))
+            if local and _case == 0:
+                # max_norm far above the gradients' norms (about 3 and 9): nothing is clipped,
+                # and a clip to norm 1 (max_norm ignored) changes the second step's update.
+                k = max(1.0, 3.0 / max(norm, 1e-6))
+                big = [k, 3.0 * k]
+                two, max_norm = batches[:2], 1e3
+                want_losses, want_params = _train_replay(params0, cfg, two, big, lrs, wd=wd,
+                                                         max_norm=max_norm)
+                params = _copy(params0)
+                tensors, forward, state = tr.param_list(params), _Forward(big, two), {}
+                for step, (x, y) in enumerate(two):
+                    _call_in_place(c, params, cfg, x, y, state, lr=lrs[step], max_norm=max_norm,
+                                   weight_decay=wd, forward=forward)
+                now = [p.detach().clone() for p in tensors]
+                if not _mostly_close(now, want_params[1], 1e-5, 1e-4, 2.5 * max(lrs)):
+                    one = _train_replay(params0, cfg, two, big, lrs, wd=wd, max_norm=max_norm,
+                                        kind="max_norm_one")[1][1]
+                    c.fail(_("train_step with max_norm={max_norm:g}, above the gradients' norms "
+                             "(nothing to clip): the parameters after the second step differ "
+                             "from AdamW's on the unclipped gradients.").format(
+                                 max_norm=max_norm),
+                           IGNORED_MAX_NORM if _mostly_close(now, one, 1e-5, 1e-4,
+                                                             2.5 * max(lrs)) else None)
         c.headline(_("mean loss, gradients, clipping, AdamW in place, gradients cleared"))
 
 
@@ -1233,7 +1264,7 @@ MISTAKES = {
         PARTIAL_BIAS, NO_LR),
     "train_step": (
         GRADS_NOT_RESET, IGNORED_FORWARD, IGNORED_DECAY, LOSS_AFTER, NO_CLIP, TRAIN_NOT_IN_PLACE,
-        NOT_A_FLOAT, SUMMED_LOSS, SHIFTED_TWICE, TRACKED_UPDATE, STATE_NOT_PASSED,
+        NOT_A_FLOAT, SUMMED_LOSS, SHIFTED_TWICE, TRACKED_UPDATE, STATE_NOT_PASSED, IGNORED_MAX_NORM,
         NOT_FLATTENED),
     "evaluate": (
         EVAL_CHANGED, GRADIENTS_TRACKED, IGNORED_FORWARD, IGNORED_GENERATOR, NOT_A_FLOAT,

@@ -745,7 +745,8 @@ FRESH_WRONG = {
  "train_step": [Wrong(f"train {k}", _train_kind(k), i) for k, i in [
   ("unflattened", "14.train_step.logits_not_flattened"),
   ("clip_after", "14.train_step.no_clipping"),
-  ("fresh_state", "14.train_step.state_not_passed")]],
+  ("fresh_state", "14.train_step.state_not_passed"),
+  ("ignored_max_norm", "14.train_step.ignored_max_norm")]],
  "evaluate": [Wrong(f"eval {k}", _eval_kind(k), i) for k, i in [
   ("flags_off", "14.evaluate.requires_grad_left_off"),
   ("swapped", "14.evaluate.batch_arguments_swapped"),
