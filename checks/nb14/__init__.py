@@ -1097,9 +1097,15 @@ def check_train_step(f, *, seed: int | None = None, thorough: bool = False) -> N
                         what=what, got=shown_got, want=shown_want), hint)
                 if not _mostly_close(now, want_params[step], 1e-5, 1e-4, far):
                     hint = TRAIN_NOT_IN_PLACE if _all_close(now, before, 0.0, 0.0) else matching()
+                    diffs = [float((a.double() - b.double()).abs().nan_to_num(float("inf"))
+                                   .max()) if a.shape == b.shape else float("inf")
+                             for a, b in zip(now, want_params[step])]
+                    worst = max(range(len(diffs)), key=diffs.__getitem__) if diffs else 0
                     c.fail(_("{what}: the parameters after the step differ from one step of "
-                             "AdamW on the clipped gradients of the batch's mean loss.").format(
-                                 what=what), hint)
+                             "AdamW on the clipped gradients of the batch's mean loss (most in "
+                             "tensor {index} of the layout, by up to {diff:.3g}).").format(
+                                 what=what, index=worst,
+                                 diff=diffs[worst] if diffs else float("nan")), hint)
             c.note(_("{count} steps: the loss before each update, the parameters after it")
                    .format(count=n_steps))
             if local and _case == 0:
