@@ -9,18 +9,28 @@ How the checks look inside:
 - `get_batch`: the data are distinct numbers (each token says where it sits), so every row of x
   tells its start; the starts must be the contract's draw from the given generator. An edge case
   with len(data) == context_len + 1 and a large batch makes windows that run past the end show
-  at every seed.
+  at every seed. Starts that are not the draw are compared with the usual wrong draws (bound
+  off by one either way, randperm, another seed gives the same batch); two calls with
+  generator=None must give two different batches.
 - `lr_at`: the whole schedule (step 0 to past total_steps) is compared at once, with whole wrong
-  schedules (warmup off by one, a cosine that ends at zero, ...).
+  schedules (warmup off by one or by the wrong divisor, the schedule shifted a step, the cosine
+  over the wrong span or period, ...); the message tells the phase of the first wrong step.
 - `clip_grad_norm`, `adamw_step`, `train_step` change their inputs in place by design: they are
   called with the arguments in a box, which the engine's in-place guard does not open.
-  `adamw_step` is run for several steps with one `state`, and the parameters after each step are
-  compared with the reference's and with whole wrong trajectories (coupled L2 decay, no bias
-  correction, moments not kept, eps inside the root, ...); one case's large eps shows the last.
+  `adamw_step` is run for several steps with one `state` (all of them before a difference is
+  told), and the parameters after each step are compared with the reference's and with whole
+  wrong trajectories (coupled L2 decay, no bias correction, moments not kept, the step count off
+  by one, eps inside the root, ...), computed only when a failure asks; one case's large eps
+  shows the eps mistakes. `clip_grad_norm`'s first case has one outlier gradient (clamping each
+  value shows), and a wrong returned norm (RMS, L1, norm of the sums, ...) is named from its
+  value.
 - `train_step` and `evaluate` get a `forward` of the check's own (chapter 12's reference forward
   with a different logit scale per call, so gradient norms differ from step to step and clipping
   matters to AdamW): the check knows every batch and every logit, so the learner's results are
-  compared with exact replays, and `evaluate`'s forward records whether gradients were tracked.
+  compared with exact replays, and `evaluate`'s forward records whether gradients were tracked
+  (the parameters' requires_grad flags are checked after the call, which the in-place guard
+  does not compare). `train_step` has a second, two-step case with max_norm above every
+  gradient norm, where a clip to norm 1 shows.
 - Every check runs on one CPU thread (`_one_thread`), as chapter 13's.
 """
 
