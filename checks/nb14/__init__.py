@@ -21,9 +21,9 @@ How the checks look inside:
   told), and the parameters after each step are compared with the reference's and with whole
   wrong trajectories (coupled L2 decay, no bias correction, moments not kept, the step count off
   by one, eps inside the root, ...), computed only when a failure asks; one case's large eps
-  shows the eps mistakes. `clip_grad_norm`'s first case has one outlier gradient (clamping each
-  value shows), and a wrong returned norm (RMS, L1, norm of the sums, ...) is named from its
-  value.
+  shows the eps mistakes. `clip_grad_norm`'s last case has one outlier gradient (clamping each
+  value shows, and unchanged gradients are told apart by it), and a wrong returned norm (RMS,
+  L1, norm of the sums, ...) is named from its value.
 - `train_step` and `evaluate` get a `forward` of the check's own (chapter 12's reference forward
   with a different logit scale per call, so gradient norms differ from step to step and clipping
   matters to AdamW): the check knows every batch and every logit, so the learner's results are
@@ -727,17 +727,28 @@ def check_lr_at(f, *, seed: int | None = None, thorough: bool = False) -> None:
 def check_clip_grad_norm(f, *, seed: int | None = None, thorough: bool = False) -> None:
     with Check("clip_grad_norm", f, seed=seed) as c:
         cases = []
-        for clip in ([True, False, True] * (2 if thorough else 1)):
+        for n_case, clip in enumerate([True, False, True] * (2 if thorough else 1) + [True]):
             shapes = [(c.randint(2, 6), c.randint(2, 6)), (c.randint(2, 9),),
                       (c.randint(2, 4), c.randint(2, 4), c.randint(2, 4))][:c.randint(2, 4)]
             # one tensor much larger than the others, so per-tensor clipping differs clearly
             grads = [c.randn(*s) * (5.0 if i == 0 else 0.3) for i, s in enumerate(shapes)]
-            if not cases:  # the first case has one outlier, so clamping each value shows
+            if n_case == (6 if thorough else 3):
+                # the outlier case: one value above max_norm, so that clamping each value shows
                 rest = float(torch.linalg.vector_norm(torch.cat([g.flatten() for g in grads])))
                 grads[0].view(-1)[0] = 3.0 * rest
             norm = float(torch.linalg.vector_norm(torch.cat([g.flatten() for g in grads])))
             max_norm = norm * (c.choice([0.2, 0.4, 0.6]) if clip else c.choice([1.5, 3.0]))
             cases.append((grads, max_norm))
+        outlier = cases[-1]
+
+        def clamps() -> bool:
+            """Whether the function clamps each value (tried on the outlier case)."""
+            grads, max_norm = [g.clone() for g in outlier[0]], outlier[1]
+            _call_in_place(c, grads, max_norm)
+            clamped = [g.clamp(-max_norm, max_norm) for g in outlier[0]]
+            return _all_close(grads, clamped, 1e-6, 1e-5) and \
+                not _all_close(grads, outlier[0], 1e-7, 0.0)
+
         for grads, max_norm in cases:
             before = [g.clone() for g in grads]
             want_grads = [g.clone() for g in grads]
@@ -764,8 +775,8 @@ def check_clip_grad_norm(f, *, seed: int | None = None, thorough: bool = False) 
             if not _all_close(grads, want_grads, 1e-6, 1e-5):
                 if _all_close(grads, per_tensor, 1e-6, 1e-5):
                     hint = PER_TENSOR
-                elif _all_close(grads, [g.clamp(-max_norm, max_norm) for g in before],
-                                1e-6, 1e-5):
+                elif not _all_close(grads, before, 1e-7, 0.0) and _all_close(
+                        grads, [g.clamp(-max_norm, max_norm) for g in before], 1e-6, 1e-5):
                     hint = CLAMPED
                 elif want > max_norm and _all_close(
                         grads, [g * (want / max_norm) for g in before], 1e-6, 1e-5):
@@ -773,7 +784,8 @@ def check_clip_grad_norm(f, *, seed: int | None = None, thorough: bool = False) 
                 elif value_hint is not None:
                     hint = value_hint
                 elif _all_close(grads, before, 1e-7, 0.0):
-                    hint = NOT_IN_PLACE_CLIP
+                    # unchanged: not in place, or each value clamped with none above max_norm
+                    hint = CLAMPED if clamps() else NOT_IN_PLACE_CLIP
                 elif want < max_norm and _all_close(grads, scaled_up, 1e-6, 1e-5):
                     hint = SCALED_UP
                 else:
