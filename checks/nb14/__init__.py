@@ -9,18 +9,28 @@ How the checks look inside:
 - `get_batch`: the data are distinct numbers (each token says where it sits), so every row of x
   tells its start; the starts must be the contract's draw from the given generator. An edge case
   with len(data) == context_len + 1 and a large batch makes windows that run past the end show
-  at every seed.
+  at every seed. Starts that are not the draw are compared with the usual wrong draws (bound
+  off by one either way, randperm, another seed gives the same batch); two calls with
+  generator=None must give two different batches.
 - `lr_at`: the whole schedule (step 0 to past total_steps) is compared at once, with whole wrong
-  schedules (warmup off by one, a cosine that ends at zero, ...).
+  schedules (warmup off by one or by the wrong divisor, the schedule shifted a step, the cosine
+  over the wrong span or period, ...); the message tells the phase of the first wrong step.
 - `clip_grad_norm`, `adamw_step`, `train_step` change their inputs in place by design: they are
   called with the arguments in a box, which the engine's in-place guard does not open.
-  `adamw_step` is run for several steps with one `state`, and the parameters after each step are
-  compared with the reference's and with whole wrong trajectories (coupled L2 decay, no bias
-  correction, moments not kept, eps inside the root, ...); one case's large eps shows the last.
+  `adamw_step` is run for several steps with one `state` (all of them before a difference is
+  told), and the parameters after each step are compared with the reference's and with whole
+  wrong trajectories (coupled L2 decay, no bias correction, moments not kept, the step count off
+  by one, eps inside the root, ...), computed only when a failure asks; one case's large eps
+  shows the eps mistakes. `clip_grad_norm`'s last case has one outlier gradient (clamping each
+  value shows, and unchanged gradients are told apart by it), and a wrong returned norm (RMS,
+  L1, norm of the sums, ...) is named from its value.
 - `train_step` and `evaluate` get a `forward` of the check's own (chapter 12's reference forward
   with a different logit scale per call, so gradient norms differ from step to step and clipping
   matters to AdamW): the check knows every batch and every logit, so the learner's results are
-  compared with exact replays, and `evaluate`'s forward records whether gradients were tracked.
+  compared with exact replays, and `evaluate`'s forward records whether gradients were tracked
+  (the parameters' requires_grad flags are checked after the call, which the in-place guard
+  does not compare). `train_step` has a second, two-step case with max_norm above every
+  gradient norm, where a clip to norm 1 shows.
 - Every check runs on one CPU thread (`_one_thread`), as chapter 13's.
 """
 
@@ -67,6 +77,32 @@ OTHER_STARTS = Mistake("starts_not_as_specified", N_(
     "each row is a right window of the data, but the starts are not the contract's draw: "
     "starts = torch.randint(0, len(data) - context_len, (batch_size,), generator=generator), "
     "one call, in that order"))
+GENERATOR_NOT_USED = Mistake("generator_not_used", N_(
+    "two different generators gave the same batch: the starts do not come from the generator "
+    "given (one made inside get_batch?); draw them with torch.randint(0, len(data) - "
+    "context_len, (batch_size,), generator=generator)"))
+FIXED_GENERATOR = Mistake("fixed_generator_when_none", N_(
+    "called twice with generator=None, it gave the same batch both times (a generator made and "
+    "seeded inside get_batch?): with no generator, draw from PyTorch's global one, "
+    "torch.randint(..., generator=None), so that every training step gets a new batch"))
+LAST_START = Mistake("last_start_never_drawn", N_(
+    "the starts were drawn below len(data) - context_len - 1, so the last window is never "
+    "drawn: randint's upper bound is already excluded, torch.randint(0, len(data) - "
+    "context_len, (batch_size,), generator=generator)"),
+    raises=(("RuntimeError", r"expects 'from' to be less than 'to'"),))
+WITHOUT_REPLACEMENT = Mistake("starts_without_replacement", N_(
+    "the starts were drawn without replacement (torch.randperm): draw them independently, "
+    "torch.randint(0, len(data) - context_len, (batch_size,), generator=generator); two rows "
+    "may share a start, and batch_size may exceed the number of starts"))
+WRONG_LENGTH = Mistake("window_wrong_length", N_(
+    "the rows of x or y are not context_len tokens long: x = data[i : i + context_len] and y = "
+    "data[i + 1 : i + context_len + 1] (a slice's end is excluded)"))
+TRANSPOSED = Mistake("transposed", N_(
+    "x and y are [context_len, batch_size], one window per column: stack the windows as rows "
+    "(torch.stack(windows), dim=0), so that x and y are [batch_size, context_len]"))
+SIZES_SWAPPED = Mistake("sizes_swapped", N_(
+    "batch_size and context_len were swapped: the batch has batch_size rows, each a window of "
+    "context_len tokens (check the order of the arguments)"))
 
 # lr_at
 WARMUP_OFF_BY_ONE = Mistake("warmup_off_by_one", N_(
@@ -85,6 +121,33 @@ COSINE_FROM_ZERO = Mistake("cosine_ignores_warmup", N_(
 LINEAR_DECAY = Mistake("linear_decay", N_(
     "decayed linearly: after the warmup the rate follows half a cosine, min_lr + (max_lr - "
     "min_lr) * (1 + cos(pi * progress)) / 2"))
+WARMUP_DIVISOR = Mistake("warmup_wrong_divisor", N_(
+    "the warmup divides by the wrong count (warmup_steps - 1 or warmup_steps + 1): step s < "
+    "warmup_steps has max_lr * (s + 1) / warmup_steps, so step 0 is at max_lr / warmup_steps and "
+    "step warmup_steps - 1 reaches max_lr"))
+SHIFTED_SCHEDULE = Mistake("schedule_shifted_by_one_step", N_(
+    "the whole schedule is one step off (steps counted from 1?): steps start at 0, and lr_at(0) "
+    "is already max_lr / warmup_steps; do not add or subtract one from step"))
+WRONG_SPAN = Mistake("cosine_over_wrong_span", N_(
+    "the cosine runs over the wrong number of steps: progress = (step - warmup_steps) / "
+    "(total_steps - warmup_steps), 0 at the end of the warmup and 1 at total_steps"))
+COSINE_OFF_BY_ONE = Mistake("cosine_off_by_one", N_(
+    "the cosine is one step off: at step warmup_steps its progress is 0 (the rate is max_lr); "
+    "progress = (step - warmup_steps) / (total_steps - warmup_steps)"))
+INTEGER_DIVISION = Mistake("integer_division", N_(
+    "the progress was computed with integer division (//), so it stays 0 and the rate stays at "
+    "max_lr: divide with /, (step - warmup_steps) / (total_steps - warmup_steps)"))
+FULL_PERIOD = Mistake("full_cosine_period", N_(
+    "a whole period of the cosine (cos(2 * pi * progress)) goes down and back up: the decay is "
+    "half a period, cos(pi * progress)"))
+AMPLITUDE = Mistake("cosine_amplitude_wrong", N_(
+    "the cosine does not go from max_lr to min_lr: min_lr + (max_lr - min_lr) * (1 + "
+    "cos(pi * progress)) / 2 (mind the difference max_lr - min_lr and the / 2)"))
+WARMUP_FROM_MIN = Mistake("warmup_from_min_lr", N_(
+    "the warmup starts from min_lr: it goes linearly from 0, max_lr * (step + 1) / "
+    "warmup_steps; min_lr is only the end of the cosine"))
+AFTER_TOTAL = Mistake("wrong_rate_after_total", N_(
+    "the rate at and after total_steps is not min_lr: from total_steps on, return min_lr"))
 NOT_A_FLOAT = Mistake("returned_tensor", N_(
     "return a Python float (float(...) or .item()), not a tensor or an int"))
 
@@ -105,6 +168,30 @@ SCALED_UP = Mistake("scaled_up_small_gradients", N_(
     "max_norm (the scale is min(1, max_norm / (norm + 1e-6)))"))
 SQUARED_NORM = Mistake("forgot_square_root", N_(
     "returned the sum of squares: the L2 norm is its square root"))
+TORCH_CLIP = Mistake("torch_clip_on_gradients", N_(
+    "torch.nn.utils.clip_grad_norm_ was given the gradients: it takes parameters and clips "
+    "their .grad, which the gradient tensors do not have, so it measured 0 and changed nothing; "
+    "compute the global norm of the gradients yourself and scale them in place"))
+CLAMPED = Mistake("clamped_each_value", N_(
+    "clamped each value to [-max_norm, max_norm]: clipping by norm scales every gradient by "
+    "the same factor, max_norm / (norm + 1e-6), keeping their direction"))
+RMS_NORM = Mistake("rms_not_l2_norm", N_(
+    "measured the root mean square (divided by the number of values): the global L2 norm is "
+    "sqrt of the SUM of every gradient's squares, with no division"))
+NORM_OF_SUMS = Mistake("norm_of_sums", N_(
+    "squared each tensor's sum: the global norm sums the squares of the values, "
+    "sqrt(sum over tensors of (g ** 2).sum()), not the squares of the sums"))
+SUMMED_NORMS = Mistake("summed_tensor_norms", N_(
+    "added the tensors' norms: the global norm is sqrt of the sum of their SQUARED norms, "
+    "sqrt(sum(g.norm() ** 2 for g in grads))"))
+L1_NORM = Mistake("l1_norm", N_(
+    "measured the sum of absolute values (the L1 norm): the global L2 norm is "
+    "sqrt(sum over tensors of (g ** 2).sum())"))
+ONE_TENSOR = Mistake("norm_of_one_tensor", N_(
+    "measured the norm of one tensor only: the global norm covers every gradient in the list"))
+INVERTED_SCALE = Mistake("inverted_scale", N_(
+    "scaled by norm / max_norm, which makes the gradients larger: the scale is max_norm / "
+    "(norm + 1e-6)"))
 
 # adamw_step
 COUPLED_DECAY = Mistake("coupled_l2_decay", N_(
@@ -134,6 +221,33 @@ SQRT_BIAS = Mistake("second_bias_correction_without_sqrt", N_(
 NOT_IN_PLACE_ADAM = Mistake("not_in_place", N_(
     "the parameters are unchanged: update the tensors in `params` in place (p.mul_, "
     "p.addcdiv_, p -= ...); `p = p - ...` makes a new tensor the caller never sees"))
+BIAS_STEP = Mistake("bias_correction_step_off_by_one", N_(
+    "the bias correction used the step count plus one (t = 2 on the first call): the first "
+    "call is t = 1, so increment the count kept in `state` (starting from 0) once, then use it "
+    "in 1 - beta1**t and 1 - beta2**t"))
+STEP_PER_TENSOR = Mistake("step_counted_per_tensor", N_(
+    "the step count advanced once per tensor: it counts calls, so add one per call, before the "
+    "loop over the parameters"))
+NO_DECAY = Mistake("no_weight_decay", N_(
+    "no weight decay: every parameter also decays, p <- p * (1 - lr * weight_decay), before the "
+    "Adam update"))
+DECAY_SIGN = Mistake("decay_wrong_sign", N_(
+    "the decay made the weights grow: p <- p * (1 - lr * weight_decay), a minus sign"))
+DECAY_AFTER = Mistake("decay_after_update", N_(
+    "decayed after the Adam update: decay first, p <- p * (1 - lr * weight_decay), then "
+    "subtract lr * m_hat / (sqrt(v_hat) + eps), as torch.optim.AdamW does"))
+NO_ONE_MINUS = Mistake("moments_without_one_minus_beta", N_(
+    "the moments add the whole gradient: they are moving averages, m = beta1 * m + (1 - beta1) "
+    "* g and v = beta2 * v + (1 - beta2) * g * g"))
+NOT_SQUARED = Mistake("second_moment_not_squared", N_(
+    "the second moment averages |g| (or g): it is the average of the squares, v = beta2 * v + "
+    "(1 - beta2) * g * g"))
+PARTIAL_BIAS = Mistake("partial_bias_correction", N_(
+    "only one moment was bias-corrected: m_hat = m / (1 - beta1**t) AND v_hat = v / (1 - "
+    "beta2**t)"))
+NO_LR = Mistake("update_not_scaled_by_lr", N_(
+    "the Adam update was not multiplied by the learning rate: p <- p - lr * m_hat / "
+    "(sqrt(v_hat) + eps)"))
 
 # train_step
 GRADS_NOT_RESET = Mistake("gradients_not_reset", N_(
@@ -164,6 +278,17 @@ TRACKED_UPDATE = Mistake("update_tracked_by_autograd", N_(
 TRAIN_NOT_IN_PLACE = Mistake("parameters_unchanged", N_(
     "the parameters are unchanged after the step: adamw_step must update the tensors of "
     "`params` themselves, in place"))
+IGNORED_MAX_NORM = Mistake("ignored_max_norm", N_(
+    "the gradients were clipped to norm 1 whatever max_norm was given: pass max_norm on, "
+    "clip_grad_norm(grads, max_norm)"))
+STATE_NOT_PASSED = Mistake("state_not_passed", N_(
+    "AdamW started afresh at every step (its moments and step count lost): pass train_step's "
+    "own `state` to adamw_step, the same dict at every call, not a new one"))
+NOT_FLATTENED = Mistake("logits_not_flattened", N_(
+    "F.cross_entropy takes logits [N, V] and targets [N]: flatten them, "
+    "F.cross_entropy(logits.reshape(-1, V), y.reshape(-1)); on [B, T, V] it reads T as the "
+    "classes"), raises=(("RuntimeError", r"Expected target size|Expected input batch_size"),
+                        ("ValueError", r"Expected target size|Expected input batch_size")))
 
 # evaluate
 GRADIENTS_TRACKED = Mistake("gradients_tracked", N_(
@@ -178,6 +303,20 @@ SUMMED_BATCHES = Mistake("summed_not_averaged", N_(
 EVAL_CHANGED = Mistake("changed_parameters", N_(
     "the evaluation changed its inputs (a training step inside evaluate?): an evaluation only "
     "measures the loss; it never updates the parameters"))
+FLAGS_OFF = Mistake("requires_grad_left_off", N_(
+    "the parameters no longer require gradients after the evaluation (requires_grad_(False) "
+    "not undone): training after it would fail; use `with torch.no_grad():` instead, which "
+    "changes no parameter"))
+ARGS_SWAPPED = Mistake("batch_arguments_swapped", N_(
+    "the batches are [context_len, batch_size]: get_batch(data, batch_size, context_len, "
+    "generator=generator), in that order"))
+NOT_GET_BATCH = Mistake("batches_not_from_get_batch", N_(
+    "the batches are not get_batch's: draw each one with get_batch(data, batch_size, "
+    "context_len, generator=generator), so that the evaluation sees random windows (the same "
+    "ones for the same generator)"))
+SUMMED_TOKENS = Mistake("summed_over_tokens", N_(
+    "the batch losses are sums over the tokens (reduction='sum'): take each batch's mean "
+    "cross-entropy, then the mean over the batches"))
 
 # bits_per_byte
 FORGOT_LN2 = Mistake("forgot_ln2", N_(
@@ -253,12 +392,36 @@ def _expect_float(c: Check, got, want: float, what: str, wrong=(), rel: float = 
                                               abs_tol=abs_tol):
                 hint = mistake
                 break
+        shown_got, shown_want = _digits(float(got), want, 8)
         c.fail(_("{what} is {got}, expected {want}.").format(
-            what=what, got=f"{float(got):.8g}", want=f"{want:.8g}"), hint)
+            what=what, got=shown_got, want=shown_want), hint)
     if not _is_float(got):
         c.fail(_("{what} is {got} of type {kind}; expected a float.").format(
             what=what, got=repr(got), kind=type(got).__name__), NOT_A_FLOAT)
     c.note(what)
+
+
+class _Lazy(dict):
+    """{kind: a wrong variant}, each computed when a failure first asks for it (a correct
+    implementation never pays for the wrong ones)."""
+
+    def __init__(self, make):
+        super().__init__()
+        self.make = make
+
+    def __missing__(self, kind):
+        value = self[kind] = self.make(kind)
+        return value
+
+
+def _digits(got: float, want: float, least: int = 6) -> tuple[str, str]:
+    """`got` and `want` with as many significant digits as it takes to tell them apart (at least
+    `least`, at most 17), so that a message never shows two equal numbers for a gap it rejects."""
+    for digits in range(least, 18):
+        a, b = f"{got:.{digits}g}", f"{want:.{digits}g}"
+        if a != b:
+            return a, b
+    return a, b
 
 
 def _close(a: torch.Tensor, b: torch.Tensor, atol: float, rtol: float = 1e-5) -> bool:
@@ -308,7 +471,7 @@ def _windows(data: torch.Tensor, x: torch.Tensor) -> list[int] | None:
 
 @_one_thread
 def check_get_batch(f, *, seed: int | None = None, thorough: bool = False) -> None:
-    with Check("get_batch", f, seed=seed, errors=[PAST_END]) as c:
+    with Check("get_batch", f, seed=seed, errors=[PAST_END, LAST_START]) as c:
         cases = []
         for _n in range(6 if thorough else 3):
             b, t = c.sizes(2, 3, 12)
@@ -338,6 +501,21 @@ def check_get_batch(f, *, seed: int | None = None, thorough: bool = False) -> No
                     c.fail(_("{what}: {name} has shape {got}, expected {want}.").format(
                         what=what, name=name, got=list(got_t.shape), want=list(want_t.shape)),
                            PAST_END)
+            if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and \
+                    x.dim() == y.dim() == 2 and (x.shape != x_want.shape or
+                                                 y.shape != y_want.shape):
+                hint = None
+                if tuple(x.shape) == (t, b):
+                    hint = SIZES_SWAPPED if _windows(data, x) is not None else \
+                        TRANSPOSED if _windows(data, x.T) is not None else None
+                elif x.shape[0] == y.shape[0] == b:
+                    hint = WRONG_LENGTH
+                elif x.shape[0] == min(b, n - t) < b:
+                    hint = WITHOUT_REPLACEMENT
+                if hint is not None:
+                    c.fail(_("{what}: x has shape {got_x} and y {got_y}, expected {want} for "
+                             "both.").format(what=what, got_x=list(x.shape), got_y=list(y.shape),
+                                             want=list(x_want.shape)), hint)
             for name, got_t, want_t in (("x", x, x_want), ("y", y, y_want)):
                 if not isinstance(got_t, torch.Tensor) or got_t.shape != want_t.shape or \
                         got_t.dtype != want_t.dtype:
@@ -347,7 +525,8 @@ def check_get_batch(f, *, seed: int | None = None, thorough: bool = False) -> No
             starts = _windows(data, x)
             if starts is None:
                 c.fail(_("{what}: a row of x is not {count} consecutive tokens of data.").format(
-                    what=what, count=t), PAST_END if n == t + 1 else None)
+                    what=what, count=t), TRANSPOSED if _windows(data, x.T) is not None
+                    else PAST_END if n == t + 1 else None)
             back = any(st >= 1 and torch.equal(y[row], data[st - 1:st + t - 1])
                        for row, st in enumerate(starts))
             for row, st in enumerate(starts):
@@ -364,19 +543,32 @@ def check_get_batch(f, *, seed: int | None = None, thorough: bool = False) -> No
                        SAME_WINDOW)
             if not torch.equal(x, x_want):
                 again = c.call(data, b, t, generator=torch.Generator().manual_seed(gseed))
+                other = c.call(data, b, t, generator=torch.Generator().manual_seed(gseed + 1))
                 hint = IGNORED_GENERATOR if not (isinstance(again, tuple) and torch.equal(
-                    again[0], x)) else OTHER_STARTS
-                for high in (n - t + 1, n):
-                    drawn = torch.randint(0, high, (b,),
-                                          generator=torch.Generator().manual_seed(gseed))
-                    if drawn.tolist() == starts:
-                        hint = PAST_END
+                    again[0], x)) else GENERATOR_NOT_USED if isinstance(other, tuple) and \
+                    torch.equal(other[0], x) else OTHER_STARTS
+                for high, mistake in ((n - t + 1, PAST_END), (n, PAST_END),
+                                      (n - t - 1, LAST_START)):
+                    if high > 0 and torch.randint(0, high, (b,), generator=torch.Generator()
+                                                  .manual_seed(gseed)).tolist() == starts:
+                        hint = mistake
+                if torch.randperm(n - t, generator=torch.Generator().manual_seed(gseed))[
+                        :b].tolist() == starts:
+                    hint = WITHOUT_REPLACEMENT
                 position = {int(v): i for i, v in enumerate(data.tolist())}
                 c.fail(_("{what}: the rows start at {got}, expected {want} (the contract's "
                          "draw from the generator).").format(
                              what=what, got=starts[:6],
                              want=[position[int(v)] for v in x_want[:6, 0]]), hint)
             c.note(_("x and y [B, T], y shifted by one, the contract's starts"))
+        # No generator: every call a new draw (from the global generator), never a fixed one.
+        data = torch.randperm(1000, generator=c.gen)[:400] + 1000
+        first, second = c.call(data, 8, 6), c.call(data, 8, 6)
+        if isinstance(first, tuple) and isinstance(second, tuple) and \
+                torch.equal(first[0], second[0]):
+            c.fail(_("get_batch(data [400], batch_size=8, context_len=6) without a generator "
+                     "gave the same batch twice."), FIXED_GENERATOR)
+        c.note(_("without a generator: a new batch at every call"))
         c.headline(_("windows of the data, targets shifted by one, the generator's starts"))
 
 
@@ -425,10 +617,43 @@ def _schedules(max_lr, min_lr, w, total):
             return min_lr
         return max_lr - (max_lr - min_lr) * (step - w) / (total - w)
 
+    def formula(step, *, warm=lambda s: max_lr * (s + 1) / w, lo=min_lr, amp=None, half=0.5,
+                period=math.pi, progress=None, after=None):
+        if step < w:
+            return warm(step)
+        if step >= total:
+            return min_lr if after is None else after
+        p = (step - w) / (total - w) if progress is None else progress(step)
+        amp = (max_lr - lo) if amp is None else amp
+        return lo + half * amp * (1 + math.cos(period * p))
+
+    def shifted(delta):
+        return lambda step: formula(step + delta)
+
+    variants = [
+        (WARMUP_DIVISOR, lambda s: formula(s, warm=lambda k: max_lr * k / (w - 1))
+         if w > 1 else None),
+        (WARMUP_DIVISOR, lambda s: formula(s, warm=lambda k: max_lr * (k + 1) / (w + 1))),
+        (SHIFTED_SCHEDULE, shifted(1)), (SHIFTED_SCHEDULE, shifted(-1)),
+        (WRONG_SPAN, lambda s: formula(s, progress=lambda k: (k - w) / total)),
+        (WRONG_SPAN, lambda s: formula(s, progress=lambda k: (k - w) / (total - w + 1))),
+        (WRONG_SPAN, lambda s: formula(s, progress=lambda k: (k - w) / max(total - w - 1, 1))),
+        (COSINE_OFF_BY_ONE, lambda s: formula(s, progress=lambda k: (k - w + 1) / (total - w))),
+        (COSINE_OFF_BY_ONE, lambda s: formula(s, progress=lambda k: (k - w - 1) / (total - w))),
+        (INTEGER_DIVISION, lambda s: formula(s, progress=lambda k: (k - w) // (total - w))),
+        (FULL_PERIOD, lambda s: formula(s, period=2 * math.pi)),
+        (AMPLITUDE, lambda s: formula(s, amp=max_lr)),
+        (AMPLITUDE, lambda s: formula(s, half=1.0)),
+        (WARMUP_FROM_MIN, lambda s: formula(
+            s, warm=lambda k: min_lr + (max_lr - min_lr) * (k + 1) / w)),
+        (WARMUP_FROM_MIN, lambda s: formula(s, warm=lambda k: min_lr + (max_lr - min_lr) * k / w)),
+        (AFTER_TOTAL, lambda s: formula(s, after=0.0)),
+        (AFTER_TOTAL, lambda s: formula(s, after=max_lr))]
+
     return [(WARMUP_OFF_BY_ONE, warm_late), (WARMUP_OFF_BY_ONE, warm_zero),
             (WARMUP_OFF_BY_ONE, warm_zero_late), (COSINE_TO_ZERO, to_zero),
             (COSINE_TO_ZERO, to_zero_min_after), (COSINE_PAST_TOTAL, past_total),
-            (COSINE_FROM_ZERO, from_zero), (LINEAR_DECAY, linear)]
+            (COSINE_FROM_ZERO, from_zero), (LINEAR_DECAY, linear)] + variants
 
 
 @_one_thread
@@ -456,14 +681,25 @@ def check_lr_at(f, *, seed: int | None = None, thorough: bool = False) -> None:
             bad = [s for s in steps if not math.isclose(got[s], want[s], rel_tol=1e-9,
                                                         abs_tol=1e-15)]
             if bad:
+                def fits(sched):
+                    try:
+                        return all(math.isclose(got[s], sched(s), rel_tol=1e-9, abs_tol=1e-15)
+                                   for s in steps)
+                    except (TypeError, ZeroDivisionError):  # a variant these sizes cannot form
+                        return False
+
                 hint = next((m for m, sched in _schedules(max_lr, min_lr, w, total)
-                             if all(math.isclose(got[s], sched(s), rel_tol=1e-9, abs_tol=1e-15)
-                                    for s in steps)), None)
+                             if fits(sched)), None)
                 s = bad[0]
+                phase = (_("in the warmup") if s < w else _("in the cosine") if s < total
+                         else _("at or after total_steps"))
+                shown_got, shown_want = _digits(got[s], want[s])
                 c.fail(_("lr_at({step}, max_lr={max_lr:g}, min_lr={min_lr:g}, warmup_steps="
-                         "{warmup}, total_steps={total}) is {got:.6g}, expected {want:.6g}.")
+                         "{warmup}, total_steps={total}) is {got}, expected {want} (the first "
+                         "wrong step, {phase}; {count} of the {steps} steps 0 .. {last} differ).")
                        .format(step=s, max_lr=max_lr, min_lr=min_lr, warmup=w, total=total,
-                               got=got[s], want=want[s]), hint)
+                               got=shown_got, want=shown_want, phase=phase, count=len(bad),
+                               steps=len(steps), last=steps[-1]), hint)
             c.note(f"lr_at(0 .. {total + 5}, warmup {w}, total {total})")
         c.headline(_("warmup, cosine to min_lr, min_lr after total_steps"))
 
@@ -476,14 +712,28 @@ def check_lr_at(f, *, seed: int | None = None, thorough: bool = False) -> None:
 def check_clip_grad_norm(f, *, seed: int | None = None, thorough: bool = False) -> None:
     with Check("clip_grad_norm", f, seed=seed) as c:
         cases = []
-        for clip in ([True, False, True] * (2 if thorough else 1)):
+        for n_case, clip in enumerate([True, False, True] * (2 if thorough else 1) + [True]):
             shapes = [(c.randint(2, 6), c.randint(2, 6)), (c.randint(2, 9),),
                       (c.randint(2, 4), c.randint(2, 4), c.randint(2, 4))][:c.randint(2, 4)]
             # one tensor much larger than the others, so per-tensor clipping differs clearly
             grads = [c.randn(*s) * (5.0 if i == 0 else 0.3) for i, s in enumerate(shapes)]
+            if n_case == (6 if thorough else 3):
+                # the outlier case: one value above max_norm, so that clamping each value shows
+                rest = float(torch.linalg.vector_norm(torch.cat([g.flatten() for g in grads])))
+                grads[0].view(-1)[0] = 3.0 * rest
             norm = float(torch.linalg.vector_norm(torch.cat([g.flatten() for g in grads])))
             max_norm = norm * (c.choice([0.2, 0.4, 0.6]) if clip else c.choice([1.5, 3.0]))
             cases.append((grads, max_norm))
+        outlier = cases[-1]
+
+        def clamps() -> bool:
+            """Whether the function clamps each value (tried on the outlier case)."""
+            grads, max_norm = [g.clone() for g in outlier[0]], outlier[1]
+            _call_in_place(c, grads, max_norm)
+            clamped = [g.clamp(-max_norm, max_norm) for g in outlier[0]]
+            return _all_close(grads, clamped, 1e-6, 1e-5) and \
+                not _all_close(grads, outlier[0], 1e-7, 0.0)
+
         for grads, max_norm in cases:
             before = [g.clone() for g in grads]
             want_grads = [g.clone() for g in grads]
@@ -494,21 +744,49 @@ def check_clip_grad_norm(f, *, seed: int | None = None, thorough: bool = False) 
             scale = max_norm / (want + 1e-6)
             per_tensor = [g * min(1.0, max_norm / (float(g.norm()) + 1e-6)) for g in before]
             scaled_up = [g * scale for g in before]
+            # norms measured the wrong way (and what clip_grad_norm_ on gradients measures)
+            wrong_norms = [
+                (RMS_NORM, want / math.sqrt(sum(g.numel() for g in before))),
+                (NORM_OF_SUMS, math.sqrt(sum(float(g.sum()) ** 2 for g in before))),
+                (SUMMED_NORMS, sum(float(g.norm()) for g in before)),
+                (L1_NORM, sum(float(g.abs().sum()) for g in before)),
+                (ONE_TENSOR, float(before[0].norm())), (TORCH_CLIP, 0.0)]
+            value = float(got) if isinstance(got, numbers.Real) and not isinstance(got, bool) \
+                or isinstance(got, torch.Tensor) and got.numel() == 1 else None
+            value_hint = None
+            if value is not None and not math.isclose(value, want, rel_tol=1e-5):
+                value_hint = next((m for m, v in wrong_norms
+                                   if math.isclose(value, v, rel_tol=1e-5, abs_tol=1e-9)), None)
             if not _all_close(grads, want_grads, 1e-6, 1e-5):
-                if _all_close(grads, before, 1e-7, 0.0):
-                    hint = NOT_IN_PLACE_CLIP
-                elif _all_close(grads, per_tensor, 1e-6, 1e-5):
+                if _all_close(grads, per_tensor, 1e-6, 1e-5):
                     hint = PER_TENSOR
+                elif not _all_close(grads, before, 1e-7, 0.0) and _all_close(
+                        grads, [g.clamp(-max_norm, max_norm) for g in before], 1e-6, 1e-5):
+                    hint = CLAMPED
+                elif want > max_norm and _all_close(
+                        grads, [g * (want / max_norm) for g in before], 1e-6, 1e-5):
+                    hint = INVERTED_SCALE
+                elif value_hint is not None:
+                    hint = value_hint
+                elif _all_close(grads, before, 1e-7, 0.0):
+                    # unchanged: not in place, or each value clamped with none above max_norm
+                    hint = CLAMPED if clamps() else NOT_IN_PLACE_CLIP
                 elif want < max_norm and _all_close(grads, scaled_up, 1e-6, 1e-5):
                     hint = SCALED_UP
                 else:
                     hint = None
-                c.fail(_("{what}: the gradients after the call are not the expected ones "
+                told = _("{what}: the gradients after the call are not the expected ones "
                          "(the norm is {norm:.6g}; expected them {how}).").format(
                              what=what, norm=want,
                              how=_("scaled by {scale:.6g}").format(scale=scale)
-                             if want > max_norm else _("unchanged")), hint)
-            _expect_float(c, got, want, what, wrong=[
+                             if want > max_norm else _("unchanged"))
+                if value is not None and not math.isclose(value, want, rel_tol=1e-5):
+                    told += " " + _("It returned {got:.6g} as the norm.").format(got=value)
+                c.fail(told, hint)
+            # a norm measured the wrong way first: with one tensor much larger than the others,
+            # its norm is also the largest per-tensor norm
+            _expect_float(c, got, want, what, wrong=(
+                [(value_hint, 0.0 if value is None else value)] if value_hint else []) + [
                 (NORM_AFTER, min(want, max_norm * want / (want + 1e-6))),
                 (SQUARED_NORM, want ** 2),
                 (PER_TENSOR, max((float(g.norm()) for g in before), default=0.0))],
@@ -529,32 +807,45 @@ def _adamw_variant(kind: str | None, params0, grads_seq, lrs, betas, eps, wd):
     b1, b2 = (betas[1], betas[0]) if kind == "betas_swapped" else betas
     out = []
     for t, (grads, lr) in enumerate(zip(grads_seq, lrs), start=1):
-        step = 1 if kind in ("moments", "step") else t
-        if kind == "moments":
+        step = 1 if kind in ("moments", "step") else t + 1 if kind == "t_plus_one" else t
+        if kind in ("moments", "moments_t"):
             m = [torch.zeros_like(p) for p in params]
             v = [torch.zeros_like(p) for p in params]
         new = []
         for i, (p, g) in enumerate(zip(params, grads)):
             p = p.clone()
+            if kind == "per_tensor_t":
+                step = (t - 1) * len(params) + i + 1
             if kind == "coupled":
                 g = g + wd * p
             elif kind == "decay_no_lr":
                 p = p * (1 - wd)
-            else:
+            elif kind == "decay_sign":
+                p = p * (1 + lr * wd)
+            elif kind not in ("no_decay", "decay_after"):
                 p = p * (1 - lr * wd)
-            m[i] = b1 * m[i] + (1 - b1) * g
-            v[i] = b2 * v[i] + (1 - b2) * g * g
+            if kind == "no_one_minus":
+                m[i] = b1 * m[i] + g
+                v[i] = b2 * v[i] + g * g
+            else:
+                m[i] = b1 * m[i] + (1 - b1) * g
+                v[i] = b2 * v[i] + (1 - b2) * (g.abs() if kind == "abs_v" else g * g)
             if kind == "no_bias":
                 m_hat, v_hat = m[i], v[i]
             else:
                 m_hat, v_hat = m[i] / (1 - b1 ** step), v[i] / (1 - b2 ** step)
+                if kind == "only_m":
+                    v_hat = v[i]
+                elif kind == "only_v":
+                    m_hat = m[i]
             if kind == "eps_inside":
                 denom = torch.sqrt(v_hat + eps)
             elif kind == "sqrt_bias":
                 denom = v[i].sqrt() / (1 - b2 ** step) + eps
             else:
                 denom = v_hat.sqrt() + eps
-            new.append(p - lr * m_hat / denom)
+            p = p - (1.0 if kind == "no_lr" else lr) * m_hat / denom
+            new.append(p * (1 - lr * wd) if kind == "decay_after" else p)
         params = new
         out.append([p.clone() for p in params])
     return out
@@ -563,7 +854,12 @@ def _adamw_variant(kind: str | None, params0, grads_seq, lrs, betas, eps, wd):
 _ADAM_MISTAKES = [("coupled", COUPLED_DECAY), ("no_bias", NO_BIAS_CORRECTION),
                   ("moments", MOMENTS_NOT_KEPT), ("step", STEP_NOT_KEPT),
                   ("eps_inside", EPS_INSIDE), ("decay_no_lr", DECAY_WITHOUT_LR),
-                  ("betas_swapped", BETAS_SWAPPED), ("sqrt_bias", SQRT_BIAS)]
+                  ("betas_swapped", BETAS_SWAPPED), ("sqrt_bias", SQRT_BIAS),
+                  ("moments_t", MOMENTS_NOT_KEPT), ("t_plus_one", BIAS_STEP),
+                  ("per_tensor_t", STEP_PER_TENSOR), ("no_decay", NO_DECAY),
+                  ("decay_sign", DECAY_SIGN), ("decay_after", DECAY_AFTER),
+                  ("no_one_minus", NO_ONE_MINUS), ("abs_v", NOT_SQUARED),
+                  ("only_m", PARTIAL_BIAS), ("only_v", PARTIAL_BIAS), ("no_lr", NO_LR)]
 
 
 @_one_thread
@@ -584,11 +880,11 @@ def check_adamw_step(f, *, seed: int | None = None, thorough: bool = False) -> N
             cases.append((params0, grads_seq, lrs, betas, eps, wd))
         for params0, grads_seq, lrs, betas, eps, wd in cases:
             want = _adamw_variant(None, params0, grads_seq, lrs, betas, eps, wd)
-            variants = {kind: _adamw_variant(kind, params0, grads_seq, lrs, betas, eps, wd)
-                        for kind, _m in _ADAM_MISTAKES}
+            variants = _Lazy(lambda kind, args=(params0, grads_seq, lrs, betas, eps, wd):
+                             _adamw_variant(kind, *args))
             params = [p.clone().requires_grad_(True) for p in params0]
             state: dict = {}
-            got_steps = []
+            got_steps, unchanged = [], []
             for t, (grads, lr) in enumerate(zip(grads_seq, lrs)):
                 kwargs = dict(lr=lr, betas=betas, weight_decay=wd)
                 if eps != 1e-8:
@@ -599,23 +895,35 @@ def check_adamw_step(f, *, seed: int | None = None, thorough: bool = False) -> N
                                             **kwargs)
                 now = [p.detach().clone() for p in params]
                 got_steps.append(now)
+                unchanged.append(_all_close(now, before, 0.0, 0.0))
+                del result  # a return value is allowed, and ignored
+                if t == 0 and unchanged[0]:
+                    break  # nothing changed: no need to run the other steps
+            # All the steps run before a difference is told: a mistake that matches a wrong
+            # variant at one step may be another's at the next (no decay and coupled decay
+            # look alike while the gradients are large).
+            for t, lr in enumerate(lrs[:len(got_steps)]):
+                now = got_steps[t]
                 what = _("the parameters after adamw_step call {n} (lr={lr:g}, betas={betas}, "
                          "eps={eps:g}, weight_decay={wd:g})").format(
                              n=t + 1, lr=lr, betas=betas, eps=eps, wd=wd)
-                if result is not None and not isinstance(result, (list, tuple, dict)):
-                    pass  # a return value is allowed, and ignored
                 if not _all_close(now, want[t], 1e-6, 1e-5):
-                    if _all_close(now, before, 0.0, 0.0):
+                    if unchanged[t]:
                         hint = NOT_IN_PLACE_ADAM
                     else:
                         hint = next((m for kind, m in _ADAM_MISTAKES if all(
                             _all_close(got_steps[s], variants[kind][s], 1e-6, 1e-5)
-                            for s in range(t + 1))), None)
+                            for s in range(len(got_steps)))), None)
                     bad = next(i for i, (a, b) in enumerate(zip(now, want[t]))
                                if not _close(a, b, 1e-6, 1e-5))
                     diff = (now[bad].double() - want[t][bad].double()).abs()
+                    where = int(diff.nan_to_num(float("inf")).argmax())
                     c.fail(_("{what}: tensor {index} differs from torch.optim.AdamW's by up to "
-                             "{diff:.3g}.").format(what=what, index=bad, diff=float(diff.max())),
+                             "{diff:.3g} (element {element}: {got}, expected {want}; call {n} "
+                             "is step t = {n} of the bias correction).").format(
+                                 what=what, index=bad, diff=float(diff.max()), element=where,
+                                 got=f"{float(now[bad].flatten()[where]):.8g}",
+                                 want=f"{float(want[t][bad].flatten()[where]):.8g}", n=t + 1),
                            hint)
             c.note(_("{count} steps with one state").format(count=len(lrs)))
         c.headline(_("equal to torch.optim.AdamW step for step (decoupled decay, bias "
@@ -696,12 +1004,13 @@ def _train_replay(params0, cfg, batches, scales, lrs, *, max_norm, wd, kind=None
             grads = [g + k for g, k in zip(grads, kept)]
         kept = [g.clone() for g in grads]
         if kind != "no_clip":
-            tr.clip_grad_norm(grads, max_norm)
+            tr.clip_grad_norm(grads, 1.0 if kind == "max_norm_one" else max_norm)
         if kind == "not_reset":
             kept = [g.clone() for g in grads]  # backward accumulates into the clipped .grad
         decay = {"default_decay": 0.1, "no_decay": 0.0}.get(kind, wd)
         with torch.no_grad():
-            tr.adamw_step(tensors, grads, state, lr=lr, weight_decay=decay)
+            tr.adamw_step(tensors, grads, {} if kind == "fresh_state" else state, lr=lr,
+                          weight_decay=decay)
         if kind == "loss_after":
             with torch.no_grad():
                 loss = F.cross_entropy((model_forward(x, params, cfg) * scale).flatten(0, 1),
@@ -711,15 +1020,20 @@ def _train_replay(params0, cfg, batches, scales, lrs, *, max_norm, wd, kind=None
     return losses, after
 
 
+def _train_replay_of(params0, cfg, batches, scales, lrs, max_norm, wd, kind):
+    return _train_replay(params0, cfg, batches, scales, lrs, max_norm=max_norm, wd=wd, kind=kind)
+
+
 _TRAIN_MISTAKES = [("not_reset", GRADS_NOT_RESET), ("no_clip", NO_CLIP),
                    ("default_decay", IGNORED_DECAY), ("no_decay", IGNORED_DECAY),
                    ("shifted_twice", SHIFTED_TWICE), ("summed", SUMMED_LOSS),
-                   ("ignored_forward", IGNORED_FORWARD), ("loss_after", LOSS_AFTER)]
+                   ("ignored_forward", IGNORED_FORWARD), ("loss_after", LOSS_AFTER),
+                   ("fresh_state", STATE_NOT_PASSED), ("max_norm_one", IGNORED_MAX_NORM)]
 
 
 @_one_thread
 def check_train_step(f, *, seed: int | None = None, thorough: bool = False) -> None:
-    with Check("train_step", f, seed=seed, errors=[TRACKED_UPDATE]) as c:
+    with Check("train_step", f, seed=seed, errors=[TRACKED_UPDATE, NOT_FLATTENED]) as c:
         for _case in range(2 if thorough else 1):
             cfg = _cfg(c)
             params0 = _params(c, cfg)
@@ -742,9 +1056,8 @@ def check_train_step(f, *, seed: int | None = None, thorough: bool = False) -> N
             max_norm = norm * 0.1
             want_losses, want_params = _train_replay(params0, cfg, batches, scales, lrs,
                                                      max_norm=max_norm, wd=wd)
-            variants = {kind: _train_replay(params0, cfg, batches, scales, lrs,
-                                            max_norm=max_norm, wd=wd, kind=kind)
-                        for kind, _m in _TRAIN_MISTAKES}
+            variants = _Lazy(functools.partial(_train_replay_of, params0, cfg, batches, scales,
+                                               lrs, max_norm, wd))
             params = _copy(params0)
             tensors = tr.param_list(params)
             forward = _Forward(scales, batches)
@@ -768,28 +1081,63 @@ def check_train_step(f, *, seed: int | None = None, thorough: bool = False) -> N
                 far = 2.5 * max(lrs)
 
                 def matching(upto=step, with_params=True):
-                    return next((m for kind, m in _TRAIN_MISTAKES if all(
+                    fits = [(kind, m) for kind, m in _TRAIN_MISTAKES if all(
                         math.isclose(got_losses[i], variants[kind][0][i], rel_tol=1e-4)
                         and (not with_params or i == upto or _mostly_close(
                             got_params[i], variants[kind][1][i], 1e-5, 1e-4, far))
                         for i in range(upto + 1)) and (not with_params or _mostly_close(
-                            got_params[upto], variants[kind][1][upto], 1e-5, 1e-4, far))),
-                        None)
+                            got_params[upto], variants[kind][1][upto], 1e-5, 1e-4, far))]
+                    if len(fits) > 1 and with_params:
+                        # several wrong steps within tolerance: the closest one
+                        fits.sort(key=lambda km: sum(
+                            float((a.double() - b.double()).abs().sum()) for a, b in
+                            zip(got_params[upto], variants[km[0]][1][upto])))
+                    return fits[0][1] if fits else None
 
                 if not math.isclose(got_losses[-1], want_losses[step], rel_tol=1e-4,
                                     abs_tol=1e-6):
                     hint = matching(with_params=False)
                     if hint is None and local and not forward.calls:
                         hint = IGNORED_FORWARD
-                    c.fail(_("{what} returned the loss {got:.6g}, expected {want:.6g}.").format(
-                        what=what, got=got_losses[-1], want=want_losses[step]), hint)
+                    shown_got, shown_want = _digits(got_losses[-1], want_losses[step])
+                    c.fail(_("{what} returned the loss {got}, expected {want}.").format(
+                        what=what, got=shown_got, want=shown_want), hint)
                 if not _mostly_close(now, want_params[step], 1e-5, 1e-4, far):
                     hint = TRAIN_NOT_IN_PLACE if _all_close(now, before, 0.0, 0.0) else matching()
+                    diffs = [float((a.double() - b.double()).abs().nan_to_num(float("inf"))
+                                   .max()) if a.shape == b.shape else float("inf")
+                             for a, b in zip(now, want_params[step])]
+                    worst = max(range(len(diffs)), key=diffs.__getitem__) if diffs else 0
                     c.fail(_("{what}: the parameters after the step differ from one step of "
-                             "AdamW on the clipped gradients of the batch's mean loss.").format(
-                                 what=what), hint)
+                             "AdamW on the clipped gradients of the batch's mean loss (most in "
+                             "tensor {index} of the layout, by up to {diff:.3g}).").format(
+                                 what=what, index=worst,
+                                 diff=diffs[worst] if diffs else float("nan")), hint)
             c.note(_("{count} steps: the loss before each update, the parameters after it")
                    .format(count=n_steps))
+            if local and _case == 0:
+                # max_norm far above the gradients' norms (about 3 and 9): nothing is clipped,
+                # and a clip to norm 1 (max_norm ignored) changes the second step's update.
+                k = max(1.0, 3.0 / max(norm, 1e-6))
+                big = [k, 3.0 * k]
+                two, max_norm = batches[:2], 1e3
+                want_losses, want_params = _train_replay(params0, cfg, two, big, lrs, wd=wd,
+                                                         max_norm=max_norm)
+                params = _copy(params0)
+                tensors, forward, state = tr.param_list(params), _Forward(big, two), {}
+                for step, (x, y) in enumerate(two):
+                    _call_in_place(c, params, cfg, x, y, state, lr=lrs[step], max_norm=max_norm,
+                                   weight_decay=wd, forward=forward)
+                now = [p.detach().clone() for p in tensors]
+                if not _mostly_close(now, want_params[1], 1e-5, 1e-4, 2.5 * max(lrs)):
+                    one = _train_replay(params0, cfg, two, big, lrs, wd=wd, max_norm=max_norm,
+                                        kind="max_norm_one")[1][1]
+                    c.fail(_("train_step with max_norm={max_norm:g}, above the gradients' norms "
+                             "(nothing to clip): the parameters after the second step differ "
+                             "from AdamW's on the unclipped gradients.").format(
+                                 max_norm=max_norm),
+                           IGNORED_MAX_NORM if _mostly_close(now, one, 1e-5, 1e-4,
+                                                             2.5 * max(lrs)) else None)
         c.headline(_("mean loss, gradients, clipping, AdamW in place, gradients cleared"))
 
 
@@ -816,6 +1164,13 @@ def check_evaluate(f, *, seed: int | None = None, thorough: bool = False) -> Non
             got = c.call(params, cfg, data, batch_size=b, context_len=t, n_batches=n_batches,
                          generator=torch.Generator().manual_seed(gseed),
                          **({"forward": forward} if local else {}))
+            # The in-place guard compares values; the flags are the parameters' too.
+            off = [i for i, p in enumerate(tr.param_list(params)) if not p.requires_grad]
+            if local and off:
+                c.fail(_("{what}: after the call, {count} of the {total} parameter tensors no "
+                         "longer require gradients.").format(
+                             what=what, count=len(off), total=len(tr.param_list(params))),
+                       FLAGS_OFF)
             if local and not forward.calls:
                 c.fail(_("{what} never called the forward it was given.").format(what=what),
                        IGNORED_FORWARD)
@@ -829,10 +1184,22 @@ def check_evaluate(f, *, seed: int | None = None, thorough: bool = False) -> Non
                                                for x, _g in forward.calls):
                 c.fail(_("{what} evaluated one batch {count} times.").format(
                     what=what, count=n_batches), SAME_BATCH)
+            if local and b != t and forward.calls and all(
+                    tuple(x.shape) == (t, b) for x, _g in forward.calls):
+                c.fail(_("{what}: the batches are {got}, expected [{b}, {t}].").format(
+                    what=what, got=list(forward.calls[0][0].shape), b=b, t=t), ARGS_SWAPPED)
             if local and not all(torch.equal(a[0], w[0]) for a, w in zip(forward.calls,
                                                                        want_forward.calls)):
+                # The same generator state again: other batches, the generator was not used;
+                # the same ones, they were not get_batch's draws.
+                again = _Forward(scales)
+                c.call(params, cfg, data, batch_size=b, context_len=t, n_batches=n_batches,
+                       generator=torch.Generator().manual_seed(gseed), forward=again)
+                same = len(again.calls) == len(forward.calls) and all(
+                    torch.equal(a[0], w[0]) for a, w in zip(again.calls, forward.calls))
                 c.fail(_("{what}: the batches are not get_batch's draws from the generator "
-                         "given.").format(what=what), IGNORED_GENERATOR)
+                         "given.").format(what=what), NOT_GET_BATCH if same else
+                       IGNORED_GENERATOR)
 
             def replay(kind):
                 total = 0.0
@@ -849,7 +1216,7 @@ def check_evaluate(f, *, seed: int | None = None, thorough: bool = False) -> Non
                 return total
 
             _expect_float(c, got, want, what, rel=1e-5, wrong=[
-                (SUMMED_BATCHES, want * n_batches),
+                (SUMMED_BATCHES, want * n_batches), (SUMMED_TOKENS, want * b * t),
                 (SHIFTED_TWICE, lambda: replay("shifted") / n_batches)])
         c.headline(_("the mean loss of n_batches batches, without gradients"))
 
@@ -893,21 +1260,29 @@ __all__ = ["check_adamw_step", "check_bits_per_byte", "check_clip_grad_norm",
 MISTAKES = {
     "get_batch": (
         IGNORED_GENERATOR, SAME_WINDOW, OTHER_STARTS, NOT_SHIFTED, SHIFTED_BACK, PAST_END,
-        X_Y_SWAPPED),
+        X_Y_SWAPPED, FIXED_GENERATOR, GENERATOR_NOT_USED, LAST_START, WITHOUT_REPLACEMENT,
+        WRONG_LENGTH, TRANSPOSED, SIZES_SWAPPED),
     "lr_at": (
         COSINE_TO_ZERO, COSINE_FROM_ZERO, COSINE_PAST_TOTAL, LINEAR_DECAY, NOT_A_FLOAT,
-        WARMUP_OFF_BY_ONE),
+        WARMUP_OFF_BY_ONE, WARMUP_DIVISOR, SHIFTED_SCHEDULE, WRONG_SPAN, COSINE_OFF_BY_ONE,
+        INTEGER_DIVISION, FULL_PERIOD, AMPLITUDE, WARMUP_FROM_MIN, AFTER_TOTAL),
     "clip_grad_norm": (
-        SQUARED_NORM, NORM_AFTER, NOT_IN_PLACE_CLIP, PER_TENSOR, NOT_A_FLOAT, SCALED_UP),
+        SQUARED_NORM, NORM_AFTER, NOT_IN_PLACE_CLIP, PER_TENSOR, NOT_A_FLOAT, SCALED_UP,
+        TORCH_CLIP, CLAMPED, RMS_NORM, NORM_OF_SUMS, SUMMED_NORMS, L1_NORM, ONE_TENSOR,
+        INVERTED_SCALE),
     "adamw_step": (
         BETAS_SWAPPED, COUPLED_DECAY, DECAY_WITHOUT_LR, EPS_INSIDE, MOMENTS_NOT_KEPT,
-        NO_BIAS_CORRECTION, NOT_IN_PLACE_ADAM, SQRT_BIAS, STEP_NOT_KEPT),
+        NO_BIAS_CORRECTION, NOT_IN_PLACE_ADAM, SQRT_BIAS, STEP_NOT_KEPT, BIAS_STEP,
+        STEP_PER_TENSOR, NO_DECAY, DECAY_SIGN, DECAY_AFTER, NO_ONE_MINUS, NOT_SQUARED,
+        PARTIAL_BIAS, NO_LR),
     "train_step": (
         GRADS_NOT_RESET, IGNORED_FORWARD, IGNORED_DECAY, LOSS_AFTER, NO_CLIP, TRAIN_NOT_IN_PLACE,
-        NOT_A_FLOAT, SUMMED_LOSS, SHIFTED_TWICE, TRACKED_UPDATE),
+        NOT_A_FLOAT, SUMMED_LOSS, SHIFTED_TWICE, TRACKED_UPDATE, STATE_NOT_PASSED, IGNORED_MAX_NORM,
+        NOT_FLATTENED),
     "evaluate": (
         EVAL_CHANGED, GRADIENTS_TRACKED, IGNORED_FORWARD, IGNORED_GENERATOR, NOT_A_FLOAT,
-        SAME_BATCH, SUMMED_BATCHES, SHIFTED_TWICE, BATCH_COUNT),
+        SAME_BATCH, SUMMED_BATCHES, SHIFTED_TWICE, BATCH_COUNT, FLAGS_OFF, ARGS_SWAPPED,
+        NOT_GET_BATCH, SUMMED_TOKENS),
     "bits_per_byte": (
         FORGOT_LN2, INVERTED_RATIO, LOG10, TIMES_LN2, PER_TOKEN, NOT_A_FLOAT),
 }

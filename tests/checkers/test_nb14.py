@@ -5,6 +5,7 @@ pass at every seed; each plausible mistake is named by its id at every seed
 from __future__ import annotations
 
 import math
+import random
 
 import torch
 import torch.nn.functional as F
@@ -397,22 +398,385 @@ BPB_WRONG = [
 ]
 
 
+# --------------------------------------------------------------------------------------------
+# Fresh wrong implementations (issue 33), written as a learner who has not read the solution
+# would: each named by its id at every seed, and a few unusual correct ones.
+
+# Fresh wrong implementations, as learners write them: get_batch
+def gb_fresh_generator(data, batch_size, context_len, *, generator=None):
+    if generator is None:
+        generator = torch.Generator().manual_seed(0)
+    return batch_solution(data, batch_size, context_len, generator=generator)
+
+def gb_python_random(data, batch_size, context_len, *, generator=None):
+    starts = [random.randint(0, len(data) - context_len - 1) for _ in range(batch_size)]
+    x = torch.stack([data[i:i + context_len] for i in starts])
+    y = torch.stack([data[i + 1:i + context_len + 1] for i in starts])
+    return x, y
+
+def gb_bound_one_short(data, batch_size, context_len, *, generator=None):
+    starts = torch.randint(0, len(data) - context_len - 1, (batch_size,), generator=generator)
+    x = torch.stack([data[i:i + context_len] for i in starts])
+    y = torch.stack([data[i + 1:i + context_len + 1] for i in starts])
+    return x, y
+
+def gb_randperm(data, batch_size, context_len, *, generator=None):
+    starts = torch.randperm(len(data) - context_len, generator=generator)[:batch_size]
+    x = torch.stack([data[i:i + context_len] for i in starts])
+    y = torch.stack([data[i + 1:i + context_len + 1] for i in starts])
+    return x, y
+
+def gb_y_one_short(data, batch_size, context_len, *, generator=None):
+    starts = torch.randint(0, len(data) - context_len, (batch_size,), generator=generator)
+    x = torch.stack([data[i:i + context_len] for i in starts])
+    y = torch.stack([data[i + 1:i + context_len] for i in starts])
+    return x, y
+
+def gb_transposed(data, batch_size, context_len, *, generator=None):
+    starts = torch.randint(0, len(data) - context_len, (batch_size,), generator=generator)
+    x = torch.stack([data[i:i + context_len] for i in starts], dim=1)
+    y = torch.stack([data[i + 1:i + context_len + 1] for i in starts], dim=1)
+    return x, y
+
+def gb_sizes_swapped(data, batch_size, context_len, *, generator=None):
+    starts = torch.randint(0, len(data) - batch_size, (context_len,), generator=generator)
+    x = torch.stack([data[i:i + batch_size] for i in starts])
+    y = torch.stack([data[i + 1:i + batch_size + 1] for i in starts])
+    return x, y
+
+def gb_loop_draws(data, batch_size, context_len, *, generator=None):
+    xs, ys = [], []
+    for _ in range(batch_size):
+        i = int(torch.randint(0, len(data) - context_len, (1,), generator=generator))
+        xs.append(data[i:i + context_len])
+        ys.append(data[i + 1:i + context_len + 1])
+    return torch.stack(xs), torch.stack(ys)
+
+def gb_seeded_inside(data, batch_size, context_len, *, generator=None):
+    g = torch.Generator().manual_seed(1337)
+    return batch_solution(data, batch_size, context_len, generator=g)
+
+# Fresh wrong implementations, as learners write them: lr_at
+def _lr_kind(kind):
+    def lr_at(step, *, max_lr, min_lr, warmup_steps, total_steps):
+        w, total = warmup_steps, total_steps
+        if kind == "from_one":
+            step = step + 1
+        if kind == "from_minus_one":
+            step = step - 1
+        if step < w:
+            if kind == "w_minus_1":
+                return max_lr * step / (w - 1)
+            if kind == "w_plus_1":
+                return max_lr * (step + 1) / (w + 1)
+            if kind == "from_min":
+                return min_lr + (max_lr - min_lr) * (step + 1) / w
+            return max_lr * (step + 1) / w
+        if step >= total:
+            return 0.0 if kind == "zero_after" else (max_lr if kind == "max_after" else min_lr)
+        span = {"span_total": total, "span_plus_1": total - w + 1,
+                "span_minus_1": total - w - 1}.get(kind, total - w)
+        p = (step - w) / span
+        if kind == "int_div":
+            p = (step - w) // (total - w)
+        if kind == "cos_late":
+            p = (step - w + 1) / (total - w)
+        if kind == "full_cos":
+            return min_lr + 0.5 * (max_lr - min_lr) * (1 + math.cos(2 * math.pi * p))
+        if kind == "min_on_top":
+            return min_lr + 0.5 * max_lr * (1 + math.cos(math.pi * p))
+        if kind == "min_ignored":
+            return 0.5 * max_lr * (1 + math.cos(math.pi * p))
+        if kind == "no_half":
+            return min_lr + (max_lr - min_lr) * (1 + math.cos(math.pi * p))
+        return min_lr + 0.5 * (max_lr - min_lr) * (1 + math.cos(math.pi * p))
+    return lr_at
+
+# Fresh wrong implementations, as learners write them: clip
+def _clip_kind(kind):
+    def clip_grad_norm(grads, max_norm):
+        if kind == "torch":
+            return float(torch.nn.utils.clip_grad_norm_(grads, max_norm))
+        if kind == "clamp":
+            total = math.sqrt(sum(float((g ** 2).sum()) for g in grads))
+            for g in grads:
+                g.clamp_(-max_norm, max_norm)
+            return total
+        if kind == "rms":
+            n = sum(g.numel() for g in grads)
+            total = math.sqrt(sum(float((g ** 2).sum()) for g in grads) / n)
+        elif kind == "square_of_sums":
+            total = math.sqrt(sum(float(g.sum()) ** 2 for g in grads))
+        elif kind == "sum_of_norms":
+            total = sum(float(g.norm()) for g in grads)
+        elif kind == "l1":
+            total = sum(float(g.abs().sum()) for g in grads)
+        elif kind == "first_only":
+            total = float(grads[0].norm())
+        else:
+            total = math.sqrt(sum(float((g ** 2).sum()) for g in grads))
+        if total > max_norm:
+            scale = total / max_norm if kind == "inverted" else max_norm / (total + 1e-6)
+            for g in grads:
+                g.mul_(scale)
+        return total
+    return clip_grad_norm
+
+# Fresh wrong implementations, as learners write them: adamw
+def _adam_kind(kind):
+    def adamw_step(params, grads, state, *, lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1):
+        b1, b2 = betas
+        if kind == "local_moments":   # the commonest: moments in the loop, never stored
+            state["t"] = state.get("t", 0) + 1
+            t = state["t"]
+            for p, g in zip(params, grads):
+                m = torch.zeros_like(p)
+                v = torch.zeros_like(p)
+                m = b1 * m + (1 - b1) * g
+                v = b2 * v + (1 - b2) * g * g
+                p.mul_(1 - lr * weight_decay)
+                p.sub_(lr * (m / (1 - b1 ** t)) / ((v / (1 - b2 ** t)).sqrt() + eps))
+            return
+        if kind == "rebound":          # m = b1 * m + ...: the list in state never changes
+            if not state:
+                state["t"] = 0
+                state["m"] = [torch.zeros_like(p) for p in params]
+                state["v"] = [torch.zeros_like(p) for p in params]
+            state["t"] += 1
+            t = state["t"]
+            for i, (p, g) in enumerate(zip(params, grads)):
+                m, v = state["m"][i], state["v"][i]
+                m = b1 * m + (1 - b1) * g
+                v = b2 * v + (1 - b2) * g * g
+                p.mul_(1 - lr * weight_decay)
+                p.sub_(lr * (m / (1 - b1 ** t)) / ((v / (1 - b2 ** t)).sqrt() + eps))
+            return
+        if kind == "fresh_torch":
+            opt = torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps,
+                                    weight_decay=weight_decay)
+            for p, g in zip(params, grads):
+                p.grad = g.clone()
+            opt.step()
+            for p in params:
+                p.grad = None
+            return
+        if not state:
+            state["t"] = 1 if kind == "t_from_one" else 0
+            state["m"] = [torch.zeros_like(p) for p in params]
+            state["v"] = [torch.zeros_like(p) for p in params]
+        if kind == "t_after":
+            t = state["t"] + 1 + 1
+            state["t"] += 1
+        elif kind != "per_tensor_t":
+            state["t"] += 1
+            t = state["t"]
+        for i, (p, g) in enumerate(zip(params, grads)):
+            if kind == "per_tensor_t":
+                state["t"] += 1
+                t = state["t"]
+            m, v = state["m"][i], state["v"][i]
+            if kind == "no_decay":
+                pass
+            elif kind == "decay_sign":
+                p.mul_(1 + lr * weight_decay)
+            elif kind != "decay_after":
+                p.mul_(1 - lr * weight_decay)
+            if kind == "no_one_minus":
+                m.mul_(b1).add_(g)
+                v.mul_(b2).add_(g * g)
+            elif kind == "v_not_squared":
+                m.mul_(b1).add_((1 - b1) * g)
+                v.mul_(b2).add_((1 - b2) * g.abs())
+            else:
+                m.mul_(b1).add_((1 - b1) * g)
+                v.mul_(b2).add_((1 - b2) * g * g)
+            m_hat = m / (1 - b1 ** t)
+            v_hat = v if kind == "only_m_corrected" else v / (1 - b2 ** t)
+            if kind == "only_v_corrected":
+                m_hat = m
+            step = m_hat / (v_hat.sqrt() + eps)
+            if kind == "eps_squared_inside":
+                step = m_hat / (v_hat + eps ** 2).sqrt()
+            if kind == "no_lr":
+                p.sub_(step)
+            else:
+                p.sub_(lr * step)
+            if kind == "decay_after":
+                p.mul_(1 - lr * weight_decay)
+    return adamw_step
+
+def adam_state_rebound(params, grads, state, **kw):
+    state = {}
+    adamw_solution(params, grads, state, **kw)
+
+# Fresh wrong implementations, as learners write them: train_step
+def _train_kind(kind):
+    def train_step(params, cfg, x, y, state, *, lr, max_norm=1.0, weight_decay=0.1,
+                   forward=None):
+        forward = forward or model_forward
+        logits = forward(x, params, cfg)
+        if kind == "unflattened":
+            loss = F.cross_entropy(logits, y)
+        else:
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        tensors = _all_params(params)
+        if kind == "clear_before":
+            for p in tensors:
+                p.grad = None
+        loss.backward()
+        grads = [p.grad for p in tensors]
+        with torch.no_grad():
+            if kind == "clip_after":
+                adamw_solution(tensors, grads, state, lr=lr, weight_decay=weight_decay)
+                clip_solution(grads, max_norm)
+            else:
+                clip_solution(grads, 1.0 if kind == "ignored_max_norm" else max_norm)
+                adamw_solution(tensors, grads, {} if kind == "fresh_state" else state, lr=lr,
+                               weight_decay=weight_decay)
+        for p in tensors:
+            p.grad = None
+        return loss.item()
+    return train_step
+
+# Fresh wrong implementations, as learners write them: evaluate
+def _eval_kind(kind):
+    def evaluate(params, cfg, data, *, batch_size, context_len, n_batches, generator=None,
+                 forward=None):
+        forward = forward or model_forward
+        tensors = _all_params(params)
+        if kind in ("flags_off", "flags_on"):
+            for p in tensors:
+                p.requires_grad_(False)
+        total = 0.0
+        with torch.no_grad():
+            for i in range(n_batches):
+                if kind == "swapped":
+                    x, y = batch_solution(data, context_len, batch_size, generator=generator)
+                elif kind == "sequential":
+                    s = i * context_len
+                    x = torch.stack([data[s + j:s + j + context_len] for j in range(batch_size)])
+                    y = torch.stack([data[s + j + 1:s + j + context_len + 1]
+                                     for j in range(batch_size)])
+                else:
+                    x, y = batch_solution(data, batch_size, context_len, generator=generator)
+                logits = forward(x, params, cfg)
+                total += F.cross_entropy(logits.flatten(0, 1), y.flatten(),
+                                         reduction="sum" if kind == "token_sum" else "mean").item()
+        if kind == "flags_on":
+            for p in tensors:
+                p.requires_grad_(True)
+        return total / n_batches
+    return evaluate
+
+def eval_inference_mode(params, cfg, data, *, batch_size, context_len, n_batches,
+                        generator=None, forward=None):
+    forward = forward or model_forward
+    with torch.inference_mode():
+        losses = [F.cross_entropy(forward(x, params, cfg).flatten(0, 1), y.flatten())
+                  for x, y in (batch_solution(data, batch_size, context_len,
+                                              generator=generator) for _ in range(n_batches))]
+    return float(sum(losses) / n_batches)
+
+def clip_data_assign(grads, max_norm):
+    total = math.sqrt(sum(float((g ** 2).sum()) for g in grads))
+    if total >= max_norm:
+        for g in grads:
+            g.data = g.data * (max_norm / total)
+    return total
+
+def lr_le_total(step, *, max_lr, min_lr, warmup_steps, total_steps):
+    if step < warmup_steps:
+        return max_lr * (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / (total_steps - warmup_steps))
+    return min_lr + (max_lr - min_lr) * 0.5 * (1 + math.cos(math.pi * progress))
+
+FRESH_WRONG = {
+ "get_batch": [
+  Wrong("fresh generator when none", gb_fresh_generator, "14.get_batch.fixed_generator_when_none"),
+  Wrong("seeded inside", gb_seeded_inside, "14.get_batch.generator_not_used"),
+  Wrong("python random", gb_python_random, "14.get_batch.ignored_generator"),
+  Wrong("upper bound one short", gb_bound_one_short, "14.get_batch.last_start_never_drawn"),
+  Wrong("randperm starts", gb_randperm, "14.get_batch.starts_without_replacement"),
+  Wrong("y one token short", gb_y_one_short, "14.get_batch.window_wrong_length"),
+  Wrong("stacked along dim 1", gb_transposed, "14.get_batch.transposed"),
+  Wrong("batch size and context swapped", gb_sizes_swapped, "14.get_batch.sizes_swapped"),
+ ],
+ "lr_at": [Wrong(f"lr {k}", _lr_kind(k), i) for k, i in [
+  ("w_minus_1", "14.lr_at.warmup_wrong_divisor"), ("w_plus_1", "14.lr_at.warmup_wrong_divisor"),
+  ("from_one", "14.lr_at.schedule_shifted_by_one_step"),
+  ("from_minus_one", "14.lr_at.schedule_shifted_by_one_step"),
+  ("span_total", "14.lr_at.cosine_over_wrong_span"),
+  ("span_plus_1", "14.lr_at.cosine_over_wrong_span"),
+  ("span_minus_1", "14.lr_at.cosine_over_wrong_span"),
+  ("int_div", "14.lr_at.integer_division"),
+  ("cos_late", "14.lr_at.cosine_off_by_one"),
+  ("full_cos", "14.lr_at.full_cosine_period"),
+  ("min_on_top", "14.lr_at.cosine_amplitude_wrong"),
+  ("min_ignored", "14.lr_at.cosine_ends_at_zero"),
+  ("no_half", "14.lr_at.cosine_amplitude_wrong"),
+  ("from_min", "14.lr_at.warmup_from_min_lr"),
+  ("zero_after", "14.lr_at.wrong_rate_after_total"),
+  ("max_after", "14.lr_at.wrong_rate_after_total")]],
+ "clip_grad_norm": [Wrong(f"clip {k}", _clip_kind(k), i) for k, i in [
+  ("torch", "14.clip_grad_norm.torch_clip_on_gradients"),
+  ("clamp", "14.clip_grad_norm.clamped_each_value"),
+  ("rms", "14.clip_grad_norm.rms_not_l2_norm"),
+  ("square_of_sums", "14.clip_grad_norm.norm_of_sums"),
+  ("sum_of_norms", "14.clip_grad_norm.summed_tensor_norms"),
+  ("l1", "14.clip_grad_norm.l1_norm"),
+  ("first_only", "14.clip_grad_norm.norm_of_one_tensor"),
+  ("inverted", "14.clip_grad_norm.inverted_scale")]],
+ "adamw_step": [Wrong(f"adamw {k}", _adam_kind(k), i) for k, i in [
+  ("local_moments", "14.adamw_step.moments_not_kept"),
+  ("rebound", "14.adamw_step.moments_not_kept"),
+  ("fresh_torch", "14.adamw_step.moments_not_kept"),
+  ("t_from_one", "14.adamw_step.bias_correction_step_off_by_one"),
+  ("t_after", "14.adamw_step.bias_correction_step_off_by_one"),
+  ("per_tensor_t", "14.adamw_step.step_counted_per_tensor"),
+  ("no_decay", "14.adamw_step.no_weight_decay"),
+  ("decay_sign", "14.adamw_step.decay_wrong_sign"),
+  ("decay_after", "14.adamw_step.decay_after_update"),
+  ("no_one_minus", "14.adamw_step.moments_without_one_minus_beta"),
+  ("v_not_squared", "14.adamw_step.second_moment_not_squared"),
+  ("only_m_corrected", "14.adamw_step.partial_bias_correction"),
+  ("only_v_corrected", "14.adamw_step.partial_bias_correction"),
+  ("no_lr", "14.adamw_step.update_not_scaled_by_lr"),
+ ]] + [Wrong("adamw state rebound", adam_state_rebound, "14.adamw_step.moments_not_kept")],
+ "train_step": [Wrong(f"train {k}", _train_kind(k), i) for k, i in [
+  ("unflattened", "14.train_step.logits_not_flattened"),
+  ("clip_after", "14.train_step.no_clipping"),
+  ("fresh_state", "14.train_step.state_not_passed"),
+  ("ignored_max_norm", "14.train_step.ignored_max_norm")]],
+ "evaluate": [Wrong(f"eval {k}", _eval_kind(k), i) for k, i in [
+  ("flags_off", "14.evaluate.requires_grad_left_off"),
+  ("swapped", "14.evaluate.batch_arguments_swapped"),
+  ("sequential", "14.evaluate.batches_not_from_get_batch"),
+  ("token_sum", "14.evaluate.summed_over_tokens")]],
+}
+
+
 CORRECT = {
-    nb14.check_get_batch: {"reference": tr.get_batch, "solution_style": batch_solution},
-    nb14.check_lr_at: {"reference": tr.lr_at, "solution_style": lr_solution},
-    nb14.check_clip_grad_norm: {"reference": tr.clip_grad_norm, "solution_style": clip_solution},
+    nb14.check_get_batch: {"reference": tr.get_batch, "solution_style": batch_solution,
+                           "one draw per row": gb_loop_draws},
+    nb14.check_lr_at: {"reference": tr.lr_at, "solution_style": lr_solution,
+                       "progress clamped at 1": lr_le_total},
+    nb14.check_clip_grad_norm: {"reference": tr.clip_grad_norm, "solution_style": clip_solution,
+                                "assigns g.data": clip_data_assign},
     nb14.check_adamw_step: {"reference": tr.adamw_step, "solution_style": adamw_solution},
-    nb14.check_train_step: {"reference": tr.train_step, "solution_style": train_solution},
-    nb14.check_evaluate: {"reference": tr.evaluate, "solution_style": evaluate_solution},
+    nb14.check_train_step: {"reference": tr.train_step, "solution_style": train_solution,
+                            "gradients cleared before backward": _train_kind("clear_before")},
+    nb14.check_evaluate: {"reference": tr.evaluate, "solution_style": evaluate_solution,
+                          "inference mode": eval_inference_mode,
+                          "flags off, then back on": _eval_kind("flags_on")},
     nb14.check_bits_per_byte: {"reference": tr.bits_per_byte, "solution_style": bpb_solution},
 }
 WRONG = {
-    nb14.check_get_batch: GET_BATCH_WRONG,
-    nb14.check_lr_at: LR_WRONG,
-    nb14.check_clip_grad_norm: CLIP_WRONG,
-    nb14.check_adamw_step: ADAMW_WRONG,
-    nb14.check_train_step: TRAIN_WRONG,
-    nb14.check_evaluate: EVALUATE_WRONG,
+    nb14.check_get_batch: GET_BATCH_WRONG + FRESH_WRONG["get_batch"],
+    nb14.check_lr_at: LR_WRONG + FRESH_WRONG["lr_at"],
+    nb14.check_clip_grad_norm: CLIP_WRONG + FRESH_WRONG["clip_grad_norm"],
+    nb14.check_adamw_step: ADAMW_WRONG + FRESH_WRONG["adamw_step"],
+    nb14.check_train_step: TRAIN_WRONG + FRESH_WRONG["train_step"],
+    nb14.check_evaluate: EVALUATE_WRONG + FRESH_WRONG["evaluate"],
     nb14.check_bits_per_byte: BPB_WRONG,
 }
 EXERCISES = exercises(CORRECT, WRONG)
