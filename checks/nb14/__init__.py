@@ -36,6 +36,7 @@ How the checks look inside:
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 
