@@ -19,7 +19,7 @@ import math
 import torch
 from torch.overrides import TorchFunctionMode
 
-from ..engine import Check, is_remote
+from ..engine import Check, LearnerError, is_remote
 from ..i18n import N_, _
 from ..mistakes import Mistake
 from ..reference import model as ref_model
@@ -319,19 +319,27 @@ class _ProbabilitiesDivided(TorchFunctionMode):
 
 
 def temperature_after_softmax(c: Check, temperature: float, top_k: int | None) -> bool:
-    """Whether the learner's sampler divides probabilities (not logits) by the temperature:
-    watched on one small call, when the function runs in this process."""
-    if is_remote(c.fn):
-        return False
-    watch = _ProbabilitiesDivided(temperature)
+    """Whether the learner's sampler divides probabilities (not logits) by the temperature,
+    which samples exactly as a sampler that ignores it. Told by what the function does: here, a
+    division of a probability tensor by T is watched on one small call; in another process (the
+    grader's worker), a call with T = 1e300 tells it: float32 probabilities divided by it are all
+    0, which torch.multinomial refuses, while a sampler that ignores T cannot fail on it, and one
+    that divides the logits samples almost uniformly."""
     logits = torch.linspace(-2.0, 2.5, 7).repeat(4, 1)
+    if not is_remote(c.fn):
+        watch = _ProbabilitiesDivided(temperature)
+        try:
+            with watch:
+                c.fn(logits, temperature=temperature, top_k=top_k,
+                     generator=torch.Generator().manual_seed(0))
+        except Exception:   # noqa: BLE001 - the probe only refines a diagnosis
+            return False
+        return watch.seen
     try:
-        with watch:
-            c.fn(logits, temperature=temperature, top_k=top_k,
-                 generator=torch.Generator().manual_seed(0))
-    except Exception:   # noqa: BLE001 - the probe only refines a diagnosis
-        return False
-    return watch.seen
+        c.call(logits, temperature=1e300, top_k=top_k, generator=torch.Generator().manual_seed(0))
+    except LearnerError:
+        return True
+    return False
 
 
 def expect_distribution(c: Check, samples: torch.Tensor, want: torch.Tensor, wrong: list,
