@@ -362,6 +362,36 @@ def check_model_forward(f, *, seed: int | None = None, thorough: bool = False) -
                 c.fail(_("changing the last token did not change the last position's logits."),
                        fwd.LAST_TOKEN_UNUSED)
         c.note(_("causal: a later token never changes earlier logits"))
+        if not is_remote(f):   # gradients, which training follows, when the function runs here
+            _trainable_case(c, cfg, params, ids)
+
+
+def _trainable_case(c: Check, cfg: ModelConfig, params: dict, ids: torch.Tensor) -> None:
+    """The forward of parameters that require gradients (as in training) must reach every one
+    of them: no torch.no_grad, no detached step, no parameter changed in place."""
+    leaves = fwd.trainable_params(params)
+    c.errors = (fwd.IN_PLACE_LEAF, fwd.GRAPH_CUT, fwd.POSITIONS_REQUIRED, fwd.EMBED_OVERWRITTEN)
+    with torch.enable_grad():
+        with fwd.watching_grad_mode() as modes:
+            got = c.call(ids, leaves, cfg)
+        modes.append(torch.is_grad_enabled())   # not switched off for good either
+    case = _("parameters with requires_grad=True, as in training")
+    if not all(modes) or (isinstance(got, torch.Tensor) and got.is_inference()):
+        c.fail(_("the forward ran with gradient tracking off ({case}).").format(case=case),
+               fwd.NO_GRAD)
+    if not isinstance(got, torch.Tensor) or not got.requires_grad:
+        c.fail(_("the logits do not require a gradient ({case}): no gradient can reach the "
+                 "parameters.").format(case=case), fwd.GRAPH_CUT)
+    named = fwd.named_tensors(leaves)
+    with torch.enable_grad():
+        grads = torch.autograd.grad(got.float().square().mean(), [t for _n, t in named],
+                                    allow_unused=True)
+    cut = [name for (name, _t), g in zip(named, grads) if g is None]
+    if cut:
+        c.fail(_("no gradient reaches {names} ({case}).").format(
+            names=", ".join(cut[:4]) + (", ..." if len(cut) > 4 else ""), case=case),
+            fwd.GRAPH_CUT)
+    c.note(_("gradients reach every parameter"))
 
 
 # ============================================================================================
@@ -538,6 +568,19 @@ def check_sample_next_token(f, *, seed: int | None = None, thorough: bool = Fals
         # ---- a batch of different rows: each row samples from its own distribution
         smp.batch_case(c, thorough)
         c.note(_("each row of a batch draws from its own logits, independently"))
+        # ---- a batch of one row: still shape [1], greedy and sampled, with and without top-k
+        one = smp.spread_logits(c, 7)[None]
+        for kwargs in ({"temperature": 0.0}, {"temperature": 1.0},
+                       {"temperature": 0.7, "top_k": 3}):
+            label = _("a batch of one row [1, 7], {args}").format(
+                args=", ".join(f"{k}={val}" for k, val in kwargs.items()))
+            smp.sample(c, one, label, generator=torch.Generator().manual_seed(c.randint(0, 999)),
+                       **kwargs)
+        c.note(_("a batch of one row gives shape [1]"))
+        # ---- large logits (about ±1000) on the sampling paths, with and without top-k
+        c.errors = (smp.SOFTMAX_OVERFLOW,)
+        smp.huge_case(c)
+        c.note(_("stable for logits around ±1000"))
         # top_k = 1 leaves one candidate: the argmax, at any temperature
         c.errors = smp.TOP_1_ERRORS
         for temperature in (1.0, 2.5):
@@ -554,15 +597,19 @@ def check_sample_next_token(f, *, seed: int | None = None, thorough: bool = Fals
         v = c.randint(6, MAX_VOCAB + 1)
         logits = smp.spread_logits(c, v).repeat(2000, 1)
         s = c.randint(0, 2**31 - 2)
-        runs = [smp.sample(c, logits, _("generator seeded {seed}").format(seed=seed_),
-                           temperature=1.0, generator=torch.Generator().manual_seed(seed_))
-                for seed_ in (s, s, s + 1)]
-        if not torch.equal(runs[0], runs[1]):
-            c.fail(_("two generators seeded alike ({seeded}) gave different samples.").format(
-                seeded=f"torch.Generator().manual_seed({s})"), smp.GENERATOR_IGNORED)
-        if torch.equal(runs[0], runs[2]):
-            c.fail(_("generators with different seeds gave the same 2000 samples."),
-                   smp.FIXED_SEED)
+        for top_k in (None, c.randint(2, v - 1)):
+            how = "" if top_k is None else f", top_k={top_k}"
+            runs = [smp.sample(c, logits, _("generator seeded {seed}").format(seed=seed_) + how,
+                               temperature=1.0, top_k=top_k,
+                               generator=torch.Generator().manual_seed(seed_))
+                    for seed_ in (s, s, s + 1)]
+            if not torch.equal(runs[0], runs[1]):
+                c.fail(_("two generators seeded alike ({seeded}) gave different samples{how}.")
+                       .format(seeded=f"torch.Generator().manual_seed({s})", how=how),
+                       smp.GENERATOR_IGNORED)
+            if torch.equal(runs[0], runs[2]):
+                c.fail(_("generators with different seeds gave the same 2000 samples{how}.")
+                       .format(how=how), smp.FIXED_SEED)
         c.note(_("same generator seed, same samples"))
         # ---- generator=None: torch's global generator
         first = smp.sample(c, logits, "generator=None", temperature=1.0)
@@ -599,7 +646,8 @@ MISTAKES = {
         fwd.FINAL_EPS, fwd.FIRST_BLOCK_ONLY, fwd.FIRST_REPEATED, fwd.FIRST_ROW_POSITIONS,
         fwd.EMBED_OVERWRITTEN, fwd.LAST_BLOCK_ONLY, fwd.SKIPPED_LAST, fwd.LAST_ONLY,
         fwd.HEAD_TRANSPOSED, fwd.NO_BLOCKS, fwd.NO_FINAL_NORM, fwd.POSITIONS_IGNORED,
-        fwd.POSITIONS_REQUIRED, fwd.LOG_PROBABILITIES, fwd.PROBABILITIES, fwd.HEAD_TRANSPOSED),
+        fwd.POSITIONS_REQUIRED, fwd.LOG_PROBABILITIES, fwd.PROBABILITIES, fwd.HEAD_TRANSPOSED,
+        fwd.NO_GRAD, fwd.GRAPH_CUT, fwd.IN_PLACE_LEAF),
     "next_token_loss": (
         loss.NOT_FLATTENED, loss.DIVIDED_BY_BS, loss.NO_LOG, loss.IN_PLACE, loss.LOG_OF_SOFTMAX,
         loss.AXIS_BATCH, loss.AXIS_SEQ, loss.PER_TOKEN, loss.PER_SEQUENCE, loss.NO_LOG_SOFTMAX,
@@ -614,5 +662,7 @@ MISTAKES = {
         smp.GENERATOR_IGNORED, smp.GREEDY_ARGMIN, smp.TOPK_MINUS_ONE, smp.TOPK_PLUS_ONE,
         smp.TOPK_SMALLEST, smp.IN_PLACE, smp.SAME_ROW, smp.ONE_THRESHOLD, smp.KEEPDIM,
         smp.TEMP_IGNORED, smp.TEMP_MULTIPLIED, smp.THRESHOLD_NO_KEEPDIM, smp.TIES_DROPPED,
-        smp.NOT_INT64, smp.TOPK_IGNORED, smp.TOPK_TOO_LARGE, smp.UNIFORM),
+        smp.NOT_INT64, smp.TOPK_IGNORED, smp.TOPK_TOO_LARGE, smp.UNIFORM, smp.SQUEEZED,
+        smp.TEMP_AFTER_SOFTMAX, smp.TEMP_TWICE, smp.TOPK_FLAT, smp.TOPK_INDEX, smp.ALWAYS_GREEDY,
+        smp.TOPK_COVERS_DROPPED, smp.SOFTMAX_OVERFLOW, smp.NONE_FRESH),
 }

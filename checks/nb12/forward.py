@@ -246,3 +246,60 @@ def wrong_default(seen: list[torch.Tensor], s: int) -> torch.Tensor | None:
         if p.shape[-1:] != (s,) or not bool((p.to(torch.int64) == want).all()):
             return p
     return None
+
+
+# ---- training needs gradients through the forward (chapter 14 backpropagates through it) ------
+
+NO_GRAD = Mistake("forward_under_no_grad", N_(
+    "ran the forward (or part of it) under torch.no_grad() or torch.inference_mode(): no gradient "
+    "flows back to the parameters, and chapter 14 trains through model_forward; leave gradient "
+    "tracking on (disable it where you call the model for generation, not inside it)"))
+GRAPH_CUT = Mistake("gradient_cut", N_(
+    "no gradient reaches some parameters: something cut the graph between them and the logits "
+    "(.detach(), .data, .numpy(), .tolist(), .item() or torch.tensor(...) of a result); compute "
+    "with the tensors themselves so that autograd can follow every step (chapter 14 trains "
+    "through model_forward)"),
+    raises=[("RuntimeError", r"Can't call numpy\(\) on Tensor that requires grad")])
+IN_PLACE_LEAF = Mistake("parameter_changed_in_place", N_(
+    "changed a parameter in place (an operation ending in _, `w *= ...`, `w[...] = ...` on a "
+    "tensor of params): with requires_grad=True, as in training, torch refuses it; compute into "
+    "a new tensor (`w = w * ...`) and leave params as they are"),
+    raises=[("RuntimeError", r"leaf Variable that requires grad is being used in an in-place")])
+
+_GRAD_WATCHED = ("decoder_block", "attention_sublayer", "apply_rope", "rms_norm", "ffn_sublayer",
+                 "swiglu_ffn", "attention")
+
+
+@contextlib.contextmanager
+def watching_grad_mode():
+    """Collects torch.is_grad_enabled() at every call of the blocks' pieces made inside."""
+    seen: list[bool] = []
+    previous = sys.getprofile()
+
+    def chained(frame, event, arg):
+        if event == "call" and frame.f_code.co_name in _GRAD_WATCHED:
+            seen.append(torch.is_grad_enabled())
+        if previous is not None:
+            previous(frame, event, arg)
+
+    sys.setprofile(chained)
+    try:
+        yield seen
+    finally:
+        sys.setprofile(previous)
+
+
+def trainable_params(params: dict) -> dict:
+    """A copy of `params` whose every tensor is a fresh leaf with requires_grad=True."""
+    def leaf(t):
+        return t.detach().clone().requires_grad_(True)
+    return {"embed": leaf(params["embed"]), "final_norm": leaf(params["final_norm"]),
+            "lm_head": leaf(params["lm_head"]),
+            "layers": [{k: leaf(t) for k, t in layer.items()} for layer in params["layers"]]}
+
+
+def named_tensors(params: dict) -> list[tuple[str, torch.Tensor]]:
+    out = [(f"params['{k}']", params[k]) for k in ("embed", "final_norm", "lm_head")]
+    for i, layer in enumerate(params["layers"]):
+        out += [(f"params['layers'][{i}]['{k}']", t) for k, t in layer.items()]
+    return out

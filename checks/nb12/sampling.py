@@ -17,8 +17,9 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.overrides import TorchFunctionMode
 
-from ..engine import Check
+from ..engine import Check, LearnerError, is_remote
 from ..i18n import N_, _
 from ..mistakes import Mistake
 from ..reference import model as ref_model
@@ -129,6 +130,38 @@ NONE_NOT_GLOBAL = Mistake("none_not_global_generator", N_(
 NOT_INT64 = Mistake("token_ids_not_int64", N_(
     "token ids are integers: return the int64 tensor argmax or torch.multinomial gives, as it is "
     "(no .float(), no arithmetic on it in floating point)"))
+SQUEEZED = Mistake("squeezed_batch_of_one", N_(
+    "returned a 0-dim tensor for a batch of one row: .squeeze() drops EVERY axis of size 1, the "
+    "batch axis too; squeeze only the last axis, .squeeze(-1), so that one row gives shape [1]"))
+TEMP_AFTER_SOFTMAX = Mistake("temperature_after_softmax", N_(
+    "divided the probabilities by T after the softmax: sampling normalises the weights again "
+    "(torch.multinomial draws in proportion to them), so T changes nothing; divide the LOGITS by "
+    "T before the softmax, softmax(logits / T)"))
+TEMP_TWICE = Mistake("temperature_applied_twice", N_(
+    "divided the logits by T twice (the samples follow softmax(logits / T**2)): divide once, "
+    "softmax(logits / T)"))
+TOPK_FLAT = Mistake("top_k_over_flattened_batch", N_(
+    "took the top k over the whole batch at once (torch.topk of the flattened logits, or without "
+    "dim=-1 on a view): its k-th largest value is one threshold for every row, and with many "
+    "rows it keeps little more than the largest logit; take each row's own k largest, "
+    "torch.topk(scores, k, dim=-1).values[..., -1:]"))
+TOPK_INDEX = Mistake("returned_position_among_top_k", N_(
+    "returned the position of the drawn token among the k kept ones (0 .. k-1), not its token "
+    "id: map it back through the indices torch.topk gave, indices.gather(-1, choice)"))
+ALWAYS_GREEDY = Mistake("greedy_at_every_temperature", N_(
+    "returned the argmax although temperature > 0: only temperature 0 is greedy; otherwise draw "
+    "from softmax(logits / T) with torch.multinomial(probs, 1, generator=generator)"))
+TOPK_COVERS_DROPPED = Mistake("token_dropped_when_top_k_covers_vocabulary", N_(
+    "with top_k >= |V| one token (the smallest logit) was never drawn: top_k >= |V| keeps every "
+    "token; a mask `scores <= kth` drops the k-th largest itself, and min(top_k, |V| - 1) drops "
+    "one token too (use min(top_k, |V|) and drop only scores < kth)"))
+SOFTMAX_OVERFLOW = Mistake("softmax_overflows_for_large_logits", N_(
+    "the sampler breaks on large logits (about ±1000): a softmax written by hand, exp(s) / "
+    "exp(s).sum(), overflows to inf (and inf / inf is NaN), and subtracting ONE maximum for the "
+    "whole batch underflows the other rows to 0; use torch.softmax(scores, dim=-1), which "
+    "subtracts each row's own largest score"),
+    raises=[("RuntimeError", r"probability tensor|invalid multinomial|sum of probabilities"),
+            ("ValueError", r"probs|Categorical")])
 IN_PLACE = Mistake("logits_changed_in_place", N_(
     "`logits /= temperature` or `logits[...] = -inf` writes into the caller's tensor; compute "
     "into a new tensor (`scores = logits / temperature`, `masked_fill`)"))
@@ -195,6 +228,11 @@ def sampling_mixups(row: torch.Tensor, temperature: float, top_k: int | None,
     if temperature != 1:
         wrong[TEMP_IGNORED] = _masked_softmax(row, kept)
         wrong[TEMP_MULTIPLIED] = _masked_softmax(row.double() * temperature, kept)
+        wrong[TEMP_TWICE] = _masked_softmax(row.double() / temperature ** 2, kept)
+    if top_k is None:
+        wrong[ALWAYS_GREEDY] = _masked_softmax(scaled, keep(row, 1))
+    elif top_k >= v:
+        wrong[TOPK_COVERS_DROPPED] = _masked_softmax(scaled, keep(row, v - 1))
     if k < v:
         wrong[TOPK_IGNORED] = torch.softmax(scaled, -1)
         wrong[TOPK_SMALLEST] = _masked_softmax(scaled, keep(row, k, largest=False))
@@ -207,6 +245,12 @@ def sampling_mixups(row: torch.Tensor, temperature: float, top_k: int | None,
             wrong[TOPK_MINUS_ONE] = _masked_softmax(scaled, keep(row, k - 1))
         wrong[TOPK_ZERO_FILL] = _masked_softmax(scaled, kept, fill=0.0)
         wrong[UNIFORM_TOPK] = kept.double() / kept.sum()
+    if top_k is not None and k > 1:
+        top = torch.softmax(torch.sort(scaled, descending=True).values[:k], -1)
+        wrong[TOPK_INDEX] = torch.cat([top, torch.zeros(v - k, dtype=torch.float64)])
+    if top_k is not None and k > 1 and first_row is None:
+        # N copies of one row: the k-th largest of the flattened batch is the row's largest
+        wrong[TOPK_FLAT] = _masked_softmax(scaled, keep(row, 1))
     wrong[UNIFORM] = torch.full((v,), 1.0 / v, dtype=torch.float64)
     pairs = list(wrong.items())
     if k < v and int(kept.sum()) > k:   # tied with the k-th largest: each choice of k tokens
@@ -226,7 +270,8 @@ def sample(c: Check, logits: torch.Tensor, label: str, **kwargs) -> torch.Tensor
             kind=type(got).__name__, case=label))
     if got.shape != (b,):
         hint = KEEPDIM if tuple(got.shape) == (b, 1) else (
-            GREEDY_AXIS if tuple(got.shape) == (v,) else None)
+            GREEDY_AXIS if tuple(got.shape) == (v,) else
+            SQUEEZED if b == 1 and got.dim() == 0 else None)
         c.fail(_("returned shape {shape} ({case}); expected [B={b}], one token id per row.")
                .format(shape=list(got.shape), case=label, b=b), hint)
     if got.dtype != torch.int64:
@@ -240,13 +285,69 @@ def sample(c: Check, logits: torch.Tensor, label: str, **kwargs) -> torch.Tensor
 
 
 def _closest(freq: torch.Tensor, wrong: list, tol: float) -> Mistake | None:
-    return next((mistake for mistake, q in wrong
-                 if float((freq - q).abs().max()) <= tol), None)
+    """The mistake whose distribution the frequencies are closest to, among those within `tol`
+    (the first listed of equally close ones: some mistakes give the same distribution)."""
+    best, best_dev = None, tol
+    for mistake, q in wrong:
+        dev = float((freq - q).abs().max())
+        if dev < best_dev - 1e-9 or (best is None and dev <= tol):
+            best, best_dev = mistake, dev
+    return best
+
+
+class _ProbabilitiesDivided(TorchFunctionMode):
+    """Watches for a division of a probability tensor (rows >= 0 summing to 1) by `temperature`."""
+
+    _DIVISIONS = {torch.div, torch.true_divide, torch.Tensor.div, torch.Tensor.div_,
+                  torch.Tensor.__truediv__, torch.Tensor.__itruediv__}
+
+    def __init__(self, temperature: float):
+        super().__init__()
+        self.temperature = temperature
+        self.seen = False
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in self._DIVISIONS and len(args) >= 2 and isinstance(args[0], torch.Tensor) and \
+                isinstance(args[1], (int, float)) and float(args[1]) == self.temperature:
+            with torch._C.DisableTorchFunction():
+                t = args[0].detach()
+                if t.is_floating_point() and t.numel() and bool((t >= 0).all()) and \
+                        bool(((t.sum(-1) - 1).abs() < 1e-3).all()):
+                    self.seen = True
+        return func(*args, **kwargs)
+
+
+def temperature_after_softmax(c: Check, temperature: float, top_k: int | None) -> bool:
+    """Whether the learner's sampler divides probabilities (not logits) by the temperature,
+    which samples exactly as a sampler that ignores it. Told by what the function does: here, a
+    division of a probability tensor by T is watched on one small call; in another process (the
+    grader's worker), a call with T = 1e300 tells it: float32 probabilities divided by it are all
+    0, which torch.multinomial refuses, while a sampler that ignores T cannot fail on it, and one
+    that divides the logits samples almost uniformly."""
+    logits = torch.linspace(-2.0, 2.5, 7).repeat(4, 1)
+    if not is_remote(c.fn):
+        watch = _ProbabilitiesDivided(temperature)
+        try:
+            with watch:
+                c.fn(logits, temperature=temperature, top_k=top_k,
+                     generator=torch.Generator().manual_seed(0))
+        except Exception:   # noqa: BLE001 - the probe only refines a diagnosis
+            return False
+        return watch.seen
+    try:
+        c.call(logits, temperature=1e300, top_k=top_k, generator=torch.Generator().manual_seed(0))
+    except LearnerError:
+        return True
+    return False
 
 
 def expect_distribution(c: Check, samples: torch.Tensor, want: torch.Tensor, wrong: list,
-                        label: str) -> None:
-    """Empirical frequencies of `samples` against `want` [V], within TOL for every token."""
+                        label: str, fallback: Mistake | None = None,
+                        refine=None) -> None:
+    """Empirical frequencies of `samples` against `want` [V], within TOL for every token;
+    `fallback`: the mistake a mismatch no known mistake explains means in this case; `refine`:
+    a function that may turn the mistake found into a more precise one."""
     v = want.shape[-1]
     n = samples.numel()
     tol = frequency_tolerance(n)
@@ -254,7 +355,9 @@ def expect_distribution(c: Check, samples: torch.Tensor, want: torch.Tensor, wro
     dev = (freq - want).abs()
     if float(dev.max()) <= tol:
         return
-    hint = _closest(freq, wrong, tol)
+    hint = _closest(freq, wrong, tol) or fallback
+    if refine is not None and hint is not None:
+        hint = refine(hint)
     if hint is None and n > 1 and bool((samples == samples[0]).all()) and \
             float(want.max()) < 0.9:
         c.fail(_("all {count} rows of the same logits got the same token {token} ({case}).")
@@ -280,6 +383,30 @@ def case_label(v: int, temperature: float, top_k: int | None, defaults: bool = F
     return label.format(count=v, temperature=f"{temperature:g}", top_k=top_k)
 
 
+def _always_argmax(c: Check, row: torch.Tensor, temperature: float, top_k: int | None) -> bool:
+    """Whether the sampler returns the argmax for every row whatever the generator's seed (a
+    sampler that draws once for the whole batch returns the same token too, but not always the
+    argmax)."""
+    logits = row.repeat(64, 1)
+    for seed in range(1, 9):
+        got = c.call(logits, temperature=temperature, top_k=top_k,
+                     generator=torch.Generator().manual_seed(seed))
+        if not isinstance(got, torch.Tensor) or not bool((got == row.argmax()).all()):
+            return False
+    return True
+
+
+def _refine(c: Check, row: torch.Tensor, temperature: float, top_k: int | None):
+    """Tells apart mistakes whose samples look alike, by what the learner's function does."""
+    def refine(hint: Mistake) -> Mistake:
+        if hint == TEMP_IGNORED and temperature_after_softmax(c, temperature, top_k):
+            return TEMP_AFTER_SOFTMAX
+        if hint == ALWAYS_GREEDY and not _always_argmax(c, row, temperature, top_k):
+            return SAME_ROW
+        return hint
+    return refine
+
+
 def statistical_case(c: Check, v: int, temperature: float, top_k: int | None, *,
                      defaults: bool = False, ties: bool = False) -> None:
     """Sample N_SAMPLES rows of one row of logits (tied at the k-th largest with `ties`)."""
@@ -298,7 +425,8 @@ def statistical_case(c: Check, v: int, temperature: float, top_k: int | None, *,
             c.fail(_("returned token {token}, which is not among the top_k={top_k} largest "
                      "logits ({case}).").format(token=int(outside[0]), top_k=top_k, case=label),
                    _closest(freq, wrong, frequency_tolerance(got.numel())) or OUT_OF_TOP_K)
-    expect_distribution(c, got, probs(row, temperature, top_k), wrong, label)
+    expect_distribution(c, got, probs(row, temperature, top_k), wrong, label,
+                        refine=_refine(c, row, temperature, top_k))
 
 
 def batch_case(c: Check, thorough: bool) -> None:
@@ -316,3 +444,31 @@ def batch_case(c: Check, thorough: bool) -> None:
         expect_distribution(c, got[i::3], probs(rows[i], temperature, top_k),
                             sampling_mixups(rows[i], temperature, top_k, rows[0]),
                             _("{case}: row pattern {i}").format(case=label, i=i))
+
+
+def huge_case(c: Check) -> None:
+    """Large logits on the sampling paths: a batch whose rows alternate around +1000 and -1000
+    with top_k >= |V| (every token kept), then rows around +1000 with top_k < |V|. A softmax
+    shifted by each row's own largest score samples exactly as for small logits; exp without a
+    shift overflows, one shift for the whole batch underflows the other rows. (T = 2 gives the
+    smallest logit a probability that a sampler dropping it cannot hide.)"""
+    v = c.randint(6, MAX_VOCAB + 1)
+    rows = torch.stack([spread_logits(c, v, shift=1000.0), spread_logits(c, v, shift=-1000.0)])
+    temperature, top_k = 2.0, v + c.randint(0, 2)
+    label = _("{count} tokens, temperature={temperature}, top_k={top_k}, rows alternating "
+              "around +1000 and -1000").format(count=v, temperature=f"{temperature:g}",
+                                               top_k=top_k)
+    got = sample(c, rows.repeat(N_SAMPLES // 2, 1), label, temperature=temperature, top_k=top_k,
+                 generator=torch.Generator().manual_seed(c.randint(0, 2**31 - 1)))
+    for i in (0, 1):
+        expect_distribution(c, got[i::2], probs(rows[i], temperature, top_k),
+                            sampling_mixups(rows[i], temperature, top_k, rows[0]),
+                            _("{case}: row pattern {i}").format(case=label, i=i),
+                            fallback=SOFTMAX_OVERFLOW)
+    top_k = c.randint(2, v - 1)
+    row = spread_logits(c, v, shift=1000.0)
+    label = _("{count} tokens, temperature=1, top_k={top_k}, logits around +1000").format(
+        count=v, top_k=top_k)
+    got = sample(c, row.repeat(N_SAMPLES // 2, 1), label, temperature=1.0, top_k=top_k,
+                 generator=torch.Generator().manual_seed(c.randint(0, 2**31 - 1)))
+    expect_distribution(c, got, probs(row, 1.0, top_k), [], label, fallback=SOFTMAX_OVERFLOW)

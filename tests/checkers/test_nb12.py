@@ -1,5 +1,6 @@
 """Chapter 12 checkers: the reference passes at every seed; each known mistake is diagnosed."""
 
+import contextlib
 import dataclasses
 import math
 import types
@@ -240,6 +241,98 @@ def _sampler_with(*, greedy="argmax", temp="divide", top_k_mode="ok", fill=float
     return sample_next_token
 
 
+def _sampler_variant(*, temp="divide", softmax="torch", top_k_mode="ok", none="global",
+                     generator_in_top_k=True, draw="multinomial", squeeze="last"):
+    """A second learner-style sample_next_token (temperature, top-k, softmax, draw written out
+    step by step), one thing changed; with nothing changed, or the unusual-but-correct options
+    (temp="power", top_k_mode="indices_mask", squeeze="flatten"), a correct one."""
+    def sample_next_token(logits, *, temperature=1.0, top_k=None, generator=None):
+        if temperature == 0:
+            return logits.argmax(dim=-1)
+        if generator is None and none == "fresh":
+            generator = torch.Generator()
+        elif generator is None and none == "seeded":
+            generator = torch.Generator().manual_seed(42)
+        gen = generator
+        scores = logits
+        if temp == "divide" or (temp == "only_without_top_k" and top_k is None):
+            scores = scores / temperature
+        elif temp == "twice":
+            scores = scores / temperature / temperature
+        elif temp == "sqrt":
+            scores = scores / math.sqrt(temperature)
+        if top_k is not None:
+            if not generator_in_top_k:
+                gen = None
+            v = scores.shape[-1]
+            k = min(top_k, v - 1) if top_k_mode == "v_minus_one" else min(top_k, v)
+            if top_k_mode == "flat":
+                kth = torch.topk(scores.flatten(), k).values[-1]
+                scores = scores.masked_fill(scores < kth, float("-inf"))
+            elif top_k_mode == "position":    # samples among the k, returns the position
+                values, _indices = torch.topk(scores, k, dim=-1)
+                return torch.multinomial(torch.softmax(values, -1), 1, generator=gen).squeeze(-1)
+            elif top_k_mode == "indices_mask":
+                values, indices = torch.topk(scores, k, dim=-1)
+                keep = scores >= values[..., -1:]
+                keep = keep.scatter(-1, indices, True)
+                scores = scores.masked_fill(~keep, float("-inf"))
+            else:
+                kth = torch.topk(scores, k, dim=-1).values[..., -1:]
+                scores = scores.masked_fill(scores < kth, float("-inf"))
+        if softmax == "naive":
+            e = torch.exp(scores)
+            probs = e / e.sum(-1, keepdim=True)
+        elif softmax == "global_max":
+            e = torch.exp(scores - scores.max())
+            probs = e / e.sum(-1, keepdim=True)
+        else:
+            probs = torch.softmax(scores, dim=-1)
+        if temp == "after":
+            probs = probs / temperature
+        elif temp == "after_renormalised":
+            probs = probs / temperature
+            probs = probs / probs.sum(-1, keepdim=True)
+        elif temp == "power":                 # softmax(l) ** (1/T) is proportional to exp(l / T)
+            probs = probs ** (1 / temperature)
+        if draw == "argmax":
+            return probs.argmax(-1)
+        out = torch.multinomial(probs, 1, generator=gen)
+        if squeeze == "all":
+            return out.squeeze()
+        return out.flatten() if squeeze == "flatten" else out.squeeze(-1)
+    return sample_next_token
+
+
+def _forward_untrainable(how):
+    """A learner-style model_forward whose values are right but which cannot be trained."""
+    def model_forward(token_ids, params, cfg, positions=None):
+        if positions is None:
+            positions = torch.arange(token_ids.shape[1])
+        x = params["embed"].data[token_ids] if how == "embed.data" else params["embed"][token_ids]
+        if how == "detach":
+            x = x.detach()
+        with torch.no_grad() if how == "no_grad_blocks" else contextlib.nullcontext():
+            for layer in params["layers"]:
+                x = ref.decoder_block(x, layer, cfg, positions)
+        x = ref.rms_norm(x, params["final_norm"], cfg.norm_eps)
+        head = params["lm_head"]
+        if how == "head_in_place":
+            head.mul_(1.0)
+        elif how == "head.data":
+            head = head.data
+        if how == "numpy":
+            return torch.from_numpy(x.detach().numpy() @ head.detach().numpy())
+        if how == "torch.tensor":
+            return torch.tensor((x @ head).tolist())
+        return x @ head
+    if how == "no_grad":
+        return torch.no_grad()(model_forward)
+    if how == "inference_mode":
+        return torch.inference_mode()(model_forward)
+    return model_forward
+
+
 def _init_one_ones(cfg, generator=None, dtype=torch.float32):
     """Every norm of the model one torch.ones tensor."""
     params = _init(cfg, generator, dtype)
@@ -332,6 +425,24 @@ WRONG = {
         Wrong("last block skipped", _forward_with(blocks=lambda ls: ls[:-1]),
               "12.model_forward.last_block_skipped"),
         Wrong("no blocks", _forward_with(blocks=lambda ls: []), "12.model_forward.no_blocks"),
+        Wrong("@torch.no_grad()", _forward_untrainable("no_grad"),
+              "12.model_forward.forward_under_no_grad"),
+        Wrong("@torch.inference_mode()", _forward_untrainable("inference_mode"),
+              "12.model_forward.forward_under_no_grad"),
+        Wrong("blocks under torch.no_grad()", _forward_untrainable("no_grad_blocks"),
+              "12.model_forward.forward_under_no_grad"),
+        Wrong("embeddings detached", _forward_untrainable("detach"),
+              "12.model_forward.gradient_cut"),
+        Wrong("params['embed'].data", _forward_untrainable("embed.data"),
+              "12.model_forward.gradient_cut"),
+        Wrong("params['lm_head'].data", _forward_untrainable("head.data"),
+              "12.model_forward.gradient_cut"),
+        Wrong("logits through numpy", _forward_untrainable("numpy"),
+              "12.model_forward.gradient_cut"),
+        Wrong("logits rebuilt with torch.tensor", _forward_untrainable("torch.tensor"),
+              "12.model_forward.gradient_cut"),
+        Wrong("lm_head.mul_ in place", _forward_untrainable("head_in_place"),
+              "12.model_forward.parameter_changed_in_place"),
     ],
     nb12.check_next_token_loss: [
         Wrong("no shift", _loss_with(shift="none"), "12.next_token_loss.no_shift"),
@@ -436,6 +547,35 @@ WRONG = {
               "12.sample_next_token.top_k_larger_than_vocabulary"),
         Wrong("argmax over the batch axis", _sampler_with(greedy="axis0"),
               "12.sample_next_token.argmax_over_batch_axis"),
+        Wrong("generator dropped in the top-k branch", _sampler_variant(generator_in_top_k=False),
+              "12.sample_next_token.generator_ignored"),
+        Wrong("softmax by hand, exp / sum", _sampler_variant(softmax="naive"),
+              "12.sample_next_token.softmax_overflows_for_large_logits"),
+        Wrong("softmax by hand, one max for the batch", _sampler_variant(softmax="global_max"),
+              "12.sample_next_token.softmax_overflows_for_large_logits"),
+        Wrong(".squeeze() of a batch of one", _sampler_variant(squeeze="all"),
+              "12.sample_next_token.squeezed_batch_of_one"),
+        Wrong("top-k over the flattened batch", _sampler_variant(top_k_mode="flat"),
+              "12.sample_next_token.top_k_over_flattened_batch"),
+        Wrong("probabilities divided by T", _sampler_variant(temp="after"),
+              "12.sample_next_token.temperature_after_softmax"),
+        Wrong("probabilities divided by T, renormalised",
+              _sampler_variant(temp="after_renormalised"),
+              "12.sample_next_token.temperature_after_softmax"),
+        Wrong("temperature applied twice", _sampler_variant(temp="twice"),
+              "12.sample_next_token.temperature_applied_twice"),
+        Wrong("temperature only without top_k", _sampler_variant(temp="only_without_top_k"),
+              "12.sample_next_token.temperature_ignored"),
+        Wrong("new torch.Generator() when None", _sampler_variant(none="fresh"),
+              "12.sample_next_token.new_generator_when_none"),
+        Wrong("seeded generator when None", _sampler_variant(none="seeded"),
+              "12.sample_next_token.new_generator_when_none"),
+        Wrong("position among the top k returned", _sampler_variant(top_k_mode="position"),
+              "12.sample_next_token.returned_position_among_top_k"),
+        Wrong("argmax of the probabilities at T > 0", _sampler_variant(draw="argmax"),
+              "12.sample_next_token.greedy_at_every_temperature"),
+        Wrong("top_k clamped to |V| - 1", _sampler_variant(top_k_mode="v_minus_one"),
+              "12.sample_next_token.token_dropped_when_top_k_covers_vocabulary"),
     ],
 }
 
@@ -457,7 +597,12 @@ CORRECT = {
     nb12.check_model_param_count: {"reference": REFERENCE[nb12.check_model_param_count],
                                    "learner_style": _count_with()},
     nb12.check_sample_next_token: {"reference": REFERENCE[nb12.check_sample_next_token],
-                                   "learner_style": _sampler_with()},
+                                   "learner_style": _sampler_with(),
+                                   "step_by_step": _sampler_variant(),
+                                   "softmax(l) ** (1/T)": _sampler_variant(temp="power"),
+                                   "top-k indices kept":
+                                       _sampler_variant(top_k_mode="indices_mask"),
+                                   ".flatten()": _sampler_variant(squeeze="flatten")},
 }
 EXERCISES = exercises(CORRECT, WRONG)
 
@@ -478,9 +623,9 @@ def test_sampling_check_compares_at_most_max_comparisons(monkeypatch):
     seen = []
     original = nb12_sampling.expect_distribution
 
-    def counting(c, samples, probs, wrong, label):
+    def counting(c, samples, probs, wrong, label, **kwargs):
         seen.append(probs.numel())
-        return original(c, samples, probs, wrong, label)
+        return original(c, samples, probs, wrong, label, **kwargs)
 
     monkeypatch.setattr(nb12_sampling, "expect_distribution", counting)
     for thorough in (False, True):
