@@ -194,6 +194,9 @@ def _grade(paths: list[Path], options: GradeOptions, outputs: OutputOptions,
         results, problems, incident = (
             grade_each(todo, options, show, roots=paths, progress=echo, on_result=save)
             if todo else ([], [], None))
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM: every process is ended; the notebooks
+        writer.write_interrupted(found.refused)  # finished keep every output, the report too
+        raise
     finally:
         if progress is not None:
             progress.stop()

@@ -146,7 +146,10 @@ class GradeOutputs:
         return class_summary(self.all_records(), self.lang)
 
     def write(self, problems: list[GradingError] = (), incident: GradingIncident | None = None,
-              *, final: bool = True) -> None:
+              *, final: bool = True, every_output: bool = False) -> None:
+        """Every output from the records so far. `final`: grading ended (the JSON says it is
+        complete); before that, the outputs that take a while (the class report's charts) only
+        with `every_output`."""
         records = self.all_records()
         if self.json is not None and (final or self._merging):
             text = json.dumps(report_data(records, problems, incident, complete=final,
@@ -157,10 +160,20 @@ class GradeOutputs:
                 atomic_write(self.json, text)
         for output in FILE_OUTPUTS:
             target = getattr(self.options, output.option)
-            if target is not None and (final or output.as_each_finishes):
+            if target is not None and (final or every_output or output.as_each_finishes):
                 extras = {"lang": self.lang} if output.with_lang else {}
                 atomic_write(target, output.render(records, self.roster, **extras)
                              if output.with_roster else output.render(records, **extras))
+
+    def write_interrupted(self, problems: list[GradingError] = ()) -> None:
+        """Grading was stopped (Ctrl-C, SIGTERM): every output of the notebooks finished, the
+        class report included (the JSON stays marked incomplete). A failure here is one line on
+        stderr: the interruption is what the caller reports."""
+        try:
+            self.write(problems, final=False, every_output=True)
+        except Exception as exc:  # noqa: BLE001 - the interruption goes on either way
+            print(_("could not write the outputs of the notebooks finished: {why}").format(
+                why=exc), file=sys.stderr, flush=True)
 
     def write_kept_feedback(self) -> None:
         """Feedback pages for the records kept from the earlier run (they may be new here)."""
