@@ -20,7 +20,7 @@ from ..options import OutputOptions
 from .class_report import class_report_html
 from .feedback import write_feedback
 from .gradebook import counted, exercises_csv, gradebook_csv
-from .late import lateness, refresh_lateness
+from .late import Deadlines, apply_deadlines, lateness, not_a_chapter, refresh_lateness
 from .store import (atomic_write, check_writable_file, check_writable_folder, file_hash,
                     grader_fingerprint, load_records, record_key, unchanged)
 from .summary import class_summary
@@ -55,15 +55,20 @@ class GradeOutputs:
         self.json = options.json
         self.feedback = options.feedback
         self.due = options.due
-        self.extensions = options.extensions  # {student: due}
+        self.extensions = options.extensions  # {student or (student, assignment): due}
+        self.assignments = options.assignments  # {chapter: late.Assignment}
+        self.deadlines = Deadlines(self.due, self.extensions or {}, self.assignments or {})
         self.roster = options.roster  # {folder: id, name, login, section}
         self.regrade = options.regrade
         self.lang = options.lang  # the instructor's language (None: LLAMA_COURSE_LANG, English)
         self.source = Path(options.source or SOURCE_DIR).resolve()
         self.regraded: list[Path] = []  # unchanged submissions graded again: the grader changed
+        self._check_assignments()
         self._refuse_overwriting_inputs(paths)
         self._check_writable()
         self.records: dict[str, dict] = load_records(self.json) if self._merging else {}
+        for record in self.records.values():  # every record: this run's deadlines
+            apply_deadlines(record, self.deadlines)
         self.kept: list[dict] = []
         # The report's order: the earlier report's, then this run's in the order given (results
         # arrive in the order they finish)
@@ -77,6 +82,15 @@ class GradeOutputs:
         files = [(self.json, "JSON")] + [(getattr(self.options, out.option), out.what)
                                          for out in FILE_OUTPUTS]
         return [(path, what) for path, what in files if path is not None and path != Path("-")]
+
+    def _check_assignments(self) -> None:
+        """An assignment of --assignments or --extensions that is no chapter: one line."""
+        for option, names in (("--assignments", list(self.assignments or {})),
+                              ("--extensions", [k[1] for k in self.extensions or {}
+                                                if isinstance(k, tuple)])):
+            problem = not_a_chapter(names, self.source)
+            if problem:
+                raise GradingError(option, problem)
 
     def _refuse_overwriting_inputs(self, paths: list[Path]) -> None:
         inputs = {p.resolve() for p in paths}
@@ -104,7 +118,8 @@ class GradeOutputs:
                 if grader_changed:
                     self.regraded.append(path)
             else:  # kept, with its lateness for this run's --due and --extensions
-                self.kept.append(refresh_lateness(record, self.due, self.extensions))
+                self.kept.append(refresh_lateness(record, self.due, self.extensions,
+                                                  self.assignments))
         return todo
 
     def fingerprint(self, chapter: str) -> str:
@@ -116,10 +131,11 @@ class GradeOutputs:
         path = Path(result.path)
         data["sha256"] = file_hash(path) if path.is_file() else None
         data["grader"] = self.fingerprint(result.chapter)
-        data.update(lateness(path, self.due, result.student, self.extensions))
+        data.update(lateness(path, self.due, result.student, self.extensions, result.chapter,
+                             self.assignments))
         if data.get("late_warning"):
             data["warnings"] = [*data["warnings"], data.pop("late_warning")]
-        return data
+        return apply_deadlines(data, self.deadlines)
 
     def add(self, result: NotebookResult) -> dict:
         """One notebook finished: into the records, and every output rewritten (atomically)."""
