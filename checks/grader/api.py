@@ -50,7 +50,7 @@ from .isolation import make_undumpable
 from .limits import cores
 from .options import GradeOptions, OutputOptions
 from .outputs.gradebook import counted
-from .outputs.late import late_text
+from .outputs.late import late_text, penalty_text
 from .outputs.summary import summary_text
 from .outputs.writer import GradeOutputs
 from .read import chapter_notebooks
@@ -187,7 +187,9 @@ def _grade(paths: list[Path], options: GradeOptions, outputs: OutputOptions,
 
     def show(result):  # in the order given
         if echo and not to_stdout:
-            print(grade_table(result, late_text(writer.record_of(result))), flush=True)
+            record = writer.record_of(result)
+            late = ", ".join(t for t in (late_text(record), penalty_text(record)) if t)
+            print(grade_table(result, late), flush=True)
 
     progress = Progress(todo, options.jobs).start() if echo else None
     try:

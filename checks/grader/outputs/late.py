@@ -362,7 +362,8 @@ def not_a_chapter(names, source: Path) -> str | None:
     from ..identify import source_notebook_path
 
     for name in names:
-        if not source_notebook_path(name, source).is_file():
+        if "/" in name or "\\" in name or name.startswith(".") or \
+                not source_notebook_path(name, source).is_file():
             return _("{name} is no chapter (a chapter's folder name, such as "
                      "04_self_attention)").format(name=repr(name[:60]))
     return None
