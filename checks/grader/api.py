@@ -173,7 +173,7 @@ def _grade(paths: list[Path], options: GradeOptions, outputs: OutputOptions,
                                   "again)").format(kept=len(writer.kept), count=len(found.paths),
                                                    json=outputs.json),
                   file=sys.stderr, flush=True)
-        writer.write_kept_feedback()
+    writer.write_kept_feedback()  # and those of notebooks not given, with this run's deadlines
     if writer.regraded and echo:
         print(f"{PROG}: " + _("{count} unchanged notebooks graded again: the course's checks or "
                               "their chapter's source notebook changed since their results in "

@@ -73,6 +73,7 @@ class GradeOutputs:
         # The report's order: the earlier report's, then this run's in the order given (results
         # arrive in the order they finish)
         self._order = [*self.records, *(record_key(p) for p in paths)]
+        self._given = {record_key(p) for p in paths}
 
     @property
     def _merging(self) -> bool:
@@ -192,9 +193,13 @@ class GradeOutputs:
                 why=exc), file=sys.stderr, flush=True)
 
     def write_kept_feedback(self) -> None:
-        """Feedback pages for the records kept from the earlier run (they may be new here)."""
+        """Feedback pages for the records kept from the earlier run (they may be new here),
+        and, in a run with deadlines, for the records of notebooks not given this time (their
+        lateness and penalty are this run's)."""
         if self.feedback is not None:
-            for record in self.kept:
+            others = [record for key, record in self.records.items()
+                      if key not in self._given] if self.deadlines else []
+            for record in [*self.kept, *others]:
                 write_feedback(self.feedback, record)
 
 
