@@ -177,3 +177,25 @@ def test_a_bad_assignments_or_extensions_file_is_one_line(tmp_path, capsys, case
     assert len(lines) == 1 and "Traceback" not in captured.err, captured.err
     assert words in lines[0]
     assert not report.exists()  # nothing graded
+
+
+def test_the_due_time_and_penalty_rules():
+    """An extension for the assignment wins over one for every assignment, which wins over the
+    assignment's due time, which wins over --due; a penalty counts each day begun, stops at
+    max_penalty and never takes more than the points earned."""
+    from checks.grader.outputs import late
+
+    t = late.parse_time
+    rule = late.Assignment(THREE, t("2026-03-08"), penalty_per_day=0.25, max_penalty=0.6)
+    deadlines = late.Deadlines(t("2026-01-01"), {"ana": t("2026-04-01"),
+                                                 ("ana", THREE): t("2026-05-01")}, {THREE: rule})
+    assert deadlines.due_for("ana", THREE) == t("2026-05-01")
+    assert deadlines.due_for("ana", ONE) == t("2026-04-01")
+    assert deadlines.due_for("ben", THREE) == t("2026-03-08")
+    assert deadlines.due_for("ben", ONE) == t("2026-01-01")
+    record = {"points": 8, "max_points": 8, "late": True}
+    for seconds, deducted in ((1, 2.0), (86400, 2.0), (86401, 4.0), (10 * 86400, 4.8)):
+        assert late.penalty_points({**record, "late_by_seconds": seconds}, rule) == deducted
+    assert late.penalty_points({**record, "points": 1, "late_by_seconds": 9e6}, rule) == 1.0
+    assert late.penalty_points({**record, "late": False, "late_by_seconds": 0}, rule) == 0.0
+    assert late.penalty_points(record, None) is None
