@@ -50,7 +50,7 @@ from .isolation import make_undumpable
 from .limits import cores
 from .options import GradeOptions, OutputOptions
 from .outputs.gradebook import counted
-from .outputs.late import late_text
+from .outputs.late import late_text, penalty_text
 from .outputs.summary import summary_text
 from .outputs.writer import GradeOutputs
 from .read import chapter_notebooks
@@ -173,7 +173,7 @@ def _grade(paths: list[Path], options: GradeOptions, outputs: OutputOptions,
                                   "again)").format(kept=len(writer.kept), count=len(found.paths),
                                                    json=outputs.json),
                   file=sys.stderr, flush=True)
-        writer.write_kept_feedback()
+    writer.write_kept_feedback()  # and those of notebooks not given, with this run's deadlines
     if writer.regraded and echo:
         print(f"{PROG}: " + _("{count} unchanged notebooks graded again: the course's checks or "
                               "their chapter's source notebook changed since their results in "
@@ -187,13 +187,18 @@ def _grade(paths: list[Path], options: GradeOptions, outputs: OutputOptions,
 
     def show(result):  # in the order given
         if echo and not to_stdout:
-            print(grade_table(result, late_text(writer.record_of(result))), flush=True)
+            record = writer.record_of(result)
+            late = ", ".join(t for t in (late_text(record), penalty_text(record)) if t)
+            print(grade_table(result, late), flush=True)
 
     progress = Progress(todo, options.jobs).start() if echo else None
     try:
         results, problems, incident = (
             grade_each(todo, options, show, roots=paths, progress=echo, on_result=save)
             if todo else ([], [], None))
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM: every process is ended; the notebooks
+        writer.write_interrupted(found.refused)  # finished keep every output, the report too
+        raise
     finally:
         if progress is not None:
             progress.stop()

@@ -30,7 +30,7 @@ from .grading import DEFAULT_CELL_TIMEOUT
 from .identify import SOURCE_DIR
 from .limits import Limits, cores
 from .options import GradeOptions, OutputOptions, from_namespace
-from .outputs.late import due_argument, extensions_argument
+from .outputs.late import assignments_argument, due_argument, extensions_argument
 from .outputs.roster import roster_argument
 from .read import CEILING_BYTES, CEILING_CELLS, Caps
 from .report import PROG
@@ -175,9 +175,16 @@ def _parser() -> argparse.ArgumentParser:
                             "distribution and lateness, with charts")
     grade.add_argument("--due", type=due_argument, metavar="TIME",
                        help="deadline (ISO 8601; no zone: UTC): submissions whose nbgrader "
-                            "timestamp.txt is later are marked late in every output")
+                            "timestamp.txt is later are marked late in every output (for the "
+                            "assignments that --assignments does not list)")
+    grade.add_argument("--assignments", type=assignments_argument, metavar="FILE",
+                       help="a CSV with a header and the columns assignment (a chapter's "
+                            "folder name), due, and optionally penalty_per_day and max_penalty "
+                            "(fractions of its points) and lms_id: each assignment's own "
+                            "deadline and late penalty")
     grade.add_argument("--extensions", type=extensions_argument, metavar="FILE",
-                       help="a CSV of student,due rows: those students' own deadlines")
+                       help="a CSV of student,due rows (every assignment) or "
+                            "student,assignment,due rows: those students' own deadlines")
     grade.add_argument("--roster", type=roster_argument, metavar="FILE",
                        help="a CSV naming the students (columns folder, id, name, login, "
                             "section): the gradebook gets their LMS ids and a row each")

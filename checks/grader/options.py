@@ -55,7 +55,10 @@ class OutputOptions:
     feedback: Path | None = None  # a folder of feedback pages, one per student and chapter
     report: Path | None = None  # the class report, one HTML page
     due: datetime | None = None  # the deadline: later submissions are marked late
-    extensions: dict[str, datetime] | None = None  # {student: their own due time}
+    # {student: their own due time, for every assignment; (student, assignment): for one}
+    extensions: dict | None = None
+    # {chapter: Assignment}: each assignment's own due time and late penalty (outputs/late.py)
+    assignments: dict | None = None
     roster: dict[str, dict[str, str]] | None = None  # {folder: id, name, login, section}
     source: Path = SOURCE_DIR  # (the library grades with GradeOptions.source's)
     # The instructor's language ("en", "zh"): the class summary, the class report and the

@@ -297,6 +297,37 @@ def test_sigterm_ends_every_process_the_grader_started(tmp_path, jobs):
     assert not left, f"{len(left)} of {len(started)} processes outlived the grader"
 
 
+@pytest.mark.grader_workers
+def test_sigterm_keeps_every_output_of_the_notebooks_finished(tmp_path):
+    """SIGTERM after one notebook finished, while another hangs: the JSON (marked incomplete),
+    the gradebook and the class report all hold the finished one."""
+    class_dir = tmp_path / "class"
+    sub.write(sub.solution(), class_dir / "a" / "01_notation.ipynb")
+    sub.write(sub.prepend(sub.solution(), "head_dim", "while True: pass"),
+              class_dir / "b" / "01_notation.ipynb")
+    out = tmp_path / "out"
+    report, page, book = out / "grades.json", out / "class.html", out / "grades.csv"
+    process = _start_grading(tmp_path, class_dir, "--jobs", "1", "--timeout", "600",
+                             "--json", report, "--report", page, "--csv", book)
+    try:
+        deadline = time.monotonic() + 180
+        while not (report.exists() and json.loads(report.read_text())["notebooks"]):
+            assert time.monotonic() < deadline and process.poll() is None, "a was not graded"
+            time.sleep(0.2)
+        _wait_for_a_worker(process)  # b's
+        process.terminate()
+        _, err = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 143, err
+    assert "Traceback" not in err
+    data = json.loads(report.read_text())
+    assert data["complete"] is False and [r["student"] for r in data["notebooks"]] == ["a"]
+    assert book.read_text().splitlines()[2].startswith("a,")
+    html = page.read_text(encoding="utf-8")
+    assert "Class report: 1 notebooks, 1 students" in html and "head_dim: 1 of 1 passed" in html
+
+
 def _grading_processes(grader: int) -> list[int]:
     """The `--jobs` grading processes of the grader process `grader` (its spawned children)."""
     found = []

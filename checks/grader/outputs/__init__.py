@@ -4,7 +4,8 @@
                previous run's (a re-run grades only new or changed submissions), output paths
                checked before grading starts
 - late.py      submission times (nbgrader's timestamp.txt of the assignment folder, read as
-               untrusted data) against `--due` and `--extensions`
+               untrusted data) against each assignment's due time (`--assignments`, its
+               extensions, `--due`), and late penalties
 - roster.py    `--roster`: the students' LMS ids, names and sections for the gradebook
 - gradebook.py the CSVs: one row per student, a column per chapter (an LMS import) or per exercise
 - feedback.py  one HTML page per student and chapter: points and diagnoses, nothing hidden

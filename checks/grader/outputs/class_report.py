@@ -16,7 +16,8 @@ from collections import defaultdict
 
 from ...i18n import _, language, using
 from ..report import status_word
-from .gradebook import counted, student_label
+from .gradebook import counted, score, student_label
+from .late import late_text
 from .summary import class_summary
 
 SHOWN_STUDENTS = 12  # names listed under one mistake before "and N more"
@@ -70,14 +71,47 @@ def _chapter_section(chapter: str, rows: list[dict], records: list[dict]) -> lis
     mean = sum(points) / len(points) if points else 0.0
     line = _("{count} notebooks; mean {mean:.1f} of {max_points} points; {late} late").format(
         count=len(records), mean=mean, max_points=f"{most:g}", late=late)
-    parts = [f'<h2 id="{e(chapter)}">{e(chapter)}</h2>', f'<p class="note">{e(line)}</p>',
-             '<div class="charts">',
-             _figure(_pass_rate_svg(rows), _("Pass rate per exercise")),
-             _figure(_scores_svg(points, most), _("Scores (notebooks per number of points)")),
-             "</div>"]
+    parts = [f'<h2 id="{e(chapter)}">{e(chapter)}</h2>', f'<p class="note">{e(line)}</p>']
+    parts += _lateness_block(records)
+    parts += ['<div class="charts">',
+              _figure(_pass_rate_svg(rows), _("Pass rate per exercise")),
+              _figure(_scores_svg(points, most), _("Scores (notebooks per number of points)")),
+              "</div>"]
     for row in rows:
         parts += _exercise_block(row)
     return parts
+
+
+def _lateness_block(records: list[dict]) -> list[str]:
+    """The chapter's due time(s), and a table of its late notebooks: who, by how much, when it
+    was due for them (an extension shows), the points deducted and the score after them."""
+    e = html.escape
+    dues = sorted({r["due"] for r in records if r.get("due")})
+    parts = []
+    if dues:
+        parts.append(f'<p class="note">{e(_("due: {times}").format(times=", ".join(dues)))}'
+                     "</p>")
+    late = sorted((r for r in records if r.get("late")), key=student_label)
+    if not late:
+        return parts
+    deducted = sum(r.get("penalty") or 0 for r in late)
+    if any(r.get("penalty") is not None for r in late):
+        said = _("late penalties: {points} points deducted").format(points=f"{deducted:g}")
+        parts.append(f'<p class="note">{e(said)}</p>')
+    headings = (_("late"), _("student"), _("due"), _("penalty"), _("score"))
+    parts.append('<table class="late-work"><thead><tr>'
+                 + "".join(f"<th>{e(h)}</th>" for h in headings) + "</tr></thead><tbody>")
+    for r in late:
+        parts.append(f"<tr><td>{e(late_text(r))}</td><td>{e(student_label(r))}</td>"
+                     f"<td>{e(str(r.get('due') or ''))}</td>"
+                     f'<td class="num">{e(_pts(r.get("penalty")))}</td>'
+                     f'<td class="num">{score(r):g} / {r["max_points"]:g}</td></tr>')
+    parts.append("</tbody></table>")
+    return parts
+
+
+def _pts(value) -> str:
+    return "" if value is None else f"-{value:g}" if value else "0"
 
 
 def _exercise_block(row: dict) -> list[str]:

@@ -16,9 +16,9 @@ from pathlib import Path
 
 from ...i18n import _, language, using
 from ..report import replay_text, status_word
-from .gradebook import student_label
+from .gradebook import score, student_label
 from .headlines import headline
-from .late import late_text
+from .late import late_text, penalty_text
 from .store import atomic_write
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -127,6 +127,11 @@ def _submission_lines(record: dict) -> list[str]:
         lines.append(f'<p class="note">{html.escape(when)}</p>')
     if record.get("late"):
         lines.append(f'<p class="late">{html.escape(late_text(record))}</p>')
+    if record.get("penalty"):
+        after = _("{penalty}: {points} / {max_points} points after it").format(
+            penalty=penalty_text(record), points=_pts(score(record)),
+            max_points=_pts(record["max_points"]))
+        lines.append(f'<p class="late penalty">{html.escape(after)}</p>')
     return lines
 
 

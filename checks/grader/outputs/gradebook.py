@@ -44,30 +44,68 @@ def chapters_of(records: list[dict]) -> list[str]:
 
 
 def gradebook_csv(records: list[dict], roster: dict | None = None) -> str:
-    """Student, ID, SIS User ID, SIS Login ID, Section, then one column of points per chapter;
-    a chapter a student has no notebook for is empty (Canvas leaves such a grade alone). With a
-    roster (outputs/roster.py): its students' ids, names and sections, each of them a row."""
+    """Student, ID, SIS User ID, SIS Login ID, Section, then one column of points per chapter,
+    the score after any late penalty (named `<chapter> (<lms_id>)` where --assignments gives the
+    LMS's id), and for a chapter with a late penalty (--assignments' penalty_per_day) a column
+    `<chapter> late penalty` of the points deducted; a chapter a student has no notebook for is
+    empty (Canvas leaves such a grade alone). With a roster (outputs/roster.py): its students'
+    ids, names and sections, each of them a row."""
     chapters = chapters_of(records)
     maxima = _max_points(records)
-    rows = [CANVAS_COLUMNS + chapters,
-            [POINTS_POSSIBLE, "", "", "", ""] + [_number(maxima[c]) for c in chapters]]
+    penalised = _penalised(records)
+    lms = _lms_ids(records)
+    header, possible = list(CANVAS_COLUMNS), [POINTS_POSSIBLE, "", "", "", ""]
+    for chapter in chapters:
+        header.append(f"{chapter} ({lms[chapter]})" if lms.get(chapter) else chapter)
+        possible.append(_number(maxima[chapter]))
+        if chapter in penalised:
+            header.append(f"{chapter} {PENALTY_COLUMN}")
+            possible.append("")
+    rows = [header, possible]
     table = by_student(records)
     for student in roster_students(list(table), roster):
         mine = table.get(student, {})
-        rows.append(student_columns(student, roster)
-                    + [_number(mine[c]["points"]) if c in mine else "" for c in chapters])
+        row = student_columns(student, roster)
+        for chapter in chapters:
+            record = mine.get(chapter)
+            row.append(_number(score(record)) if record else "")
+            if chapter in penalised:
+                row.append(_number(record.get("penalty") or 0) if record else "")
+        rows.append(row)
     return _csv(rows)
+
+
+PENALTY_COLUMN = "late penalty"
+
+
+def score(record: dict) -> float:
+    """A record's points after its late penalty (the points earned, where there is none)."""
+    return max(record["points"] - (record.get("penalty") or 0), 0)
+
+
+def _penalised(records: list[dict]) -> set[str]:
+    """The chapters with a late penalty rule (a record's penalty is a number, not None)."""
+    return {r["chapter"] for r in counted(records) if r.get("penalty") is not None}
+
+
+def _lms_ids(records: list[dict]) -> dict[str, str]:
+    return {r["chapter"]: str(r["lms_id"]) for r in counted(records) if r.get("lms_id")}
 
 
 def exercises_csv(records: list[dict]) -> str:
     """student, then per chapter: one column per exercise ('<chapter>/<exercise>'), its total,
-    when it was submitted and whether that was late ('yes', 'no', or empty when unknown)."""
+    when it was submitted and whether that was late ('yes', 'no', or empty when unknown); for
+    a chapter with a late penalty (--assignments), also its due time (the student's), the
+    points deducted and the score after them."""
     chapters = chapters_of(records)
     names = _exercise_names(records)
+    penalised = _penalised(records)
     header = ["student"]
     for chapter in chapters:
         header += [f"{chapter}/{name}" for name in names[chapter]]
         header += [f"{chapter} total", f"{chapter} submitted", f"{chapter} late"]
+        if chapter in penalised:
+            header += [f"{chapter} due", f"{chapter} {PENALTY_COLUMN}", f"{chapter} score"]
     rows = [header]
     for student, mine in by_student(records).items():
         row = [student]
@@ -77,6 +115,9 @@ def exercises_csv(records: list[dict]) -> str:
             row += [_number(points[n]) if n in points else "" for n in names[chapter]]
             row += [_number(record["points"]), record.get("submitted_at") or "",
                     _yes_no(record.get("late"))] if record else ["", "", ""]
+            if chapter in penalised:
+                row += [record.get("due") or "", _number(record.get("penalty") or 0),
+                        _number(score(record))] if record else ["", "", ""]
         rows.append(row)
     return _csv(rows)
 

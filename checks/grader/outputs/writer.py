@@ -20,7 +20,7 @@ from ..options import OutputOptions
 from .class_report import class_report_html
 from .feedback import write_feedback
 from .gradebook import counted, exercises_csv, gradebook_csv
-from .late import lateness, refresh_lateness
+from .late import Deadlines, apply_deadlines, lateness, not_a_chapter, refresh_lateness
 from .store import (atomic_write, check_writable_file, check_writable_folder, file_hash,
                     grader_fingerprint, load_records, record_key, unchanged)
 from .summary import class_summary
@@ -55,19 +55,25 @@ class GradeOutputs:
         self.json = options.json
         self.feedback = options.feedback
         self.due = options.due
-        self.extensions = options.extensions  # {student: due}
+        self.extensions = options.extensions  # {student or (student, assignment): due}
+        self.assignments = options.assignments  # {chapter: late.Assignment}
+        self.deadlines = Deadlines(self.due, self.extensions or {}, self.assignments or {})
         self.roster = options.roster  # {folder: id, name, login, section}
         self.regrade = options.regrade
         self.lang = options.lang  # the instructor's language (None: LLAMA_COURSE_LANG, English)
         self.source = Path(options.source or SOURCE_DIR).resolve()
         self.regraded: list[Path] = []  # unchanged submissions graded again: the grader changed
+        self._check_assignments()
         self._refuse_overwriting_inputs(paths)
         self._check_writable()
         self.records: dict[str, dict] = load_records(self.json) if self._merging else {}
+        for record in self.records.values():  # every record: this run's deadlines
+            apply_deadlines(record, self.deadlines)
         self.kept: list[dict] = []
         # The report's order: the earlier report's, then this run's in the order given (results
         # arrive in the order they finish)
         self._order = [*self.records, *(record_key(p) for p in paths)]
+        self._given = {record_key(p) for p in paths}
 
     @property
     def _merging(self) -> bool:
@@ -77,6 +83,15 @@ class GradeOutputs:
         files = [(self.json, "JSON")] + [(getattr(self.options, out.option), out.what)
                                          for out in FILE_OUTPUTS]
         return [(path, what) for path, what in files if path is not None and path != Path("-")]
+
+    def _check_assignments(self) -> None:
+        """An assignment of --assignments or --extensions that is no chapter: one line."""
+        for option, names in (("--assignments", list(self.assignments or {})),
+                              ("--extensions", [k[1] for k in self.extensions or {}
+                                                if isinstance(k, tuple)])):
+            problem = not_a_chapter(names, self.source)
+            if problem:
+                raise GradingError(option, problem)
 
     def _refuse_overwriting_inputs(self, paths: list[Path]) -> None:
         inputs = {p.resolve() for p in paths}
@@ -104,7 +119,8 @@ class GradeOutputs:
                 if grader_changed:
                     self.regraded.append(path)
             else:  # kept, with its lateness for this run's --due and --extensions
-                self.kept.append(refresh_lateness(record, self.due, self.extensions))
+                self.kept.append(refresh_lateness(record, self.due, self.extensions,
+                                                  self.assignments))
         return todo
 
     def fingerprint(self, chapter: str) -> str:
@@ -116,10 +132,11 @@ class GradeOutputs:
         path = Path(result.path)
         data["sha256"] = file_hash(path) if path.is_file() else None
         data["grader"] = self.fingerprint(result.chapter)
-        data.update(lateness(path, self.due, result.student, self.extensions))
+        data.update(lateness(path, self.due, result.student, self.extensions, result.chapter,
+                             self.assignments))
         if data.get("late_warning"):
             data["warnings"] = [*data["warnings"], data.pop("late_warning")]
-        return data
+        return apply_deadlines(data, self.deadlines)
 
     def add(self, result: NotebookResult) -> dict:
         """One notebook finished: into the records, and every output rewritten (atomically)."""
@@ -146,7 +163,10 @@ class GradeOutputs:
         return class_summary(self.all_records(), self.lang)
 
     def write(self, problems: list[GradingError] = (), incident: GradingIncident | None = None,
-              *, final: bool = True) -> None:
+              *, final: bool = True, every_output: bool = False) -> None:
+        """Every output from the records so far. `final`: grading ended (the JSON says it is
+        complete); before that, the outputs that take a while (the class report's charts) only
+        with `every_output`."""
         records = self.all_records()
         if self.json is not None and (final or self._merging):
             text = json.dumps(report_data(records, problems, incident, complete=final,
@@ -157,15 +177,29 @@ class GradeOutputs:
                 atomic_write(self.json, text)
         for output in FILE_OUTPUTS:
             target = getattr(self.options, output.option)
-            if target is not None and (final or output.as_each_finishes):
+            if target is not None and (final or every_output or output.as_each_finishes):
                 extras = {"lang": self.lang} if output.with_lang else {}
                 atomic_write(target, output.render(records, self.roster, **extras)
                              if output.with_roster else output.render(records, **extras))
 
+    def write_interrupted(self, problems: list[GradingError] = ()) -> None:
+        """Grading was stopped (Ctrl-C, SIGTERM): every output of the notebooks finished, the
+        class report included (the JSON stays marked incomplete). A failure here is one line on
+        stderr: the interruption is what the caller reports."""
+        try:
+            self.write(problems, final=False, every_output=True)
+        except Exception as exc:  # noqa: BLE001 - the interruption goes on either way
+            print(_("could not write the outputs of the notebooks finished: {why}").format(
+                why=exc), file=sys.stderr, flush=True)
+
     def write_kept_feedback(self) -> None:
-        """Feedback pages for the records kept from the earlier run (they may be new here)."""
+        """Feedback pages for the records kept from the earlier run (they may be new here),
+        and, in a run with deadlines, for the records of notebooks not given this time (their
+        lateness and penalty are this run's)."""
         if self.feedback is not None:
-            for record in self.kept:
+            others = [record for key, record in self.records.items()
+                      if key not in self._given] if self.deadlines else []
+            for record in [*self.kept, *others]:
                 write_feedback(self.feedback, record)
 
 

@@ -1,0 +1,201 @@
+"""A term of grading: two assignments (chapters 01 and 03, solution notebooks) with their own due
+times (`--assignments FILE`), one student's extension for one of them (`--extensions FILE` with
+an assignment column), and a late penalty on the other, graded in one run through
+`python -m checks grade`, then again after one due time changed: the lateness and the penalty
+are right in the JSON, the gradebook, the exercises CSV, the feedback pages and the class report,
+both times. And the files' bad input: one line, exit status 2, nothing graded."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from checks.grader.cli import main
+
+from ..support import submissions as sub
+
+ONE, THREE = "01_notation", "03_architectures"
+SOLUTIONS = sub.REPO / "solutions"
+# when each submission was handed in (nbgrader's timestamp.txt, UTC)
+HANDED_IN = {("ana", ONE): "2026-03-01 12:00:00.000000 UTC",  # on time
+             ("ana", THREE): "2026-03-09 10:00:00.000000 UTC",  # 1 d 10 h late: 2 days begun
+             ("ben", ONE): "2026-03-03 10:00:00.000000 UTC",  # late, but within his extension
+             ("ben", THREE): "2026-03-07 20:00:00.000000 UTC"}  # on time
+ASSIGNMENTS = ("assignment,due,penalty_per_day,max_penalty,lms_id\n"
+               f"{ONE},2026-03-01T23:59,,,\n"
+               f"{THREE},2026-03-08T00:00+01:00,0.1,0.3,4242\n")  # due 03-07 23:00 UTC
+EXTENSIONS = f"student,assignment,due\nben,{ONE},2026-03-04T00:00Z\n"
+
+
+@pytest.fixture(scope="module")
+def term(tmp_path_factory):
+    root = tmp_path_factory.mktemp("term")
+    for (student, chapter), stamp in HANDED_IN.items():
+        folder = root / "submitted" / student / chapter
+        sub.write(sub.solution(SOLUTIONS / chapter / f"{chapter}.ipynb"),
+                  folder / f"{chapter}.ipynb")
+        (folder / "timestamp.txt").write_text(stamp)
+    (root / "assignments.csv").write_text(ASSIGNMENTS)
+    (root / "extensions.csv").write_text(EXTENSIONS)
+    return root
+
+
+def grade(root, out):
+    done = subprocess.run(
+        [sys.executable, "-m", "checks", "grade", str(root / "submitted"),
+         "--assignments", str(root / "assignments.csv"),
+         "--extensions", str(root / "extensions.csv"),
+         "--due", "2026-01-01T00:00",  # the default: no assignment here falls back on it
+         "--json", str(out / "grades.json"), "--csv", str(out / "grades.csv"),
+         "--csv-exercises", str(out / "exercises.csv"), "--feedback", str(out / "feedback"),
+         "--report", str(out / "class.html"), "--jobs", "2"],
+        capture_output=True, text=True, timeout=900,
+        env={**{k: v for k, v in os.environ.items() if k != "LLAMA_COURSE_LANG"},
+             "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr
+    data = json.loads((out / "grades.json").read_text())
+    return {(r["student"], r["chapter"]): r for r in data["notebooks"]}, done
+
+
+def rows_of(text: str) -> dict[str, dict[str, str]]:
+    rows = list(csv.reader(io.StringIO(text)))
+    return {row[0]: dict(zip(rows[0], row)) for row in rows[1:]}
+
+
+@pytest.fixture(scope="module")
+def graded_twice(term):
+    out = term / "out"
+    first = grade(term, out)
+    saved = {name: (out / name).read_text(encoding="utf-8")
+             for name in ("grades.csv", "exercises.csv", "class.html")}
+    saved["feedback"] = (out / "feedback" / "ana" / f"{THREE}.html").read_text(encoding="utf-8")
+    # The instructor moves chapter 03's due time past ana's submission; nothing else changes.
+    (term / "assignments.csv").write_text(
+        ASSIGNMENTS.replace("2026-03-08T00:00+01:00", "2026-03-10T00:00Z"))
+    second = grade(term, out)
+    return first, saved, second, out
+
+
+def test_the_first_run_marks_each_assignment_by_its_own_due_time(graded_twice):
+    (records, _done), saved, _second, _out = graded_twice
+    max_three = records["ana", THREE]["max_points"]
+    penalty = round(0.2 * max_three, 2)  # two days begun, 0.1 a day (at most 0.3)
+    assert records["ana", THREE]["points"] == max_three  # a solution: every point earned
+    # JSON: each notebook's due (the student's), late, penalty
+    expected = {("ana", ONE): ("2026-03-01T23:59:00+00:00", False, None),
+                ("ana", THREE): ("2026-03-07T23:00:00+00:00", True, penalty),
+                ("ben", ONE): ("2026-03-04T00:00:00+00:00", False, None),  # the extension
+                ("ben", THREE): ("2026-03-07T23:00:00+00:00", False, 0.0)}
+    assert {k: (r["due"], r["late"], r["penalty"]) for k, r in records.items()} == expected
+    assert records["ana", THREE]["late_by_seconds"] == 35 * 3600
+    assert records["ana", THREE]["lms_id"] == "4242" and "lms_id" not in records["ana", ONE]
+    # the gradebook: the score after the penalty, a column of the penalty, the LMS id
+    book = rows_of(saved["grades.csv"])
+    column = f"{THREE} (4242)"
+    assert list(book["ana"])[5:] == [ONE, column, f"{THREE} late penalty"]
+    assert float(book["ana"][column]) == pytest.approx(max_three - penalty)
+    assert float(book["ana"][f"{THREE} late penalty"]) == pytest.approx(penalty)
+    assert float(book["ben"][column]) == max_three
+    assert book["ben"][f"{THREE} late penalty"] == "0"
+    exercises = rows_of(saved["exercises.csv"])
+    assert (exercises["ana"][f"{THREE} late"], exercises["ben"][f"{ONE} late"]) == ("yes", "no")
+    assert float(exercises["ana"][f"{THREE} score"]) == pytest.approx(max_three - penalty)
+    # the feedback page and the class report
+    assert "late by 1 d 11 h" in saved["feedback"]
+    assert f"late penalty: -{penalty:g} points" in saved["feedback"]
+    page = saved["class.html"]
+    assert "late by 1 d 11 h</td><td>ana</td>" in page
+    assert f"late penalties: {penalty:g} points deducted" in page
+    assert page.count("1 late") == 1  # chapter 03's; ben's chapter 01 is within his extension
+
+
+def test_a_changed_due_time_changes_only_its_assignment(graded_twice):
+    (first, _done), _saved, (records, done), out = graded_twice
+    assert "4 of 4 notebooks unchanged since they were graded" in done.stderr
+    assert records["ana", THREE]["due"] == "2026-03-10T00:00:00+00:00"
+    assert (records["ana", THREE]["late"], records["ana", THREE]["penalty"]) == (False, 0.0)
+    assert records["ben", THREE]["due"] == "2026-03-10T00:00:00+00:00"  # the assignment's
+    for key in (("ana", ONE), ("ben", ONE), ("ben", THREE)):  # the rest as it was
+        fields = ("late", "penalty", "submitted_at") + ("due",) * (key[1] == ONE)
+        assert {f: records[key][f] for f in fields} == {f: first[key][f] for f in fields}, key
+    book = rows_of((out / "grades.csv").read_text())
+    assert float(book["ana"][f"{THREE} (4242)"]) == records["ana", THREE]["max_points"]
+    assert book["ana"][f"{THREE} late penalty"] == "0"
+    feedback = (out / "feedback" / "ana" / f"{THREE}.html").read_text(encoding="utf-8")
+    assert "late by" not in feedback and "late penalty" not in feedback
+    page = (out / "class.html").read_text(encoding="utf-8")
+    assert "late penalties" not in page and "<table class=\"late-work\">" not in page
+
+
+BAD_FILES = {  # case: (which option, the file's text, the words of the one line)
+    "unknown column": ("--assignments", "assignment,due,penalty\n01_notation,2026-03-01,0.1\n",
+                       "row 1: unknown column 'penalty'"),
+    "bad time": ("--assignments", "assignment,due\n01_notation,next friday\n",
+                 "row 2: not an ISO time: 'next friday'"),
+    "negative penalty": ("--assignments",
+                         "assignment,due,penalty_per_day\n01_notation,2026-03-01,-0.1\n",
+                         "row 2: penalty_per_day must be a fraction from 0 to 1"),
+    "penalty over 1": ("--assignments", "assignment,due,max_penalty\n01_notation,2026-03-01,5\n",
+                       "row 2: max_penalty must be a fraction"),
+    "no chapter": ("--assignments", "assignment,due\n99_nothing,2026-03-01\n",
+                   "--assignments: '99_nothing' is no chapter"),
+    "duplicate": ("--assignments", "assignment,due\n01_notation,2026-03-01\n"
+                  "01_notation,2026-03-02\n", "row 3: '01_notation' is named twice"),
+    "no due column": ("--assignments", "assignment\n01_notation\n",
+                      "the columns assignment and due are needed"),
+    "empty": ("--assignments", "", "empty"),
+    "ragged row": ("--assignments", "assignment,due\n01_notation\n", "row 2: expected 2 cells"),
+    "extension of no chapter": ("--extensions", "student,assignment,due\nana,99_x,2026-03-01\n",
+                                "--extensions: '99_x' is no chapter"),
+    "extension twice": ("--extensions", "ana,01_notation,2026-03-01\nana,01_notation,2026-03-02\n",
+                        "row 2: ana 01_notation has an extension already"),
+    "extension column": ("--extensions", "student,chapter,due\nana,01_notation,2026-03-01\n",
+                         "row 1: unknown column 'chapter'"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_FILES)
+def test_a_bad_assignments_or_extensions_file_is_one_line(tmp_path, capsys, case):
+    option, text, words = BAD_FILES[case]
+    table = tmp_path / "table.csv"
+    table.write_text(text)
+    notebook = sub.write(sub.release(), tmp_path / "ana" / ONE / f"{ONE}.ipynb")
+    report = tmp_path / "grades.json"
+    try:
+        status = main(["grade", str(notebook), option, str(table), "--json", str(report)])
+    except SystemExit as exc:  # argparse's
+        status = exc.code
+    assert status == 2
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and "Traceback" not in captured.err, captured.err
+    assert words in lines[0]
+    assert not report.exists()  # nothing graded
+
+
+def test_the_due_time_and_penalty_rules():
+    """An extension for the assignment wins over one for every assignment, which wins over the
+    assignment's due time, which wins over --due; a penalty counts each day begun, stops at
+    max_penalty and never takes more than the points earned."""
+    from checks.grader.outputs import late
+
+    t = late.parse_time
+    rule = late.Assignment(THREE, t("2026-03-08"), penalty_per_day=0.25, max_penalty=0.6)
+    deadlines = late.Deadlines(t("2026-01-01"), {"ana": t("2026-04-01"),
+                                                 ("ana", THREE): t("2026-05-01")}, {THREE: rule})
+    assert deadlines.due_for("ana", THREE) == t("2026-05-01")
+    assert deadlines.due_for("ana", ONE) == t("2026-04-01")
+    assert deadlines.due_for("ben", THREE) == t("2026-03-08")
+    assert deadlines.due_for("ben", ONE) == t("2026-01-01")
+    record = {"points": 8, "max_points": 8, "late": True}
+    for seconds, deducted in ((1, 2.0), (86400, 2.0), (86401, 4.0), (10 * 86400, 4.8)):
+        assert late.penalty_points({**record, "late_by_seconds": seconds}, rule) == deducted
+    assert late.penalty_points({**record, "points": 1, "late_by_seconds": 9e6}, rule) == 1.0
+    assert late.penalty_points({**record, "late": False, "late_by_seconds": 0}, rule) == 0.0
+    assert late.penalty_points(record, None) is None
