@@ -29,10 +29,6 @@ _SHIFT_SIGN = Mistake("diagonal_shifted_wrong_way", N_(
 _INVERTED = Mistake("inverted", N_(
     "inverted: True must mean 'may attend' (the past and the query's own position), not "
     "'blocked'; `torch.triu(..., diagonal=1)` marks the blocked future instead"))
-_INVERTED_TOP_LEFT = Mistake("inverted_top_left", N_(
-    "inverted and top-left aligned (`torch.triu(ones(q_len, k_len), diagonal=1)` marks the "
-    "blocked keys of a top-left triangle): True must mean 'may attend', and query i sits at "
-    "position k_len - q_len + i"))
 _NO_DIAGONAL = Mistake("diagonal_excluded", N_(
     "off by one: a query may also attend to its own position, so the diagonal must be True "
     "(use `<=`, not `<`)"))
@@ -91,7 +87,6 @@ def _causal_mixups(q: int, k: int) -> dict:
     mixups = {
         _TOP_LEFT: ones.tril(),
         _INVERTED: ~want,
-        _INVERTED_TOP_LEFT: ones.triu(1),
         _NO_DIAGONAL: ones.tril(k - q - 1),
         _ONE_AHEAD: ones.tril(k - q + 1),
         _TRANSPOSED: want.T.contiguous(),

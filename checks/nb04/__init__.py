@@ -68,8 +68,6 @@ SCALE_MULTIPLIED = Mistake("multiplied_by_sqrt_d", N_(
 QK_SWAPPED = Mistake("q_k_swapped", N_(
     "Q and K swapped: scores are Q K^T, shape [..., S_q, S_k] (row = query, column = key), "
     "not K Q^T"))
-QT_K = Mistake("computed_qt_k", N_(
-    "computed Q^T K ([..., D, D]); the scores are Q K^T: q @ k.transpose(-2, -1)"))
 QUERY_AXIS = Mistake("softmax_over_queries", N_(
     "softmax over the query axis (dim=-2): each query's weights over the keys must sum to 1, "
     "so normalise over the last axis (dim=-1)"))
@@ -464,7 +462,6 @@ def _scores_wrong(got, q, k) -> dict:
         **_scale_variants(got, raw, divisors, d),
         QK_SWAPPED: lambda: k @ q.transpose(-2, -1) / math.sqrt(d),
         QK_SWAPPED_UNSCALED: lambda: k @ q.transpose(-2, -1),
-        QT_K: lambda: q.transpose(-2, -1) @ k / math.sqrt(d),
     }
 
 
@@ -776,7 +773,7 @@ MISTAKES = {
         W_TRANSPOSED, DTYPE_CHANGED, SQUEEZED, IN_PLACE, RETURNED_ONE, OTHER_WEIGHT),
     "attention_scores": (
         DTYPE_CHANGED, SCALE_BY_D, NO_SCALE, IN_PLACE, SCALE_MULTIPLIED, QK_SWAPPED,
-        SCALE_BY_INT_SQRT, SCALE_BY_H, SCALE_BY_S, SHAPES),
+        SCALE_BY_INT_SQRT, SCALE_BY_H, SCALE_BY_S, SHAPES, QK_SWAPPED_UNSCALED, SCALE_BY_H_ITSELF),
     "masked_softmax": (
         MASK_ADDED, _SOFTMAX_HINT, DTYPE_CHANGED, FINITE_FILL, FULLY_MASKED_NAN, AFTER_SOFTMAX,
         IGNORED_MASK, INVERTED, ONE_AHEAD, NO_DIAGONAL, MAX_BEFORE_MASK, IN_PLACE,
@@ -787,5 +784,5 @@ MISTAKES = {
         NO_DIAGONAL, MAX_BEFORE_MASK, NO_SCALE, WEIGHTS_K, IN_PLACE, SCALE_MULTIPLIED,
         WHOLE_TENSOR, NOT_NORMALISED, OUT_UNEXPLAINED, OUT_TRANSPOSED, PAIR_ORDER, QK_SWAPPED,
         ONLY_OUT, SCALE_BY_INT_SQRT, SCALE_BY_DV, SCALE_BY_H, SCALE_BY_S, QUERY_AXIS, WEIGHTS_T_V,
-        OVERFLOW, UNEXPLAINED),
+        OVERFLOW, UNEXPLAINED, SCALE_BY_H_ITSELF),
 }

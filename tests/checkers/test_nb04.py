@@ -271,6 +271,11 @@ def _sqrt_h(q):
     return math.sqrt(q.shape[-1] * (q.shape[-3] if q.dim() == 4 else 1))
 
 
+def _h_itself(q):
+    """H = N * D itself (not its square root) for heads-first inputs."""
+    return _sqrt_h(q) ** 2 if q.dim() == 4 else math.sqrt(q.shape[-1])
+
+
 def _attention_scaled_by_sqrt_dv(q, k, v, mask=None):
     weights = good_masked_softmax(q @ k.transpose(-2, -1) / math.sqrt(v.shape[-1]), mask)
     return weights @ v, weights
@@ -308,12 +313,15 @@ WRONG = {
         Wrong("divided by D", _scores_div(lambda q: q.shape[-1]),
               "04.attention_scores.divided_by_d"),
         Wrong("scaled by sqrt(H)", _scores_div(_sqrt_h), "04.attention_scores.scaled_by_sqrt_h"),
+        Wrong("divided by H", _scores_div(_h_itself), "04.attention_scores.divided_by_h"),
         Wrong("scaled by sqrt(S)", _scores_div(lambda q: math.sqrt(q.shape[-2])),
               "04.attention_scores.scaled_by_sqrt_seq_len"),
         Wrong("multiplied by sqrt(D)", lambda q, k: q @ k.transpose(-2, -1) * q.shape[-1] ** 0.5,
               "04.attention_scores.multiplied_by_sqrt_d"),
         Wrong("K Q^T", lambda q, k: k @ q.transpose(-2, -1) / math.sqrt(q.shape[-1]),
               "04.attention_scores.q_k_swapped"),
+        Wrong("K Q^T unscaled", lambda q, k: k @ q.transpose(-2, -1),
+              "04.attention_scores.q_k_swapped_unscaled"),
         Wrong("Q^T K", lambda q, k: q.transpose(-2, -1) @ k / math.sqrt(q.shape[-1]),
               "04.attention_scores.shapes_do_not_fit"),
         # issue 28: passed whenever D was a perfect square, and was told it used a length
@@ -373,6 +381,7 @@ WRONG = {
               "04.attention.divided_by_d"),
         Wrong("scaled by sqrt(H)", _attention_with(_scores_div(_sqrt_h)),
               "04.attention.scaled_by_sqrt_h"),
+        Wrong("divided by H", _attention_with(_scores_div(_h_itself)), "04.attention.divided_by_h"),
         Wrong("softmax over queries", _attention_with(softmax=_softmax_axis(-2)),
               "04.attention.softmax_over_queries"),
         Wrong("inverted mask", _attention_with(softmax=_softmax_mask_fill(NEG_INF, inverted=True)),
