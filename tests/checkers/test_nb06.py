@@ -257,6 +257,41 @@ def gqa_unstable_softmax(q, k, v, mask=None):
     return (w.reshape(b, n_kv, -1, s_k) @ v).view(b, n_h, s_q, -1)
 
 
+def gqa_scaled_by_d(q, k, v, mask=None):
+    """Divides the scores by D_h instead of sqrt(D_h)."""
+    d = q.shape[-1]
+    return gqa_folded(q * math.sqrt(d) / d, k, v, mask)
+
+
+def gqa_inverted_mask(q, k, v, mask=None):
+    return gqa_folded(q, k, v, None if mask is None else ~mask)
+
+
+def gqa_added_mask(q, k, v, mask=None):
+    """Adds the boolean mask to the scores (+1 / +0) instead of filling with -inf."""
+    b, n_h, s_q, d = q.shape
+    n_kv, s_k = k.shape[1], k.shape[2]
+    scores = (q.reshape(b, n_kv, -1, d) @ k.transpose(-2, -1) / math.sqrt(d))
+    scores = scores.view(b, n_h, s_q, s_k)
+    if mask is not None:
+        scores = scores + mask
+    w = torch.softmax(scores, dim=-1)
+    return (w.reshape(b, n_kv, -1, s_k) @ v).view(b, n_h, s_q, -1)
+
+
+def gqa_scales_expanded_k(q, k, v, mask=None):
+    """Expands K and V to [B, N_kv, G, S_k, D] views (no copy yet), then scales the expanded
+    K: the division reads the view once per query head."""
+    b, n_h, s_q, d = q.shape
+    n_kv, s_k = k.shape[1], k.shape[2]
+    g = n_h // n_kv
+    q5 = q.view(b, n_kv, g, s_q, d)
+    k5 = k[:, :, None].expand(b, n_kv, g, s_k, d) / math.sqrt(d)
+    v5 = v[:, :, None].expand(b, n_kv, g, s_k, v.shape[-1])
+    w = _softmax_zero_rows((q5 @ k5.transpose(-2, -1)).reshape(b, n_h, s_q, s_k), mask)
+    return (w.view(b, n_kv, g, s_q, s_k) @ v5).reshape(b, n_h, s_q, -1)
+
+
 def gqa_ignores_mask(q, k, v, mask=None):
     return gqa_folded(q, k, v, None)
 
@@ -435,6 +470,12 @@ WRONG = {
               "06.grouped_query_attention.divided_by_n_kv_heads"),
         Wrong("no scale", gqa_no_scale, "06.grouped_query_attention.missing_scale"),
         Wrong("scaled by sqrt(H)", gqa_scaled_by_h, "06.grouped_query_attention.scaled_by_sqrt_h"),
+        Wrong("scaled by D", gqa_scaled_by_d, "06.grouped_query_attention.scaled_by_d"),
+        Wrong("inverted mask", gqa_inverted_mask, "06.grouped_query_attention.mask_inverted"),
+        Wrong("boolean mask added", gqa_added_mask,
+              "06.grouped_query_attention.added_the_boolean_mask"),
+        Wrong("expanded K scaled", gqa_scales_expanded_k,
+              "06.grouped_query_attention.computed_on_expanded_kv"),
         Wrong("softmax over queries", gqa_query_axis_softmax,
               "06.grouped_query_attention.softmax_over_queries"),
         Wrong("unstable softmax", gqa_unstable_softmax,
@@ -469,6 +510,9 @@ WRONG = {
         Wrong("no factor 2", _cache(drop="two"), "06.kv_cache_bytes.forgot_k_and_v"),
         Wrong("bits", _cache(8), "06.kv_cache_bytes.counted_bits"),
         Wrong("GiB", lambda *a: ref.kv_cache_bytes(*a) / 2**30, "06.kv_cache_bytes.returned_gib"),
+        Wrong("MiB", lambda *a: ref.kv_cache_bytes(*a) / 2**20, "06.kv_cache_bytes.returned_mib"),
+        Wrong("bytes_per_elem twice", lambda L, B, S, n, d, s: 2 * L * B * S * n * d * s * s,
+              "06.kv_cache_bytes.bytes_per_elem_twice"),
         Wrong("float", _cache(as_float=True), "06.kv_cache_bytes.returned_a_float"),
         Wrong("no layers", _cache(drop="n_layers"), "06.kv_cache_bytes.left_out_layers"),
         Wrong("no batch", _cache(drop="batch"), "06.kv_cache_bytes.left_out_batch"),
