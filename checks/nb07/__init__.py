@@ -375,7 +375,7 @@ def check_sinusoidal_positions(f, *, seed: int | None = None, thorough: bool = F
 
 MISTAKES = {
     "permute_tokens": (
-        INVERSE, X_IN_PLACE, BATCH_AXIS, FEATURE_AXIS, PERMUTED_AXES, UNCHANGED),
+        INVERSE, X_IN_PLACE, BATCH_AXIS, FEATURE_AXIS, PERMUTED_AXES, UNCHANGED, AXIS_ERROR),
     "permutation_matrix": (
         MATRIX_IDENTITY, MATRIX_NOT_FLOAT, MATRIX_TRANSPOSED),
     "equivariance_error": (

@@ -150,6 +150,11 @@ WRONG = {
               "07.permute_tokens.inverse_permutation"),
         Wrong("scatter instead of gather", _scatter, "07.permute_tokens.inverse_permutation"),
         Wrong("unchanged", lambda x, perm: x, "07.permute_tokens.returned_x_unchanged"),
+        # x[arange(B), perm] pairs batch i with perm[i]: the index tensors do not broadcast
+        Wrong("batch index paired with perm", lambda x, perm: x[torch.arange(x.shape[0]), perm],
+              "07.permute_tokens.indexed_wrong_axis"),
+        Wrong("gather with the 1-d perm", lambda x, perm: torch.gather(x, 1, perm),
+              "07.permute_tokens.indexed_wrong_axis"),
         Wrong("in place", _in_place, "07.permute_tokens.modified_x_in_place"),
         # new: the tailored hints of Tensor.permute, which reorders axes, not tokens
         Wrong("Tensor.permute with a list", lambda x, perm: x.permute(perm.tolist()),
