@@ -61,7 +61,7 @@ def _rope(x, positions, *, base=10000.0, rotary_dim=None, interleaved=True, pair
           exponent=2.0, first=0, shift=0, arange_positions=False, swap=False, direction=1.0,
           minus=True, all_features=False, freq_dim=None, drop_rest=False, rotate_last=False,
           no_head_axis=False, first_row=False, angle_dtype=None, keep_float32=False,
-          in_place=False, use_view=False, freqs_fn=None):
+          in_place=False, use_view=False, freqs_fn=None, b_without_a=False):
     """apply_rope as a learner writes it: split the pairs, a cos - b sin / a sin + b cos."""
     d = x.shape[-1]
     d_r = d if (rotary_dim is None or all_features) else rotary_dim
@@ -97,7 +97,7 @@ def _rope(x, positions, *, base=10000.0, rotary_dim=None, interleaved=True, pair
     else:
         a, b = part[..., :half], part[..., half:]
     a2 = a * cos - b * sin if minus else a * cos + b * sin
-    b2 = a * sin + b * cos
+    b2 = b * cos if b_without_a else a * sin + b * cos
     rotated = (torch.stack([a2, b2], -1).flatten(-2) if interleaved
                else torch.cat([a2, b2], -1))
     if not keep_float32:
@@ -166,7 +166,7 @@ def _rope_meta(x, positions, *, base=10000.0, rotary_dim=None, interleaved=True)
 
 def _rotate(x, cos, sin, interleaved=True, *, read=None, write=None, direction=1.0, swap=False,
             minus_a=True, minus_b=False, cos_again=False, in_place=False, use_view=False,
-            unflattened=False, a_only=False, add_head_axis=False):
+            unflattened=False, a_only=False, add_head_axis=False, b_without_a=False):
     """rotate_pairs as a learner writes it: split the pairs, a cos - b sin / a sin + b cos,
     put them back; `read` / `write` force a pairing for reading / writing the features."""
     read = interleaved if read is None else read
@@ -188,6 +188,8 @@ def _rotate(x, cos, sin, interleaved=True, *, read=None, write=None, direction=1
         a, b = x[..., :half], x[..., half:]
     a2 = a * cos - b * sin if minus_a else a * cos + b * sin
     b2 = -a * sin + b * cos if minus_b else a * sin + b * cos
+    if b_without_a:                               # x'_b = x_b cos: the a * sin term left out
+        b2 = b * cos
     if a_only:
         return a2
     if unflattened:
@@ -293,6 +295,18 @@ def _rope_hf_cat(x, positions, *, base=10000.0, rotary_dim=None, interleaved=Tru
     return torch.cat([part.to(x.dtype), x[..., d_r:]], dim=-1)
 
 
+def _rope_hf_repeat_interleave(x, positions, *, base=10000.0, rotary_dim=None,
+                               interleaved=True):
+    """cos and sin spread with repeat_interleave (each angle twice in a row) for both pairings:
+    right for interleaved pairs only (half pairs need cat([angles, angles]))."""
+    d_r = x.shape[-1] if rotary_dim is None else rotary_dim
+    angles = _angles(positions, _freqs_hf(d_r, base))
+    angles = angles[:, None] if angles.dim() == 3 else angles
+    part = _rotate_hf(x[..., :d_r].float(), angles.cos(), angles.sin(), interleaved,
+                      spread_wrong=not interleaved)
+    return torch.cat([part.to(x.dtype), x[..., d_r:]], dim=-1)
+
+
 def _rope_tokens_first(x, positions, *, base=10000.0, rotary_dim=None, interleaved=True):
     """Takes x as [B, S, N, D]: the angles get an axis for the heads after S."""
     d_r = x.shape[-1] if rotary_dim is None else rotary_dim
@@ -394,6 +408,15 @@ WRONG = {
         Wrong("rotates the wrong way", _rotating(direction=-1.0),
               "08.rotate_pairs.rotated_the_wrong_way"),
         Wrong("sin/cos swapped", _rotating(swap=True), "08.rotate_pairs.sin_cos_swapped"),
+        Wrong("sin negated, then sin/cos swapped", lambda x, c, s, interleaved=True: _rotate(
+            x, c, -s, interleaved, swap=True), "08.rotate_pairs.sin_cos_swapped_and_wrong_way"),
+        Wrong("pairings swapped and rotates the wrong way", lambda x, c, s, interleaved=True:
+              _rotate(x, c, s, not interleaved, direction=-1.0),
+              "08.rotate_pairs.rotated_the_wrong_way_and_other_pairing"),
+        Wrong("repeat_interleave cos/sin for half pairs too", lambda x, c, s, interleaved=True:
+              _rotate_hf(x, c, s, interleaved, spread_wrong=not interleaved),
+              "08.rotate_pairs.spread_cos_sin_as_interleaved"),
+        Wrong("x'_b = x_b cos", _rotating(b_without_a=True), "08.rotate_pairs.not_a_rotation"),
         Wrong("minus sign missing", _rotating(minus_a=False), "08.rotate_pairs.minus_sign_missing"),
         Wrong("minus sign in both lines", _rotating(minus_b=True),
               "08.rotate_pairs.minus_sign_twice"),
@@ -434,6 +457,14 @@ WRONG = {
         Wrong("pair index from 1", _with(first=1), "08.apply_rope.pair_index_from_1"),
         Wrong("positions from 1", _with(shift=1), "08.apply_rope.positions_from_1"),
         Wrong("sin/cos swapped", _with(swap=True), "08.apply_rope.sin_cos_swapped"),
+        Wrong("sin/cos swapped and rotates the wrong way", _with(swap=True, direction=-1.0),
+              "08.apply_rope.sin_cos_swapped_and_wrong_way"),
+        Wrong("pairings swapped and rotates the wrong way", lambda x, p, interleaved=True, **kw:
+              _rope(x, p, interleaved=not interleaved, direction=-1.0, **kw),
+              "08.apply_rope.rotated_the_wrong_way_and_other_pairing"),
+        Wrong("repeat_interleave cos/sin for half pairs too", _rope_hf_repeat_interleave,
+              "08.apply_rope.spread_cos_sin_as_interleaved"),
+        Wrong("x'_b = x_b cos", _with(b_without_a=True), "08.apply_rope.not_a_rotation"),
         Wrong("rotates the wrong way", _with(direction=-1.0),
               "08.apply_rope.rotated_the_wrong_way"),
         Wrong("HF rotate_half with the wrong sign", _hf_wrong_sign,
