@@ -237,8 +237,6 @@ RELU_LEAKY = Mistake("leaky_relu", N_(
     "a leaky ReLU (a small slope for x < 0): plain ReLU sets negative inputs to exactly 0"))
 RELU_IDENTITY = Mistake("returned_x_unchanged", N_(
     "returned x unchanged: negative inputs must become 0"))
-RELU_ZEROED_POSITIVE = Mistake("zeroed_positive_part", N_(
-    "zeroed the positive inputs and kept the negative ones"))
 RELU_CLAMPED_ABOVE = Mistake("clamped_above_too", N_(
     "clamped from above too (`torch.clamp(x, 0, 1)` or `torch.clamp(x, 0, 6)`): ReLU has no upper "
     "bound, only negative inputs change; `torch.clamp(x, min=0)`"))
@@ -253,7 +251,6 @@ def _relu_mistakes(x: torch.Tensor) -> dict:
         RELU_ABS: x.abs(),
         RELU_LEAKY: torch.where(x > 0, x, 0.01 * x),
         RELU_IDENTITY: x.clone(),
-        RELU_ZEROED_POSITIVE: torch.where(x < 0, x, 0.0),
         RELU_CLAMPED_ABOVE: lambda: torch.clamp(x, 0, 1 if float(x.max()) <= 6 else 6),
     }
 
@@ -680,15 +677,16 @@ MISTAKES = {
     "relu": (
         RELU_FORBID, RELU_CLAMPED_ABOVE, DETACHED, SQUEEZED, FLOAT32_HARD_WIRED,
         RELU_KEPT_NEGATIVE, RELU_LEAKY, IN_PLACE, PYTHON_SCALAR, RELU_ABS, RELU_STEP,
-        RETURNED_COMPARISON, RELU_IDENTITY, MAX_REDUCTION, NUMPY),
+        RETURNED_COMPARISON, RELU_IDENTITY, MAX_REDUCTION, NUMPY, DTYPE_NOT_KEPT, RELU_OVERFLOW),
     "gelu": (
         GELU_FORBID, GELU_BY_2, GELU_ERF_DIVIDED, GELU_ERF_X, FLOAT32_HARD_WIRED,
         GELU_NO_ONE_PLUS, GELU_NO_HALF, PRECISION, IN_PLACE, PYTHON_SCALAR, GELU_PHI_ONLY,
         GELU_RELU, GELU_SILU, GELU_SIGMOID, GELU_SIGN, GELU_TANH, GELU_TANH_FOR_ERF,
-        GELU_NO_CUBIC, GELU_DENSITY),
+        GELU_NO_CUBIC, GELU_DENSITY, GELU_TIMES_SQRT2, DTYPE_NOT_KEPT, GELU_OVERFLOW),
     "silu": (
         SILU_FORBID, DETACHED, FLOAT32_HARD_WIRED, SILU_GELU_APPROX, IN_PLACE, SILU_OVERFLOWING,
-        SILU_GELU, SILU_SIGMOID_ONLY, SILU_SOFTPLUS, SILU_SIGN, SILU_TANH),
+        SILU_GELU, SILU_SIGMOID_ONLY, SILU_SOFTPLUS, SILU_SIGN, SILU_TANH, DTYPE_NOT_KEPT,
+        SILU_OVERFLOW),
     "ffn": (
         FFN_ACT_AFTER_W2, FFN_ACT_BEFORE_W1, FFN_RESULT_UNUSED, FFN_TWICE, FFN_RESIDUAL,
         LEADING_AXES, FLOAT32_HARD_WIRED, FFN_NO_W2, IGNORED_ACTIVATION, FFN_SHAPES,

@@ -357,6 +357,17 @@ def _count(fn):
     return ffn_param_count
 
 
+def _in_float64(good):
+    """Computes in float64 "for accuracy" and forgets to cast back to x's dtype."""
+    return lambda x: good(x.double())
+
+
+def _times_exp_over_exp(good):
+    """A right formula with a factor exp(x) / exp(x) that cancels on paper: for large |x| it is
+    inf / inf or 0 / 0, NaN, an overflow no known variant explains."""
+    return lambda x: good(x) * torch.exp(x) / torch.exp(x)
+
+
 WRONG = {
     nb09.check_relu: [
         Wrong("clamp(max=0)", lambda x: torch.clamp(x, max=0), "09.relu.kept_negative_part"),
@@ -364,6 +375,9 @@ WRONG = {
         Wrong("abs", lambda x: x.abs(), "09.relu.returned_abs"),
         Wrong("leaky", lambda x: torch.where(x > 0, x, 0.01 * x), "09.relu.leaky_relu"),
         Wrong("identity", lambda x: x.clone(), "09.relu.returned_x_unchanged"),
+        Wrong("computed in float64", _in_float64(good_relu), "09.relu.dtype_not_kept"),
+        Wrong("exp(x) / exp(x) factor", _times_exp_over_exp(good_relu),
+              "09.relu.intermediate_overflows"),
         Wrong("in place clamp_", _relu_in_place, "09.relu.modified_x_in_place"),
         Wrong("x[x < 0] = 0", _relu_masked_assign, "09.relu.modified_x_in_place"),
         Wrong("float32 mask", _relu_float_mask, "09.relu.float32_hard_wired"),
@@ -409,6 +423,11 @@ WRONG = {
               "09.gelu.divided_erf_not_its_argument"),
         Wrong("no 1 +", _gelu_no_one_plus, "09.gelu.forgot_one_plus"),
         Wrong("relu", lambda x: torch.clamp(x, min=0), "09.gelu.returned_relu"),
+        Wrong("erf(x * sqrt 2)", lambda x: 0.5 * x * (1 + torch.erf(x * SQRT2)),
+              "09.gelu.multiplied_by_sqrt2_inside_erf"),
+        Wrong("computed in float64", _in_float64(good_gelu), "09.gelu.dtype_not_kept"),
+        Wrong("exp(x) / exp(x) factor", _times_exp_over_exp(good_gelu),
+              "09.gelu.intermediate_overflows"),
     ],
     nb09.check_silu: [
         Wrong("x e^x / (1 + e^x)", _silu_overflow, "09.silu.overflowing_formula"),
@@ -425,6 +444,9 @@ WRONG = {
         Wrong("x.sigmoid_()", _silu_sigmoid_in_place, "09.silu.modified_x_in_place"),
         Wrong("float32 ones(1)", _silu_float32_one, "09.silu.float32_hard_wired"),
         Wrong("gelu", good_gelu, "09.silu.returned_gelu"),
+        Wrong("computed in float64", _in_float64(good_silu), "09.silu.dtype_not_kept"),
+        Wrong("exp(x) / exp(x) factor", _times_exp_over_exp(good_silu),
+              "09.silu.intermediate_overflows"),
     ],
     nb09.check_ffn: [
         Wrong("activation after W2", _ffn_act_after_w2, "09.ffn.activation_after_w2"),
