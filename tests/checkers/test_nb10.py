@@ -344,6 +344,16 @@ def _post_norm_twice(x, sublayer, norm):
 
 WRONG = {
     "layer_norm": [
+        Wrong("F.layer_norm", lambda x, gamma, beta, eps=1e-5: F.layer_norm(
+            x, x.shape[-1:], gamma, beta, eps), "10.layer_norm.calls_library_norm"),
+        Wrong("neither gamma nor beta", _ln(combine=lambda xhat, gamma, beta: xhat),
+              "10.layer_norm.left_out_gamma_and_beta"),
+        Wrong("gamma.detach()", _ln(combine=lambda xhat, gamma, beta: gamma.detach() * xhat + beta),
+              "10.layer_norm.no_gradient_to_an_input"),
+        Wrong("beta.data", _ln(combine=lambda xhat, gamma, beta: gamma * xhat + beta.data),
+              "10.layer_norm.no_gradient_to_an_input"),
+        Wrong("computed in float16", lambda x, gamma, beta, eps=1e-5: _ln()(
+            x.half(), gamma.half(), beta.half(), eps), "10.layer_norm.changed_dtype"),
         Wrong("torch.var default (unbiased)", _ln(var_fn=lambda x, m: x.var(-1, keepdim=True)),
               "10.layer_norm.unbiased_variance"),
         Wrong("x.std(-1) + eps (Annotated Transformer)", _ln_annotated,
@@ -379,6 +389,12 @@ WRONG = {
         Wrong("detached", _ln_detached, "10.layer_norm.cut_off_from_autograd"),
     ],
     "rms_norm": [
+        Wrong("F.rms_norm", lambda x, gamma, eps=1e-5: F.rms_norm(
+            x.float(), x.shape[-1:], eps=eps).to(x.dtype) * gamma, "10.rms_norm.calls_library_norm"),
+        Wrong("gamma.detach()", _rms(combine=lambda normed, gamma: normed * gamma.detach()),
+              "10.rms_norm.no_gradient_to_an_input"),
+        Wrong("cast to float16", _rms(combine=lambda normed, gamma: normed.half() * gamma.half()),
+              "10.rms_norm.changed_dtype"),
         Wrong("over the sequence axis", _rms(ms=lambda x: x.pow(2).mean(1, keepdim=True)),
               "10.rms_norm.mean_over_wrong_axis"),
         Wrong("over the batch axis", _rms(ms=lambda x: x.pow(2).mean(0, keepdim=True)),
@@ -417,6 +433,8 @@ WRONG = {
               "10.rms_norm.modified_x_in_place"),
     ],
     "pre_norm_residual": [
+        Wrong("residual subtracted", lambda x, s, n: x - s(n(x)),
+              "10.pre_norm_residual.output_assembled_wrongly"),
         Wrong("missing residual", lambda x, s, n: s(n(x)),
               "10.pre_norm_residual.missing_residual"),
         Wrong("post-norm", lambda x, s, n: n(x + s(x)), "10.pre_norm_residual.norm_after_the_add"),
@@ -444,6 +462,8 @@ WRONG = {
               "10.pre_norm_residual.sublayer_path_detached"),
     ],
     "post_norm_residual": [
+        Wrong("x subtracted after the norm", lambda x, s, n: n(x + s(x)) - x,
+              "10.post_norm_residual.output_assembled_wrongly"),
         Wrong("missing final norm", lambda x, s, n: x + s(x),
               "10.post_norm_residual.forgot_the_final_norm"),
         Wrong("pre-norm", lambda x, s, n: x + s(n(x)), "10.post_norm_residual.wrote_pre_norm"),
