@@ -390,7 +390,8 @@ WRONG = {
     ],
     "rms_norm": [
         Wrong("F.rms_norm", lambda x, gamma, eps=1e-5: F.rms_norm(
-            x.float(), x.shape[-1:], eps=eps).to(x.dtype) * gamma, "10.rms_norm.calls_library_norm"),
+            x.float(), x.shape[-1:], eps=eps).to(x.dtype) * gamma,
+              "10.rms_norm.calls_library_norm"),
         Wrong("gamma.detach()", _rms(combine=lambda normed, gamma: normed * gamma.detach()),
               "10.rms_norm.no_gradient_to_an_input"),
         Wrong("cast to float16", _rms(combine=lambda normed, gamma: normed.half() * gamma.half()),
