@@ -125,6 +125,30 @@ def _fresh_generator_when_none(cfg, generator=None, dtype=torch.float32):
     return _init_with()(cfg, generator if generator is not None else torch.Generator(), dtype)
 
 
+def _unseeded_generator_when_none(cfg, generator=None, dtype=torch.float32):
+    """generator=None: a new Generator seeded from the OS (`.seed()`), not torch's global one."""
+    if generator is None:
+        generator = torch.Generator()
+        generator.seed()
+    return _init_with()(cfg, generator, dtype)
+
+
+def _renamed(names):
+    """The layout under other names."""
+    def init_block_params(cfg, generator=None, dtype=torch.float32):
+        return {names.get(k, k): v for k, v in _init_with()(cfg, generator, dtype).items()}
+    return init_block_params
+
+
+def _head_width_from_h(cfg):
+    """D_h taken as H // N_h in every shape."""
+    shapes = dict(_SHAPES(cfg))
+    h, n_h, n_kv = cfg.hidden_size, cfg.n_heads, cfg.n_kv_heads
+    shapes["wqkv"] = (h, (n_h + 2 * n_kv) * (h // n_h))
+    shapes["wo"] = (n_h * (h // n_h), h)
+    return shapes
+
+
 def _fan_in(shape, gen, dt):
     return torch.randn(shape, generator=gen, dtype=dt) / math.sqrt(shape[0])
 
@@ -287,6 +311,27 @@ WRONG = {
         Wrong("fixed seed inside", _fixed_seed, "11.init_block_params.fixed_seed_inside"),
         Wrong("new Generator() when None", _fresh_generator_when_none,
               "11.init_block_params.new_generator_when_none"),
+        Wrong("Generator().seed() when None", _unseeded_generator_when_none,
+              "11.init_block_params.none_not_global_generator"),
+        Wrong("norms named norm1, norm2", _renamed({"attn_norm": "norm1", "ffn_norm": "norm2"}),
+              "11.init_block_params.norm_names"),
+        Wrong("FFN named w1, w2, w3", _renamed({"w_gate": "w1", "w_down": "w2", "w_up": "w3"}),
+              "11.init_block_params.other_names"),
+        Wrong("D_h = H // N_h", _init_with(shapes=_head_width_from_h),
+              "11.init_block_params.head_width_from_h"),
+        Wrong("norms [1, H]", _init_with(norms=lambda shape, dtype: torch.ones(1, *shape,
+                                                                                dtype=dtype)),
+              "11.init_block_params.norm_not_a_vector"),
+        Wrong("divided by 0.02", _init_with(
+            draw=lambda shape, g, dt: torch.randn(shape, generator=g, dtype=dt) / 0.02),
+              "11.init_block_params.wrong_std"),
+        Wrong("torch.normal(0.02, 0.02)", _init_with(
+            draw=lambda shape, g, dt: torch.normal(0.02, 0.02, shape, generator=g, dtype=dt)),
+              "11.init_block_params.nonzero_mean"),
+        # torch.empty's memory holds whatever was there; NaN here, so that every run sees it
+        Wrong("torch.empty never filled (NaN)", _init_with(
+            draw=lambda shape, g, dt: torch.full(shape, float("nan"), dtype=dt)),
+              "11.init_block_params.uninitialised_memory"),
     ],
     nb11.check_attention_sublayer: [
         Wrong("RoPE on V too", _sublayer(rope_v=True), "11.attention_sublayer.rope_on_v"),
@@ -315,6 +360,10 @@ WRONG = {
         Wrong("scaled by sqrt(H // N_h)",
               _sublayer(scale=lambda cfg: cfg.hidden_size // cfg.n_heads),
               "11.attention_sublayer.scaled_by_sqrt_h_over_n_h"),
+        Wrong("scaled by sqrt(H)", _sublayer(scale=lambda cfg: cfg.hidden_size),
+              "11.attention_sublayer.scaled_by_sqrt_h"),
+        Wrong("scaled by sqrt(N_h * D_h)", _sublayer(scale=lambda cfg: cfg.n_heads * cfg.head_dim),
+              "11.attention_sublayer.scaled_by_sqrt_h"),
     ],
     nb11.check_decoder_block: [
         Wrong("no attention residual", _block("no_attn_res"),
@@ -350,6 +399,9 @@ WRONG = {
         Wrong("attention scaled by sqrt(H // N_h)",
               _block("pre", _sublayer(scale=lambda cfg: cfg.hidden_size // cfg.n_heads)),
               "11.decoder_block.scaled_by_sqrt_h_over_n_h"),
+        Wrong("attention scaled by sqrt(H)",
+              _block("pre", _sublayer(scale=lambda cfg: cfg.hidden_size)),
+              "11.decoder_block.scaled_by_sqrt_h"),
     ],
     nb11.check_block_param_count: [
         Wrong("norms left out", _count(norms=0), "11.block_param_count.norms_left_out"),
