@@ -640,7 +640,10 @@ def check_sample_next_token(f, *, seed: int | None = None, thorough: bool = Fals
 MISTAKES = {
     "init_model_params": (
         SAME_BLOCKS, BLOCK_DTYPE, BLOCK_GENERATOR, LAYERS_NOT_LIST, HEAD_AS_WO, HEAD_V_BY_H,
-        init.NONE_FRESH, NO_LM_HEAD, init.NORM_ZEROS, init.SHARED, init.STD_ONE, TIED, LAYER_COUNT),
+        init.NONE_FRESH, NO_LM_HEAD, init.NORM_ZEROS, init.SHARED, init.STD_ONE, TIED, LAYER_COUNT,
+        BUILD_BLOCK, DTYPE_IGNORED, EMBED_TRANSPOSED, FINAL_NORM_NAME, FINAL_NORM_NOT_ONE,
+        LAYERS_NAME, NORM_NOT_VECTOR, OTHER_NAMES, init.WRONG_STD, init.NONZERO_MEAN,
+        init.UNINITIALISED, init.NONE_NOT_GLOBAL),
     "model_forward": (
         fwd.REVERSED, fwd.DEFAULT_POSITIONS, fwd.TIED_HEAD, fwd.EMBED_SCALED, fwd.NORM_EVERY,
         fwd.FINAL_EPS, fwd.FIRST_BLOCK_ONLY, fwd.FIRST_REPEATED, fwd.FIRST_ROW_POSITIONS,

@@ -99,6 +99,43 @@ def _init_no_head(cfg, generator=None, dtype=torch.float32):
     return params
 
 
+def _init_changed(edit):
+    """init_model_params whose params `edit(params, cfg, generator, dtype)` changes."""
+    def init_model_params(cfg, generator=None, dtype=torch.float32):
+        params = _init(cfg, generator, dtype)
+        edit(params, cfg, generator, dtype)
+        return params
+    return init_model_params
+
+
+def _renamed(old, new):
+    def edit(params, cfg, generator, dtype):
+        params[new] = params.pop(old)
+    return edit
+
+
+def _blocks_by_hand(params, cfg, generator, dtype):
+    """Blocks written out by hand with separate W_Q, W_K, W_V, not init_block_params' layout."""
+    h, d = cfg.hidden_size, cfg.head_dim
+    for layer in params["layers"]:
+        del layer["wqkv"]
+        for name, n in (("wq", cfg.n_heads), ("wk", cfg.n_kv_heads), ("wv", cfg.n_kv_heads)):
+            layer[name] = (torch.randn(h, n * d, generator=generator) * 0.02).to(dtype)
+
+
+def _embed_drawn(draw):
+    def edit(params, cfg, generator, dtype):
+        params["embed"] = draw((cfg.vocab_size, cfg.hidden_size), generator).to(dtype)
+    return edit
+
+
+def _os_seeded_generator():
+    """generator=None: a new Generator seeded from the OS (`.seed()`), not torch's global one."""
+    generator = torch.Generator()
+    generator.seed()
+    return generator
+
+
 def _forward_with(*, final_norm=True, eps=True, tied=False, blocks=None, reset=False,
                   embed_scale=False, use_positions=True, first_row=False, out=None,
                   norm_every=False, require_positions=False, start=0, head_t=False):
@@ -387,6 +424,36 @@ WRONG = {
               "12.init_model_params.new_generator_when_none"),
         Wrong("one torch.ones for every norm", _init_one_ones,
               "12.init_model_params.one_tensor_two_names"),
+        Wrong("blocks by hand with wq, wk, wv", _init_changed(_blocks_by_hand),
+              "12.init_model_params.block_not_from_init_block_params"),
+        Wrong("final norm without dtype", _init_with(final_norm=lambda h, dtype: torch.ones(h)),
+              "12.init_model_params.dtype_ignored"),
+        Wrong("embedding [H, V]", _init_changed(_embed_drawn(
+            lambda shape, g: torch.randn(shape[::-1], generator=g) * 0.02)),
+              "12.init_model_params.embedding_transposed"),
+        Wrong("final norm named norm", _init_changed(_renamed("final_norm", "norm")),
+              "12.init_model_params.final_norm_named_otherwise"),
+        Wrong("blocks named blocks", _init_changed(_renamed("layers", "blocks")),
+              "12.init_model_params.layers_named_otherwise"),
+        Wrong("embedding named tok_embeddings", _init_changed(_renamed("embed", "tok_embeddings")),
+              "12.init_model_params.other_names"),
+        Wrong("final norm of torch.rand", _init_with(
+            final_norm=lambda h, dtype: torch.rand(h, dtype=dtype)),
+              "12.init_model_params.norm_not_one"),
+        Wrong("final norm [1, H]", _init_with(
+            final_norm=lambda h, dtype: torch.ones(1, h, dtype=dtype)),
+              "12.init_model_params.norm_not_a_vector"),
+        Wrong("embedding with std 0.2", _init_with(embed_std=0.2),
+              "12.init_model_params.wrong_std"),
+        Wrong("embedding of torch.normal(0.02, 0.02)", _init_changed(_embed_drawn(
+            lambda shape, g: torch.normal(0.02, 0.02, shape, generator=g))),
+              "12.init_model_params.nonzero_mean"),
+        # torch.empty's memory holds whatever was there; NaN here, so that every run sees it
+        Wrong("embedding torch.empty never filled (NaN)", _init_changed(_embed_drawn(
+            lambda shape, g: torch.full(shape, float("nan")))),
+              "12.init_model_params.uninitialised_memory"),
+        Wrong("Generator().seed() when None", _init_with(none_gen=_os_seeded_generator),
+              "12.init_model_params.none_not_global_generator"),
     ],
     nb12.check_model_forward: [
         Wrong("no final norm", _forward_with(final_norm=False), "12.model_forward.no_final_norm"),
