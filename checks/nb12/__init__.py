@@ -650,12 +650,13 @@ MISTAKES = {
         fwd.EMBED_OVERWRITTEN, fwd.LAST_BLOCK_ONLY, fwd.SKIPPED_LAST, fwd.LAST_ONLY,
         fwd.HEAD_TRANSPOSED, fwd.NO_BLOCKS, fwd.NO_FINAL_NORM, fwd.POSITIONS_IGNORED,
         fwd.POSITIONS_REQUIRED, fwd.LOG_PROBABILITIES, fwd.PROBABILITIES, fwd.HEAD_TRANSPOSED,
-        fwd.NO_GRAD, fwd.GRAPH_CUT, fwd.IN_PLACE_LEAF),
+        fwd.NO_GRAD, fwd.GRAPH_CUT, fwd.IN_PLACE_LEAF, fwd.NORM_AFTER_HEAD, fwd.IN_PLACE),
     "next_token_loss": (
         loss.NOT_FLATTENED, loss.DIVIDED_BY_BS, loss.NO_LOG, loss.IN_PLACE, loss.LOG_OF_SOFTMAX,
         loss.AXIS_BATCH, loss.AXIS_SEQ, loss.PER_TOKEN, loss.PER_SEQUENCE, loss.NO_LOG_SOFTMAX,
         loss.NO_MINUS, loss.NO_SHIFT, loss.NOT_DIFFERENTIABLE, loss.RETURNED_NUMBER,
-        loss.WRONG_WAY, loss.SUMMED, loss.SUM_OVER_TIME, loss.UNSTABLE, loss.ROLLED),
+        loss.WRONG_WAY, loss.SUMMED, loss.SUM_OVER_TIME, loss.UNSTABLE, loss.ROLLED,
+        loss.SUM_OVER_BATCH, loss.SHAPE_ONE),
     "model_param_count": (
         loss.NO_BLOCK_NORMS, loss.NO_FINAL_NORM_COUNT, loss.FINAL_NORM_PER_BLOCK,
         loss.L_MINUS_ONE, loss.L_PLUS_ONE, loss.HEAD_AS_WO, loss.HEAD_BIAS, loss.MHA_BLOCKS,

@@ -142,9 +142,6 @@ HEAD_AS_WO = Mistake("lm_head_as_h_by_h", N_(
     "counted the LM head as an H x H matrix, the shape of the attention output projection W_O: W_O"
     " maps the merged heads back to H inside every block, while the LM head maps H features to |V|"
     " scores once, at the top: [H, |V|]"))
-HEAD_AS_BLOCK_WO = Mistake("lm_head_as_wo_shape", N_(
-    "counted the LM head as [N_h * D_h, H], W_O's shape: the LM head maps H features to |V| "
-    "scores: [H, |V|]"))
 NO_FINAL_NORM_COUNT = Mistake("final_norm_left_out", N_(
     "left out the final RMSNorm's scale: H more parameters"))
 FINAL_NORM_PER_BLOCK = Mistake("final_norm_per_block", N_(
@@ -178,7 +175,6 @@ def count_mixups(cfg: ModelConfig, want: int) -> dict:
         AS_FLOAT: float(want),
         UNTIED: want - v * h,
         HEAD_AS_WO: want - h * v + h * h,
-        HEAD_AS_BLOCK_WO: want - h * v + cfg.n_heads * cfg.head_dim * h,
         NO_FINAL_NORM_COUNT: want - h,
         FINAL_NORM_PER_BLOCK: want + (n_l - 1) * h,
         L_MINUS_ONE: want - block,

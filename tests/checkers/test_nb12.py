@@ -380,6 +380,19 @@ def _init_one_ones(cfg, generator=None, dtype=torch.float32):
     return params
 
 
+def _forward_norm_after_head(token_ids, params, cfg, positions=None):
+    """The final norm moved after the LM head: the logits normalised (with a scale of ones)."""
+    logits = _forward_with(final_norm=False)(token_ids, params, cfg, positions)
+    return ref.rms_norm(logits, torch.ones(cfg.vocab_size), cfg.norm_eps)
+
+
+def _forward_positions_from_zero_in_place(token_ids, params, cfg, positions=None):
+    """Makes the positions start at 0 with `-=`, which writes into the caller's tensor."""
+    if positions is not None:
+        positions -= positions.min()
+    return _forward_with()(token_ids, params, cfg, positions)
+
+
 def _forward_embed_overwritten(token_ids, params, cfg, positions=None):
     embed = params["embed"]         # the name of chapter 02's function, now a tensor
     x = embed(token_ids, params["embed"])
@@ -389,6 +402,13 @@ def _forward_embed_overwritten(token_ids, params, cfg, positions=None):
 def _loss_stabilised_in_place(logits, ids):
     logits -= logits.max(-1, keepdim=True).values      # "for stability", into the caller's tensor
     return _loss_with()(logits, ids)
+
+
+def _loss_per_token(logits, ids):
+    b, s, v = logits.shape
+    per_token = F.cross_entropy(logits[:, :-1].reshape(-1, v), ids[:, 1:].reshape(-1),
+                                reduction="none")
+    return per_token.view(b, s - 1)
 
 
 def _loss_unflattened(logits, ids):
@@ -456,6 +476,10 @@ WRONG = {
               "12.init_model_params.none_not_global_generator"),
     ],
     nb12.check_model_forward: [
+        Wrong("final norm after the LM head", _forward_norm_after_head,
+              "12.model_forward.norm_after_lm_head"),
+        Wrong("positions -= positions.min()", _forward_positions_from_zero_in_place,
+              "12.model_forward.input_changed_in_place"),
         Wrong("no final norm", _forward_with(final_norm=False), "12.model_forward.no_final_norm"),
         Wrong("final norm eps ignored", _forward_with(eps=False),
               "12.model_forward.final_norm_eps_ignored"),
@@ -518,6 +542,12 @@ WRONG = {
         Wrong("torch.roll", _loss_with(shift="roll"),
               "12.next_token_loss.wrapped_around_with_roll"),
         Wrong("summed", _loss_with(reduction="sum"), "12.next_token_loss.summed"),
+        Wrong("mean per sequence, summed over the batch",
+              lambda logits, ids: _loss_per_token(logits, ids).mean(-1).sum(),
+              "12.next_token_loss.summed_over_batch"),
+        Wrong("mean(0, keepdim=True)",
+              lambda logits, ids: _loss_per_token(logits, ids).flatten().mean(0, keepdim=True),
+              "12.next_token_loss.shape_one"),
         Wrong("divided by B * S", _loss_with(reduction="bs"),
               "12.next_token_loss.divided_by_b_times_s"),
         Wrong("per sequence", _loss_with(reduction="per_seq"),
