@@ -404,6 +404,51 @@ def _loss_stabilised_in_place(logits, ids):
     return _loss_with()(logits, ids)
 
 
+def _sample_os_seeded_when_none(logits, *, temperature=1.0, top_k=None, generator=None):
+    """generator=None: a new Generator seeded from the OS, not torch's global one."""
+    return _sampler_with()(logits, temperature=temperature, top_k=top_k,
+                           generator=generator if generator is not None else
+                           _os_seeded_generator())
+
+
+def _sample_one_of_top_k(logits, *, temperature=1.0, top_k=None, generator=None):
+    """With top-k, picks one of the k indices at random, each as likely as the others."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    scores = logits / temperature
+    if top_k is None or top_k >= scores.shape[-1]:
+        return torch.multinomial(torch.softmax(scores, -1), 1, generator=generator).squeeze(-1)
+    indices = torch.topk(scores, top_k, dim=-1).indices
+    choice = torch.randint(0, top_k, (scores.shape[0], 1), generator=generator)
+    return indices.gather(-1, choice).squeeze(-1)
+
+
+def _sample_top_1_unfiltered(logits, *, temperature=1.0, top_k=None, generator=None):
+    """Takes top_k=1 for "nothing to filter" and samples from every token."""
+    return _sampler_with()(logits, temperature=temperature, generator=generator,
+                           top_k=None if top_k == 1 else top_k)
+
+
+def _sample_dropped_at_min(logits, *, temperature=1.0, top_k=None, generator=None):
+    """Sets the dropped logits to the row's smallest logit instead of -inf."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    scores = logits / temperature
+    if top_k is not None:
+        kth = torch.topk(scores, min(top_k, scores.shape[-1]), dim=-1).values[..., -1:]
+        scores = torch.where(scores < kth, scores.min(-1, keepdim=True).values, scores)
+    return torch.multinomial(torch.softmax(scores, -1), 1, generator=generator).squeeze(-1)
+
+
+def _sample_logits_as_weights(logits, *, temperature=1.0, top_k=None, generator=None):
+    """No softmax: the logits divided by their sum as the probabilities (negative ones too)."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    scores = logits / temperature
+    probs = scores / scores.sum(-1, keepdim=True)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
 def _loss_per_token(logits, ids):
     b, s, v = logits.shape
     per_token = F.cross_entropy(logits[:, :-1].reshape(-1, v), ids[:, 1:].reshape(-1),
@@ -598,6 +643,16 @@ WRONG = {
               "12.model_param_count.block_norms_left_out"),
     ],
     nb12.check_sample_next_token: [
+        Wrong("Generator().seed() when None", _sample_os_seeded_when_none,
+              "12.sample_next_token.none_not_global_generator"),
+        Wrong("one of the top k at random", _sample_one_of_top_k,
+              "12.sample_next_token.uniform_among_top_k"),
+        Wrong("top_k=1 not filtered", _sample_top_1_unfiltered,
+              "12.sample_next_token.top_k_1_not_argmax"),
+        Wrong("dropped logits set to the row's min", _sample_dropped_at_min,
+              "12.sample_next_token.token_outside_top_k"),
+        Wrong("logits / their sum as probabilities", _sample_logits_as_weights,
+              "12.sample_next_token.nan_probabilities"),
         Wrong("T = 0 divides by zero", _sampler_with(greedy="divide"),
               "12.sample_next_token.divided_by_zero_temperature"),
         Wrong("greedy argmin", _sampler_with(greedy="argmin"),
