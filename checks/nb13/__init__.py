@@ -499,7 +499,7 @@ MISTAKES = {
         _cache.ONE_SHORT, _cache.UP_TO_START, _cache.RETURNS_REPEATED, _cache.SWAPPED,
         _cache.WHOLE_BUFFER, _cache.CFG_MAX_LEN, _cache.REPEATED_HEADS_ALLOC,
         _cache.SUBCLASSES_REFERENCE, _cache.V_NOT_WRITTEN, _cache.AT_ZERO, _cache.OFFSET_PLUS_ONE,
-        _mistakes.WRONG_ERROR, _mistakes.CACHE_HEAD_DIM_FROM_H),
+        _mistakes.WRONG_ERROR, _mistakes.CACHE_HEAD_DIM_FROM_H, _mistakes.K_ONLY),
     "forward_with_cache": (
         _cache.REPEATED_HEADS, _cache.UNROTATED_STORED, _cache.UNROTATED_RECOMPUTED,
         CALLS_COURSE_REFERENCE, _cache.NO_OFFSET, _cache.IGNORED_CACHE, _cache.NOT_HEADS_FIRST,
@@ -519,7 +519,7 @@ MISTAKES = {
         _generate.UNCACHED_USES_CACHE, _mistakes.SOFTMAX_TWICE, _mistakes.TEMPERATURE_TWICE,
         _mistakes.TEMPERATURE_NOT_APPLIED, _mistakes.TEMPERATURE_MULTIPLIED,
         _mistakes.UNSTABLE_SOFTMAX, _mistakes.FIXED_SEED, _mistakes.SOFTMAX_OVER_BATCH,
-        _mistakes.BATCH_SQUEEZED, _mistakes.ROPE_BASE_FIXED),
+        _mistakes.BATCH_SQUEEZED, _mistakes.ROPE_BASE_FIXED, _mistakes.EMBED_NOT_SEEN),
     "prefill_flops": (
         _roofline.ATTENTION_KV_HEADS, _roofline.EMBED_PRODUCT, _roofline.FULL_SQUARE,
         _roofline.H_FOR_HEADS, _roofline.KV_PROJ_REPEATED, _roofline.LM_HEAD_EVERYWHERE,

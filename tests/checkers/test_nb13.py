@@ -349,6 +349,24 @@ class OneTensorForKAndVCache(ListCache):
         self.k, self.v = buffer, buffer
 
 
+class KPreallocatedVCatCache(ListCache):
+    """Preallocates the K buffers only; V grows by torch.cat."""
+
+    def __init__(self, cfg, batch_size, max_seq_len, dtype=torch.float32, device=None):
+        super().__init__(cfg, batch_size, max_seq_len, dtype, device)
+        self.v = [None] * cfg.n_layers
+
+    def write(self, layer_idx, k, v, start_pos, end):
+        self.k[layer_idx][:, :, start_pos:end] = k
+        old = self.v[layer_idx]
+        self.v[layer_idx] = v if old is None else torch.cat([old[:, :, :start_pos], v], 2)
+
+    def update(self, layer_idx, k, v, start_pos):
+        end = self._span(k, start_pos)
+        self.write(layer_idx, k, v, start_pos, end)
+        return self.k[layer_idx][:, :, :end], self.v[layer_idx]
+
+
 class ContiguousCache(ListCache):
     """Returns `.contiguous()` slices: copies, since a slice of the position axis is not."""
 
@@ -443,6 +461,8 @@ KV_WRONG = [
     Wrong("reallocates in update", ReallocatingCache, "13.KVCache.replaces_buffers_in_update"),
     Wrong("subclasses the reference", SubclassedReference, "13.KVCache.subclasses_reference"),
     Wrong("K and V share one buffer", SharedKVCache, "13.KVCache.k_and_v_share_one_buffer"),
+    Wrong("K preallocated, V by torch.cat", KPreallocatedVCatCache,
+          "13.KVCache.no_separate_v_buffer"),
     Wrong("one tensor as K and V", OneTensorForKAndVCache,
           "13.KVCache.k_and_v_share_one_buffer"),
     Wrong("method named append", AppendOnlyCache, "13.KVCache.no_update_method"),
@@ -466,13 +486,13 @@ KV_WRONG = [
 def _forward(token_ids, params, cfg, cache, start_pos, *, offset=True, mask="bottom_right",
              store="rotated", use_returned=True, repeat=False, update_start=None,
              only_layer=None, scale_h=False, first_position=0, last_only=False,
-             tokens_first=False, update_twice=False):
+             tokens_first=False, update_twice=False, embed=ref.embed):
     t = token_ids.shape[1]
     end = start_pos + t
     positions = torch.arange(start_pos, end) if offset else torch.arange(t)
     positions = positions + first_position   # 1: positions counted from 1
     rope = dict(base=cfg.rope_base, rotary_dim=cfg.rotary_dim)
-    x = ref.embed(token_ids, params["embed"])
+    x = embed(token_ids, params["embed"])
     for i, layer in enumerate(params["layers"]):
         h = ref.rms_norm(x, layer["attn_norm"], cfg.norm_eps)
         q, k, v = ref.split_qkv(h @ layer["wqkv"], cfg.n_heads, cfg.n_kv_heads, cfg.head_dim)
@@ -660,6 +680,8 @@ def _calls_reference_generate(params, cfg, prompt_ids, max_new_tokens, **kwargs)
 
 GENERATE_WRONG = [
     Wrong("whole sequence every step", _gen("recompute"), "13.generate.recomputes_whole_sequence"),
+    Wrong("embedding by a one-hot einsum", _gen(forward=lambda *a: _forward(
+        *a, embed=_embed_by_einsum)), "13.generate.embedding_not_read_from_params"),
     Wrong("start_pos stuck at P", _gen("not advanced"), "13.generate.start_pos_not_advanced"),
     Wrong("start_pos one too far", _gen("skip"), "13.generate.start_pos_one_too_far"),
     Wrong("logits of position 0", _gen("first position"), "13.generate.logits_of_first_position"),
@@ -775,6 +797,12 @@ def _with_cfg(**changes):
                                            for k, v in changes.items()})
         return _forward(token_ids, params, mine, cache, start_pos)
     return forward_with_cache
+
+
+def _embed_by_einsum(token_ids, table):
+    """The embedding as a one-hot einsum, which the check cannot count as a lookup."""
+    return torch.einsum("bsv,vh->bsh", F.one_hot(token_ids, table.shape[0]).to(table.dtype),
+                        table)
 
 
 def _gen_with_cfg(**changes):
