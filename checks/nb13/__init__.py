@@ -507,7 +507,7 @@ MISTAKES = {
         _mistakes.LAST_ONLY, _cache.SCALE_BY_H, _cache.SQUARE_ALL, _cache.SQUARE_NEW,
         _cache.TOP_LEFT, _cache.UPDATE_START, _mistakes.UPDATE_TWICE,
         _mistakes.FORWARD_HEAD_DIM_FROM_H, _mistakes.ROPE_BASE_FIXED, _mistakes.EPS_FIXED,
-        _mistakes.ROTARY_DIM_IGNORED),
+        _mistakes.ROTARY_DIM_IGNORED, _mistakes.SQUARE_EITHER),
     "generate": (
         _cache.UNROTATED_STORED, CALLS_COURSE_REFERENCE, _mistakes.PROMPT_CHANGED,
         _cache.NO_OFFSET, _mistakes.DECODE_IDS_1D, fix_first('forward_with_cache'),

@@ -486,7 +486,8 @@ KV_WRONG = [
 def _forward(token_ids, params, cfg, cache, start_pos, *, offset=True, mask="bottom_right",
              store="rotated", use_returned=True, repeat=False, update_start=None,
              only_layer=None, scale_h=False, first_position=0, last_only=False,
-             tokens_first=False, update_twice=False, embed=ref.embed):
+             tokens_first=False, update_twice=False, embed=ref.embed,
+             attend=ref.grouped_query_attention):
     t = token_ids.shape[1]
     end = start_pos + t
     positions = torch.arange(start_pos, end) if offset else torch.arange(t)
@@ -522,13 +523,23 @@ def _forward(token_ids, params, cfg, cache, start_pos, *, offset=True, mask="bot
              "none": None}[mask]
         if scale_h:   # scores / sqrt(H): attention's own 1/sqrt(D_h) times sqrt(D_h / H)
             q = q * math.sqrt(cfg.head_dim / cfg.hidden_size)
-        out = ref.grouped_query_attention(q, k_all, v_all, m)
+        out = attend(q, k_all, v_all, m)
         x = x + ref.merge_heads(out) @ layer["wo"]
         x = x + ref.swiglu_ffn(ref.rms_norm(x, layer["ffn_norm"], cfg.norm_eps),
                                layer["w_gate"], layer["w_up"], layer["w_down"])
     if last_only:   # chapter 12's last_only, where every position's logits are asked for
         x = x[:, -1:]
     return ref.rms_norm(x, params["final_norm"], cfg.norm_eps) @ params["lm_head"]
+
+
+def _own_attention(q, k, v, mask=None):
+    """Attention written out: K/V repeated, the mask added as 0 / -inf."""
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores + torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, -1) @ v
 
 
 def _fwd(**mistake):
@@ -550,6 +561,9 @@ FORWARD_WRONG = [
     Wrong("no mask", _fwd(mask="none"), "13.forward_with_cache.no_causal_mask"),
     Wrong("square causal_mask(T)", _fwd(mask="square_new"),
           "13.forward_with_cache.square_mask_of_new_tokens"),
+    # its own attention raises another error than the replays of either square mask
+    Wrong("square causal_mask(T), own attention", _fwd(mask="square_new", attend=_own_attention),
+          "13.forward_with_cache.square_mask"),
     Wrong("square causal_mask(start_pos + T)", _fwd(mask="square_all"),
           "13.forward_with_cache.square_mask_of_all_keys"),
     Wrong("ignores the cache", _fwd(use_returned=False),
