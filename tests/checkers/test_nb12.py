@@ -386,6 +386,22 @@ def _forward_norm_after_head(token_ids, params, cfg, positions=None):
     return ref.rms_norm(logits, torch.ones(cfg.vocab_size), cfg.norm_eps)
 
 
+class _ForwardReusingLastResult:
+    """Keeps its last logits and returns them again for the same params and the same shape of
+    token ids ("nothing changed"), without looking at the ids themselves."""
+
+    def __init__(self):
+        self.last = None
+
+    def __call__(self, token_ids, params, cfg, positions=None):
+        if self.last is not None and self.last[0] is params["embed"] and \
+                self.last[1] == token_ids.shape:
+            return self.last[2]
+        logits = _forward_with()(token_ids, params, cfg, positions)
+        self.last = (params["embed"], token_ids.shape, logits)
+        return logits
+
+
 def _forward_positions_from_zero_in_place(token_ids, params, cfg, positions=None):
     """Makes the positions start at 0 with `-=`, which writes into the caller's tensor."""
     if positions is not None:
@@ -525,6 +541,8 @@ WRONG = {
               "12.model_forward.norm_after_lm_head"),
         Wrong("positions -= positions.min()", _forward_positions_from_zero_in_place,
               "12.model_forward.input_changed_in_place"),
+        Wrong("reuses the last logits for the same shape", _ForwardReusingLastResult(),
+              "12.model_forward.last_token_unused"),
         Wrong("no final norm", _forward_with(final_norm=False), "12.model_forward.no_final_norm"),
         Wrong("final norm eps ignored", _forward_with(eps=False),
               "12.model_forward.final_norm_eps_ignored"),
