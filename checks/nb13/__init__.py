@@ -532,7 +532,7 @@ MISTAKES = {
         _roofline.HARD_CODED_2, _roofline.NEW_TWICE, _roofline.NO_CACHE_WRITE,
         _roofline.DECODE_NO_LM_HEAD, _roofline.NO_NORMS, _roofline.ONE_LAYER_CACHE,
         _roofline.ONE_LAYER_WEIGHTS, _roofline.GB, _roofline.GIB, _roofline.WEIGHTS_PER_SEQUENCE,
-        _roofline.WHOLE_EMBEDDING),
+        _roofline.WHOLE_EMBEDDING, _roofline.BYTES_FLOAT),
     "arithmetic_intensity": (
         _roofline.BYTES_PER_FLOP, _roofline.PER_BIT, _roofline.FLOOR_DIVISION,
         _roofline.FLOPS_TWICE, _roofline.RETURNS_INT, _roofline.NOT_A_FLOAT),

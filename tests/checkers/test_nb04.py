@@ -298,6 +298,8 @@ WRONG = {
               "04.project_qkv.used_another_weight"),
         Wrong("stacked tensor", lambda x, wq, wk, wv: torch.stack([x @ wq, x @ wk, x @ wv]),
               "04.project_qkv.returned_one_tensor"),
+        Wrong("W @ x", lambda x, wq, wk, wv: tuple(torch.matmul(w, x) for w in (wq, wk, wv)),
+              "04.project_qkv.shapes_do_not_fit"),
         Wrong("in-place scaling of x", lambda x, wq, wk, wv: (x.mul_(1.0) @ wq,
                                                               x.add_(1.0) @ wk, x @ wv),
               "04.project_qkv.modified_input_in_place"),

@@ -417,6 +417,8 @@ WRONG = {
               _rotate_hf(x, c, s, interleaved, spread_wrong=not interleaved),
               "08.rotate_pairs.spread_cos_sin_as_interleaved"),
         Wrong("x'_b = x_b cos", _rotating(b_without_a=True), "08.rotate_pairs.not_a_rotation"),
+        Wrong("computed in float32", lambda x, c, s, interleaved=True: _rotate(
+            x.float(), c.float(), s.float(), interleaved), "08.rotate_pairs.changed_the_dtype"),
         Wrong("minus sign missing", _rotating(minus_a=False), "08.rotate_pairs.minus_sign_missing"),
         Wrong("minus sign in both lines", _rotating(minus_b=True),
               "08.rotate_pairs.minus_sign_twice"),

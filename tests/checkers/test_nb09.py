@@ -444,6 +444,7 @@ WRONG = {
         Wrong("x.sigmoid_()", _silu_sigmoid_in_place, "09.silu.modified_x_in_place"),
         Wrong("float32 ones(1)", _silu_float32_one, "09.silu.float32_hard_wired"),
         Wrong("gelu", good_gelu, "09.silu.returned_gelu"),
+        Wrong("relu", lambda x: torch.clamp(x, min=0), "09.silu.returned_relu"),
         Wrong("computed in float64", _in_float64(good_silu), "09.silu.dtype_not_kept"),
         Wrong("exp(x) / exp(x) factor", _times_exp_over_exp(good_silu),
               "09.silu.intermediate_overflows"),

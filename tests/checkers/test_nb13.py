@@ -997,6 +997,8 @@ PREFILL_WRONG = [
 
 DECODE_WRONG = [
     Wrong("K only in the cache", _learner_decode("K only"), "13.decode_step_bytes.cache_k_only"),
+    Wrong("divided by 1 (a float)", lambda *args: _learner_decode()(*args) / 1,
+          "13.decode_step_bytes.returns_float"),
     Wrong("forgot the cache write", _learner_decode("no cache write"),
           "13.decode_step_bytes.no_cache_write"),
     Wrong("repeated KV heads", _learner_decode("repeated KV heads"),
