@@ -79,6 +79,12 @@ WITH_RESIDUAL = Mistake("residual_in_sublayer", N_(
     "adds x"))
 NO_WO = Mistake("no_output_projection", N_(
     "forgot the output projection W_O (layer['wo']) after merging the heads"))
+SCALE_BY_H = Mistake("scaled_by_sqrt_h", N_(
+    "scaled the scores by 1/sqrt(H), the model width (cfg.hidden_size); each head scales its "
+    "scores by 1/sqrt(D_h), its own width (cfg.head_dim)"))
+SCALE_BY_HEADS = Mistake("scaled_by_sqrt_heads_width", N_(
+    "scaled the scores by 1/sqrt(N_h * D_h), the width of all heads together; each head scales its"
+    " scores by 1/sqrt(D_h), its own width (cfg.head_dim)"))
 SCALE_BY_H_OVER_N_H = Mistake("scaled_by_sqrt_h_over_n_h", N_(
     "scaled the scores by 1/sqrt(H // N_h): that is a head's width only when D_h = H / N_h; each "
     "head scales its scores by 1/sqrt(D_h), its own width (cfg.head_dim)"))
@@ -273,12 +279,11 @@ def _and_positions_ignored(mistake: Mistake) -> Mistake:
 
 
 def _scale_mistakes(cfg: ModelConfig) -> list[tuple[Mistake, int]]:
-    """Scores scaled by the width of the model (= of all heads), or H // N_h, instead of one
-    head's: in these configs neither is D_h when D_h != H / N_h (H // N_h is not D_h either).
-    Scaling by sqrt(H) or sqrt(N_h * D_h) is named in the first case, where H = N_h * D_h (_cases
-    starts with one), so a decoupled config needs only H // N_h, the one that was right there."""
+    """Scores scaled by the width of the model, or of all heads, or H // N_h, instead of one
+    head's: in these configs none is D_h when D_h != H / N_h (H // N_h is not D_h either)."""
     h, heads = cfg.hidden_size, cfg.n_heads * cfg.head_dim
-    widths = {SCALE_BY_H_HEADS: h} if h == heads else {SCALE_BY_H_OVER_N_H: h // cfg.n_heads}
+    widths = {SCALE_BY_H_HEADS: h} if h == heads else {
+        SCALE_BY_H: h, SCALE_BY_HEADS: heads, SCALE_BY_H_OVER_N_H: h // cfg.n_heads}
     return [(m, w) for m, w in widths.items() if w != cfg.head_dim]
 
 
@@ -714,12 +719,12 @@ MISTAKES = {
         FFN_NORM_IN_ATTN, HALF_PAIRING, KV_SWAPPED, GROUPING, MERGE_NO_TRANSPOSE, NO_NORM,
         NON_CAUSAL, NO_WO, NO_ROPE, EPS_IGNORED, POSITIONS_IGNORED, WITH_RESIDUAL, BASE_IGNORED,
         ROPE_K_ONLY, ROPE_Q_ONLY, ROPE_ON_V, ROTARY_DIM_IGNORED, SCALE_BY_H_OVER_N_H,
-        SCALE_BY_H_HEADS),
+        SCALE_BY_H_HEADS, SCALE_BY_HEADS),
     "decoder_block": (
         ATTN_NORM_IN_FFN, PARALLEL, GATE_UP_SWAPPED, GROUPING, NO_ATTN_RESIDUAL, NO_NORM,
         NON_CAUSAL, NO_FFN, FFN_NO_NORM, NO_FFN_RESIDUAL, NO_RESIDUALS, POSITIONS_IGNORED,
         POST_NORM, POST_NORM_TOO, IN_PLACE, RESIDUAL_TWICE, ROPE_ON_V, SCALE_BY_H_OVER_N_H,
-        FFN_RESIDUAL_FROM_X, SCALE_BY_H_HEADS),
+        FFN_RESIDUAL_FROM_X, SCALE_BY_H_HEADS, SCALE_BY_HEADS),
     "block_param_count": (
         WITH_EMBEDDING, FOUR_H_BY_H, H_AS_HEADS_WIDTH, KV_COUNT_N_H, LAYERNORM, NORMS_LEFT_OUT,
         ONE_NORM, COUNT_FLOAT, TWO_FFN, WO_COUNT_H_BY_H, NO_WO_COUNT),

@@ -133,6 +133,12 @@ def _unseeded_generator_when_none(cfg, generator=None, dtype=torch.float32):
     return _init_with()(cfg, generator, dtype)
 
 
+def _only_when_decoupled(width):
+    """A scale width that is right (D_h) while H = N_h * D_h, and `width(cfg)` otherwise."""
+    return lambda cfg: (cfg.head_dim if cfg.hidden_size == cfg.n_heads * cfg.head_dim
+                        else width(cfg))
+
+
 def _renamed(names):
     """The layout under other names."""
     def init_block_params(cfg, generator=None, dtype=torch.float32):
@@ -364,6 +370,10 @@ WRONG = {
               "11.attention_sublayer.scaled_by_sqrt_h"),
         Wrong("scaled by sqrt(N_h * D_h)", _sublayer(scale=lambda cfg: cfg.n_heads * cfg.head_dim),
               "11.attention_sublayer.scaled_by_sqrt_h"),
+        # right while H = N_h * D_h (the first case), so that a config with D_h != H / N_h decides
+        Wrong("scaled by sqrt(N_h * D_h) only when D_h != H / N_h", _sublayer(
+            scale=_only_when_decoupled(lambda cfg: cfg.n_heads * cfg.head_dim)),
+              "11.attention_sublayer.scaled_by_sqrt_heads_width"),
     ],
     nb11.check_decoder_block: [
         Wrong("no attention residual", _block("no_attn_res"),
@@ -402,6 +412,9 @@ WRONG = {
         Wrong("attention scaled by sqrt(H)",
               _block("pre", _sublayer(scale=lambda cfg: cfg.hidden_size)),
               "11.decoder_block.scaled_by_sqrt_h"),
+        Wrong("attention scaled by sqrt(N_h * D_h) only when D_h != H / N_h", _block(
+            "pre", _sublayer(scale=_only_when_decoupled(lambda cfg: cfg.n_heads * cfg.head_dim))),
+              "11.decoder_block.scaled_by_sqrt_heads_width"),
     ],
     nb11.check_block_param_count: [
         Wrong("norms left out", _count(norms=0), "11.block_param_count.norms_left_out"),

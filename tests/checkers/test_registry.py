@@ -93,6 +93,9 @@ UNREGISTERED = {
         "09.ffn_param_count.added_biases (COUNT_BIASES_GATED), for a plain FFN",
     ("10", "checks.nb10", "_LARGE_FLOAT16"):
         "10.rms_norm.half_precision_inside (_LOW_PRECISION), for float16 x ~ 1e4",
+    ("11", "checks.nb11", "SCALE_BY_H"):
+        "11.attention_sublayer/decoder_block.scaled_by_sqrt_h (SCALE_BY_H_HEADS), told for a "
+        "config with D_h != H / N_h (test_learner_fixes holds its wording)",
     # Safety nets after the value comparisons: an implementation whose values pass every case
     # passes these too, so no catalogued (deterministic, plausible) mistake reaches them.
     ("08", "checks.nb08", "RELATIVE"):
