@@ -452,11 +452,13 @@ NORM_NOT_ONE = Mistake("norm_not_one", N_(
 
 
 def _init_cfgs(c: Check) -> list[ModelConfig]:
-    """GQA with head_dim != H / N_h, and MHA: every weight matrix has at least 500 entries."""
+    """GQA with head_dim != H / N_h (and != H // N_h: the extra width is a multiple of N_h, so a
+    head width taken from H shows at every seed), and MHA: every weight matrix has at least 500
+    entries."""
     n_kv, g = c.sizes(2, 2, 4)
     d = c.choice([8, 10])
     n_h = n_kv * g
-    gqa = ModelConfig(vocab_size=97, hidden_size=n_h * d + c.choice([4, 8]), n_heads=n_h,
+    gqa = ModelConfig(vocab_size=97, hidden_size=n_h * (d + c.choice([1, 2])), n_heads=n_h,
                       n_kv_heads=n_kv, head_dim=d, ffn_hidden_size=80 + c.randint(0, 20),
                       n_layers=2, max_seq_len=64)
     n = c.randint(3, 6)
