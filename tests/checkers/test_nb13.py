@@ -601,6 +601,9 @@ def _generate(params, cfg, prompt_ids, max_new_tokens, *, use_cache=True, temper
     use_cache = use_cache or mistake == "uncached uses cache"
     b, p = prompt_ids.shape
     tokens = prompt_ids.clone()
+    seed = generator.initial_seed() if generator is not None else None
+    if mistake == "fresh generator per call" and generator is not None:
+        generator = torch.Generator().manual_seed(seed)
     n = max_new_tokens + (mistake == "one too many") - (mistake == "one too few")
     cache = ref.KVCache(cfg, b, p + 2 * n + 2)
     with torch.no_grad():
@@ -618,6 +621,7 @@ def _generate(params, cfg, prompt_ids, max_new_tokens, *, use_cache=True, temper
                 last = tokens[:, -1] if mistake == "1-D decode tokens" else tokens[:, -1:]
                 logits = forward(last, params, cfg, cache, start)
             row = logits[:, 0] if mistake == "first position" and step == 0 else logits[:, -1]
+            generator = _reseeded(generator, mistake, seed)
             nxt = sample_next_token(
                 row, temperature=0.0 if mistake == "greedy always" else temperature,
                 generator=None if mistake == "global rng" else generator)
@@ -629,6 +633,15 @@ def _generate(params, cfg, prompt_ids, max_new_tokens, *, use_cache=True, temper
         if not n and mistake == "prefill anyway" and use_cache:
             forward(prompt_ids, params, cfg, cache, 0)
     return tokens[:, p:] if mistake == "new only" else tokens
+
+
+def _reseeded(generator, mistake, seed):
+    """The generator a re-seeding generate draws with at this step."""
+    if generator is None or mistake not in ("reseed every step", "new generator every step"):
+        return generator
+    if mistake == "reseed every step":
+        return generator.manual_seed(seed)
+    return torch.Generator().manual_seed(seed)
 
 
 def _gen(mistake=None, forward=None):
@@ -712,6 +725,12 @@ GENERATE_WRONG = [
           "13.generate.prefill_one_token_at_a_time"),
     Wrong("always greedy", _gen("greedy always"), "13.generate.temperature_not_passed_on"),
     Wrong("global RNG", _gen("global rng"), "13.generate.generator_not_passed_on"),
+    Wrong("re-seeds the generator every step", _gen("reseed every step"),
+          "13.generate.generator_reseeded"),
+    Wrong("a new generator from its seed every step", _gen("new generator every step"),
+          "13.generate.generator_reseeded"),
+    Wrong("a new generator from its seed every call", _gen("fresh generator per call"),
+          "13.generate.generator_reseeded"),
     Wrong("forward without offset", _gen(forward=_fwd(offset=False)),
           "13.generate.decode_positions_not_offset"),
     Wrong("forward with top-left mask", _gen(forward=_fwd(mask="top_left")),
