@@ -843,9 +843,11 @@ MISTAKES = {
     "bpe_merge": (
         MERGE_IN_PLACE, *_MERGE_MISTAKES, TENSOR, TUPLE),
     "bpe_train": (
-        *_TRAIN_MISTAKES, fix_first('bpe_merge'), ID_TO_PAIR, MERGES_ORDER, NO_PAIR_LEFT),
+        *_TRAIN_MISTAKES, fix_first('utf8_bytes'), fix_first('bpe_merge'), ID_TO_PAIR, MERGES_ORDER,
+        NO_PAIR_LEFT),
     "bpe_encode": (
-        BYTE_PAIRS_ONLY, ENCODE_CHANGED_MERGES, ENCODE_FIRST_ONLY, fix_first('bpe_merge'),
+        BYTE_PAIRS_ONLY, ENCODE_CHANGED_MERGES, ENCODE_FIRST_ONLY, fix_first('utf8_bytes'),
+        fix_first('bpe_merge'),
         LEFTMOST, NOT_MERGED, SORTED_ORDER, BY_FREQUENCY, ENCODE_ORD, RANK_WITHOUT_DEFAULT,
         REVERSE_ORDER),
     "bpe_decode": (

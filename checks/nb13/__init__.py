@@ -510,7 +510,8 @@ MISTAKES = {
         _mistakes.ROTARY_DIM_IGNORED, _mistakes.SQUARE_EITHER),
     "generate": (
         _cache.UNROTATED_STORED, CALLS_COURSE_REFERENCE, _mistakes.PROMPT_CHANGED,
-        _cache.NO_OFFSET, _mistakes.DECODE_IDS_1D, fix_first('forward_with_cache'),
+        _cache.NO_OFFSET, _mistakes.DECODE_IDS_1D, fix_first('KVCache'),
+        fix_first('forward_with_cache'),
         _generate.WASTED_FORWARD, _mistakes.FORWARD_FOR_NOTHING, _generate.GENERATOR_IGNORED,
         _cache.IGNORED_CACHE, _generate.FIRST_POSITION, _generate.ONE_TOO_FEW,
         _generate.ONE_TOO_MANY, _generate.PREFILL_BY_TOKEN, _generate.RECOMPUTED,

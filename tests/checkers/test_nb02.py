@@ -944,3 +944,15 @@ def _size(args) -> tuple:
 def _pair(outcome, want):
     got, changed = outcome
     return (("changed its input", got), want) if changed else (got, want)
+
+
+@pytest.mark.parametrize("exercise", ["bpe_train", "bpe_encode"])
+def test_a_broken_utf8_bytes_is_named_fix_it_first(exercise):
+    """The earlier of two broken helpers is named: utf8_bytes (ord per character) before the
+    broken bpe_merge."""
+    cell = _LEARNER_CELL.replace('return list(text.encode("utf-8"))',
+                                 'return [ord(ch) for ch in text]')
+    ns = _learner_cell(cell)
+    with pytest.raises(CheckFailure) as info:
+        getattr(nb02, f"check_{exercise}")(ns[exercise], seed=0)
+    assert info.value.mistake == f"02.{exercise}.fix_utf8_bytes_first"

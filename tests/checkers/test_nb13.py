@@ -1203,3 +1203,79 @@ def test_chapter_13_reads_in_chinese(monkeypatch):
         nb13.check_generate(failure.fn, seed=1)
     assert info.value.mistake == "13.generate.start_pos_not_advanced"
     assert "缓存没有前进" in str(info.value), str(info.value)
+
+
+# ------------------------------------------------------------------------------------------------
+# Knock-on failures in the self-check (issue 33): generate built, as the notebook builds it, on
+# the learner's own KVCache and forward_with_cache names a broken one "fix it first" (KVCache,
+# the earlier exercise, when both are broken), never its mistake a second time under generate.
+
+_LEARNER_GENERATE = '''
+class KVCache(_Cache):
+    def update(self, layer_idx, k, v, start_pos):
+        return super().update(layer_idx, k, v, start_pos)
+
+def forward_with_cache(token_ids, params, cfg, cache, start_pos):
+    return _forward_with_cache(token_ids, params, cfg, cache, start_pos)
+
+def generate(params, cfg, prompt_ids, max_new_tokens, *, use_cache=True, temperature=0.0,
+             generator=None):
+    tokens = prompt_ids.clone()
+    if max_new_tokens == 0:
+        return tokens
+    with torch.no_grad():
+        if use_cache:
+            cache = KVCache(cfg, tokens.shape[0], tokens.shape[1] + max_new_tokens)
+            logits = forward_with_cache(tokens, params, cfg, cache, 0)
+        else:
+            logits = model_forward(tokens, params, cfg)
+        for step in range(max_new_tokens):
+            nxt = sample_next_token(logits[:, -1], temperature=temperature, generator=generator)
+            tokens = torch.cat([tokens, nxt[:, None]], 1)
+            if step + 1 == max_new_tokens:
+                break
+            if use_cache:
+                logits = forward_with_cache(tokens[:, -1:], params, cfg, cache,
+                                            tokens.shape[1] - 1)
+            else:
+                logits = model_forward(tokens, params, cfg)
+    return tokens
+'''
+
+
+def _learner_generate(cache=ListCache, forward=None):
+    from ..support.cells import learner_cell
+    ns = learner_cell(_LEARNER_GENERATE, _Cache=cache, _forward_with_cache=forward or _fwd(),
+                      model_forward=model_forward, sample_next_token=sample_next_token)
+    return ns["generate"]
+
+
+def _generate_mistake(cache=ListCache, forward=None, seed=0) -> str | None:
+    import contextlib
+    import io
+
+    from checks.engine import CheckFailure
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            nb13.check_generate(_learner_generate(cache, forward), seed=seed)
+    except CheckFailure as failure:
+        return failure.mistake
+    return None
+
+
+def test_generate_on_the_learners_own_right_pieces_passes():
+    assert _generate_mistake() is None
+
+
+def test_generate_on_a_broken_kv_cache_is_named_fix_it_first():
+    assert _generate_mistake(cache=OffByOneWriteCache) == "13.generate.fix_kvcache_first"
+
+
+def test_generate_on_a_broken_forward_with_cache_is_named_fix_it_first():
+    assert _generate_mistake(forward=_fwd(offset=False)) == \
+        "13.generate.fix_forward_with_cache_first"
+
+
+def test_generate_on_two_broken_pieces_names_the_earlier_exercise():
+    assert _generate_mistake(cache=AtZeroCache, forward=_fwd(offset=False)) == \
+        "13.generate.fix_kvcache_first"
