@@ -43,6 +43,7 @@ import numbers
 import torch
 import torch.nn.functional as F
 
+from .. import gradients
 from ..config import ModelConfig
 from ..context import one_thread as _one_thread
 from ..engine import Check, describe, is_remote, writes_back
@@ -1279,7 +1280,10 @@ MISTAKES = {
     "train_step": (
         GRADS_NOT_RESET, IGNORED_FORWARD, IGNORED_DECAY, LOSS_AFTER, NO_CLIP, TRAIN_NOT_IN_PLACE,
         NOT_A_FLOAT, SUMMED_LOSS, SHIFTED_TWICE, TRACKED_UPDATE, STATE_NOT_PASSED, IGNORED_MAX_NORM,
-        NOT_FLATTENED),
+        NOT_FLATTENED,
+        # told by borrowing (checks.borrow), not by this check: an earlier chapter's function
+        # that the training step would run through, and gradients do not flow through it
+        *gradients.BORROWED),
     "evaluate": (
         EVAL_CHANGED, GRADIENTS_TRACKED, IGNORED_FORWARD, IGNORED_GENERATOR, NOT_A_FLOAT,
         SAME_BATCH, SUMMED_BATCHES, SHIFTED_TWICE, BATCH_COUNT, FLAGS_OFF, ARGS_SWAPPED,
