@@ -227,6 +227,11 @@ BIAS_STEP = Mistake("bias_correction_step_off_by_one", N_(
     "the bias correction used the step count plus one (t = 2 on the first call): the first "
     "call is t = 1, so increment the count kept in `state` (starting from 0) once, then use it "
     "in 1 - beta1**t and 1 - beta2**t"))
+BIAS_COUNT = Mistake("bias_correction_wrong_step", N_(
+    "the bias correction used another step count than the call's: t counts the calls to "
+    "adamw_step, 1 on the first, 2 on the second; keep it in `state` (starting from 0), add one "
+    "at the start of each call, then use that same t in both 1 - beta1**t and 1 - beta2**t "
+    "(not t + 1, and not the count before it was incremented)"))
 STEP_PER_TENSOR = Mistake("step_counted_per_tensor", N_(
     "the step count advanced once per tensor: it counts calls, so add one per call, before the "
     "loop over the parameters"))
@@ -853,6 +858,34 @@ def _adamw_variant(kind: str | None, params0, grads_seq, lrs, betas, eps, wd):
     return out
 
 
+def _bias_steps(params0, grads_seq, lrs, betas, eps, wd, got_steps) -> list | None:
+    """The bias-correction steps (t for m, t for v) that explain each call of the learner's,
+    when everything else is AdamW's: each call's parameters are one correct step from the
+    learner's own previous ones, with the moments right and only the two t's chosen among
+    0 .. call + 2. None when some call is not explained so."""
+    b1, b2 = betas
+    m = [torch.zeros_like(p) for p in params0]
+    v = [torch.zeros_like(p) for p in params0]
+    previous, found = params0, []
+    for n, (grads, lr, now) in enumerate(zip(grads_seq, lrs, got_steps), start=1):
+        m = [b1 * a + (1 - b1) * g for a, g in zip(m, grads)]
+        v = [b2 * a + (1 - b2) * g * g for a, g in zip(v, grads)]
+        candidates = [(n, n)] + [(t1, t2) for t1 in range(n + 3) for t2 in range(n + 3)]
+        with torch.no_grad():
+            for t1, t2 in candidates:
+                want = [p.double() * (1 - lr * wd) - lr * (a.double() / (1 - b1 ** t1)) / (
+                    (b.double() / (1 - b2 ** t2)).sqrt() + eps)
+                    for p, a, b in zip(previous, m, v)]
+                if all(torch.allclose(x.double(), w, atol=1e-6, rtol=1e-5, equal_nan=True)
+                       for x, w in zip(now, want)):
+                    found.append((n, t1, t2))
+                    break
+            else:
+                return None
+        previous = now
+    return found
+
+
 _ADAM_MISTAKES = [("coupled", COUPLED_DECAY), ("no_bias", NO_BIAS_CORRECTION),
                   ("moments", MOMENTS_NOT_KEPT), ("step", STEP_NOT_KEPT),
                   ("eps_inside", EPS_INSIDE), ("decay_no_lr", DECAY_WITHOUT_LR),
@@ -916,6 +949,13 @@ def check_adamw_step(f, *, seed: int | None = None, thorough: bool = False) -> N
                         hint = next((m for kind, m in _ADAM_MISTAKES if all(
                             _all_close(got_steps[s], variants[kind][s], 1e-6, 1e-5)
                             for s in range(len(got_steps)))), None)
+                    steps = None if hint is not None else _bias_steps(
+                        params0, grads_seq, lrs, betas, eps, wd, got_steps)
+                    used = [f for f in steps or [] if f[1:] != (f[0], f[0])]
+                    if used:
+                        hint = BIAS_COUNT
+                        what += _(" (call {n} used t = {t1} for m and t = {t2} for v)").format(
+                            n=used[0][0], t1=used[0][1], t2=used[0][2])
                     bad = next(i for i, (a, b) in enumerate(zip(now, want[t]))
                                if not _close(a, b, 1e-6, 1e-5))
                     diff = (now[bad].double() - want[t][bad].double()).abs()
@@ -1276,7 +1316,7 @@ MISTAKES = {
         BETAS_SWAPPED, COUPLED_DECAY, DECAY_WITHOUT_LR, EPS_INSIDE, MOMENTS_NOT_KEPT,
         NO_BIAS_CORRECTION, NOT_IN_PLACE_ADAM, SQRT_BIAS, STEP_NOT_KEPT, BIAS_STEP,
         STEP_PER_TENSOR, NO_DECAY, DECAY_SIGN, DECAY_AFTER, NO_ONE_MINUS, NOT_SQUARED,
-        PARTIAL_BIAS, NO_LR),
+        PARTIAL_BIAS, NO_LR, BIAS_COUNT),
     "train_step": (
         GRADS_NOT_RESET, IGNORED_FORWARD, IGNORED_DECAY, LOSS_AFTER, NO_CLIP, TRAIN_NOT_IN_PLACE,
         NOT_A_FLOAT, SUMMED_LOSS, SHIFTED_TWICE, TRACKED_UPDATE, STATE_NOT_PASSED, IGNORED_MAX_NORM,

@@ -567,6 +567,12 @@ def _adam_kind(kind):
         if kind == "t_after":
             t = state["t"] + 1 + 1
             state["t"] += 1
+        elif kind == "t_before_increment":      # t = 0 on the first call: 1 - beta**0 = 0
+            t = state["t"]
+            state["t"] += 1
+        elif kind in ("m_from_t_plus_one", "v_from_t_plus_one"):
+            state["t"] += 1
+            t = state["t"]
         elif kind != "per_tensor_t":
             state["t"] += 1
             t = state["t"]
@@ -590,8 +596,9 @@ def _adam_kind(kind):
             else:
                 m.mul_(b1).add_((1 - b1) * g)
                 v.mul_(b2).add_((1 - b2) * g * g)
-            m_hat = m / (1 - b1 ** t)
-            v_hat = v if kind == "only_m_corrected" else v / (1 - b2 ** t)
+            m_hat = m / (1 - b1 ** (t + 1 if kind == "m_from_t_plus_one" else t))
+            v_hat = v if kind == "only_m_corrected" else \
+                v / (1 - b2 ** (t + 1 if kind == "v_from_t_plus_one" else t))
             if kind == "only_v_corrected":
                 m_hat = m
             step = m_hat / (v_hat.sqrt() + eps)
@@ -732,6 +739,9 @@ FRESH_WRONG = {
   ("fresh_torch", "14.adamw_step.moments_not_kept"),
   ("t_from_one", "14.adamw_step.bias_correction_step_off_by_one"),
   ("t_after", "14.adamw_step.bias_correction_step_off_by_one"),
+  ("t_before_increment", "14.adamw_step.bias_correction_wrong_step"),
+  ("m_from_t_plus_one", "14.adamw_step.bias_correction_wrong_step"),
+  ("v_from_t_plus_one", "14.adamw_step.bias_correction_wrong_step"),
   ("per_tensor_t", "14.adamw_step.step_counted_per_tensor"),
   ("no_decay", "14.adamw_step.no_weight_decay"),
   ("decay_sign", "14.adamw_step.decay_wrong_sign"),
