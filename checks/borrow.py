@@ -26,7 +26,9 @@ the order asked, as above. It prints exactly one line saying whose each function
 Reasons shown: "not started", "check failed", "no notebook", "unreadable notebook", "no answer
 cell", "syntax error", "cell raised <Error>", "not defined" (the cell defines no such function),
 "checking raised <Error>", "no checks" (no `checks.nbNN` for that chapter), "no gradients".
-Names that share a chapter and a reason are listed together.
+Names that share a chapter and a reason are listed together. `borrowed.whose[name]` is "yours"
+or "reference" and `borrowed.why[name]` the longer reason, for tests and curious learners
+(`borrowed.mistakes[name]`: the mistake's id where gradients do not flow through it, else None).
 
 Chapter 14 trains through what the chapters borrow, so a function the course can probe
 (`checks.gradients.PROBED`: `model_forward`, `decoder_block`, `rms_norm`, `apply_rope`, ...) is
@@ -36,9 +38,7 @@ with gradients off or dropping them. When not, "no gradients", and one more line
 function at fault, its chapter and the cause (`torch.no_grad()`, `.detach()`, `.data`,
 `torch.tensor(...)`, a change in place): "Not for training: `apply_rope` (chapter 08) runs with
 gradient tracking off (`torch.no_grad()`): ...". Its id is chapter 14's
-(`14.train_step.borrowed_without_gradients`, ...: checks.gradients.BORROWED). `borrowed.whose[name]` is "yours" or "reference" and
-`borrowed.why[name]` the longer reason, for tests and curious learners (`borrowed.mistakes[name]`:
-the mistake's id where gradients do not flow through it, else None).
+(`14.train_step.borrowed_without_gradients`, ...: checks.gradients.BORROWED).
 
 Under a grader (`checks.context.grading()`: `python -m checks status|grade`, nbgrader, the test
 suite) every function is the reference and the line says so: grading one chapter never reads or
