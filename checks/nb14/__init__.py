@@ -30,7 +30,13 @@ How the checks look inside:
   compared with exact replays, and `evaluate`'s forward records whether gradients were tracked
   (the parameters' requires_grad flags are checked after the call, which the in-place guard
   does not compare). `train_step` has a second, two-step case with max_norm above every
-  gradient norm, where a clip to norm 1 shows.
+  gradient norm, where a clip to norm 1 shows. `evaluate` ends with the parameters on PyTorch's
+  meta device (standing in for a GPU; the data stay on the CPU): each batch must reach the
+  forward, and the loss, on the parameters' device (not where it runs remotely: meta tensors do
+  not travel to a grader's worker).
+- `adamw_step`: a trajectory no listed mistake explains is tried against every bias correction
+  with other step counts for m and v (0 .. call + 2), each call from the learner's own previous
+  parameters: t used before it was incremented, or t + 1 for one moment, is named so.
 - Every check runs on one CPU thread (`_one_thread`), as chapter 13's.
 """
 
@@ -321,6 +327,11 @@ NOT_GET_BATCH = Mistake("batches_not_from_get_batch", N_(
     "the batches are not get_batch's: draw each one with get_batch(data, batch_size, "
     "context_len, generator=generator), so that the evaluation sees random windows (the same "
     "ones for the same generator)"))
+BATCH_DEVICE = Mistake("batches_not_on_the_model_device", N_(
+    "the batches stayed where the data are while the model is on another device (a GPU): move "
+    "each batch to the parameters' device, x.to(device) and y.to(device) with device = "
+    "params[\"embed\"].device, before the forward and the loss"),
+    raises=(("RuntimeError", r"(not on the expected device|same device|Expected all tensors)"),))
 SUMMED_TOKENS = Mistake("summed_over_tokens", N_(
     "the batch losses are sums over the tokens (reduction='sum'): take each batch's mean "
     "cross-entropy, then the mean over the batches"))
@@ -1260,7 +1271,49 @@ def check_evaluate(f, *, seed: int | None = None, thorough: bool = False) -> Non
             _expect_float(c, got, want, what, rel=1e-5, wrong=[
                 (SUMMED_BATCHES, want * n_batches), (SUMMED_TOKENS, want * b * t),
                 (SHIFTED_TWICE, lambda: replay("shifted") / n_batches)])
-        c.headline(_("the mean loss of n_batches batches, without gradients"))
+        if not is_remote(f):     # meta tensors do not travel to a grader's worker
+            _device_case(c, f)
+        c.headline(_("the mean loss of n_batches batches, without gradients, on the model's "
+                     "device"))
+
+
+_META_VALUE = "cannot be called on meta tensors"
+
+
+def _device_case(c: Check, f) -> None:
+    """The model on another device than the data, as in the chapter's run on a GPU: PyTorch's
+    meta device stands in (tensors with shapes and a device, no values). Every batch must reach
+    the forward, and the loss, on the parameters' device; reading the loss's value is where a
+    meta evaluation ends, so that error is the expected end of the call."""
+    cfg = _cfg(c)
+    params = {"embed": torch.empty(cfg.vocab_size, cfg.hidden_size, device="meta"),
+              "layers": [], "final_norm": torch.empty(cfg.hidden_size, device="meta"),
+              "lm_head": torch.empty(cfg.hidden_size, cfg.vocab_size, device="meta")}
+    data = c.randint(0, cfg.vocab_size, (c.randint(30, 60),))
+    seen: list[torch.device] = []
+
+    def forward(x, params, cfg):
+        seen.append(x.device)
+        return torch.zeros(*x.shape, cfg.vocab_size, device=x.device)
+
+    what = _("evaluate with the parameters on another device than the data (PyTorch's meta "
+             "device standing in for a GPU)")
+    try:
+        f(params, cfg, data, batch_size=2, context_len=c.randint(3, 7), n_batches=2,
+          generator=torch.Generator().manual_seed(c.randint(0, 2**31)), forward=forward)
+    except RuntimeError as exc:
+        if BATCH_DEVICE.recognises("RuntimeError", str(exc)):
+            c.fail(_("{what}: the loss mixed devices ({error}).").format(
+                what=what, error=str(exc).splitlines()[0][:120]), BATCH_DEVICE)
+        if _META_VALUE not in str(exc):
+            return          # another way of reading the loss; this case cannot tell
+    except Exception:  # noqa: BLE001 - the values cases above told the learner's own errors
+        return
+    if any(device != torch.device("meta") for device in seen):
+        c.fail(_("{what}: the forward got its batch on {got}, the parameters are on {want}.")
+               .format(what=what, got=next(d for d in seen if d.type != "meta"), want="meta"),
+               BATCH_DEVICE)
+    c.note(_("batches moved to the parameters' device"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -1327,7 +1380,7 @@ MISTAKES = {
     "evaluate": (
         EVAL_CHANGED, GRADIENTS_TRACKED, IGNORED_FORWARD, IGNORED_GENERATOR, NOT_A_FLOAT,
         SAME_BATCH, SUMMED_BATCHES, SHIFTED_TWICE, BATCH_COUNT, FLAGS_OFF, ARGS_SWAPPED,
-        NOT_GET_BATCH, SUMMED_TOKENS),
+        NOT_GET_BATCH, SUMMED_TOKENS, BATCH_DEVICE),
     "bits_per_byte": (
         FORGOT_LN2, INVERTED_RATIO, LOG10, TIMES_LN2, PER_TOKEN, NOT_A_FLOAT),
 }

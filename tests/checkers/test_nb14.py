@@ -323,15 +323,35 @@ TRAIN_WRONG = [
 # evaluate
 
 def evaluate_solution(params, cfg, data, *, batch_size, context_len, n_batches, generator=None,
-                      forward=None):
+                      forward=None, move=True):
     forward = forward or model_forward
+    device = params["embed"].device
     losses = []
     with torch.no_grad():
         for _n in range(n_batches):
             x, y = batch_solution(data, batch_size, context_len, generator=generator)
+            if move:
+                x, y = x.to(device), y.to(device)
             logits = forward(x, params, cfg)
             losses.append(F.cross_entropy(logits.flatten(0, 1), y.flatten()).item())
     return sum(losses) / len(losses)
+
+
+def evaluate_on_the_data_device(params, cfg, data, **kwargs):
+    """Right on a CPU, and what the chapter's run on a GPU stops at."""
+    return evaluate_solution(params, cfg, data, move=False, **kwargs)
+
+
+def evaluate_moves_only_x(params, cfg, data, *, batch_size, context_len, n_batches,
+                          generator=None, forward=None):
+    forward = forward or model_forward
+    total = 0.0
+    with torch.no_grad():
+        for _n in range(n_batches):
+            x, y = batch_solution(data, batch_size, context_len, generator=generator)
+            logits = forward(x.to(params["embed"].device), params, cfg)
+            total += float(F.cross_entropy(logits.flatten(0, 1), y.flatten()))
+    return total / n_batches
 
 
 def _evaluate(kind):
@@ -374,6 +394,10 @@ EVALUATE_WRONG = [
     Wrong("ignored forward", _evaluate("ignored_forward"), "14.evaluate.ignored_forward"),
     Wrong("changes the parameters", _evaluate("train"), "14.evaluate.changed_parameters"),
     Wrong("returns a tensor", _evaluate("tensor"), "14.evaluate.returned_tensor"),
+    Wrong("batches left on the data's device", evaluate_on_the_data_device,
+          "14.evaluate.batches_not_on_the_model_device"),
+    Wrong("only x moved to the model's device", evaluate_moves_only_x,
+          "14.evaluate.batches_not_on_the_model_device"),
 ]
 
 
@@ -666,6 +690,7 @@ def _eval_kind(kind):
                                      for j in range(batch_size)])
                 else:
                     x, y = batch_solution(data, batch_size, context_len, generator=generator)
+                x, y = x.to(tensors[0].device), y.to(tensors[0].device)
                 logits = forward(x, params, cfg)
                 total += F.cross_entropy(logits.flatten(0, 1), y.flatten(),
                                          reduction="sum" if kind == "token_sum" else "mean").item()
@@ -678,8 +703,10 @@ def _eval_kind(kind):
 def eval_inference_mode(params, cfg, data, *, batch_size, context_len, n_batches,
                         generator=None, forward=None):
     forward = forward or model_forward
+    device = params["lm_head"].device
     with torch.inference_mode():
-        losses = [F.cross_entropy(forward(x, params, cfg).flatten(0, 1), y.flatten())
+        losses = [F.cross_entropy(forward(x.to(device), params, cfg).flatten(0, 1),
+                                  y.to(device).flatten())
                   for x, y in (batch_solution(data, batch_size, context_len,
                                               generator=generator) for _ in range(n_batches))]
     return float(sum(losses) / n_batches)
