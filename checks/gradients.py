@@ -190,8 +190,8 @@ def _watching():
 _CONSTRUCTS = {
     NO_GRAD: [("no_grad", "`torch.no_grad()`"), ("inference_mode", "`torch.inference_mode()`"),
               ("set_grad_enabled", "`torch.set_grad_enabled(False)`")],
-    CUT: [("detach", "`.detach()`"), ("data", "`.data`"), ("tensor", "`torch.tensor(...)`"),
-          ("numpy", "`.numpy()`"), ("tolist", "`.tolist()`"), ("item", "`.item()`"),
+    CUT: [("tensor", "`torch.tensor(...)`"), ("numpy", "`.numpy()`"), ("tolist", "`.tolist()`"),
+          ("item", "`.item()`"), ("detach", "`.detach()`"), ("data", "`.data`"),
           ("requires_grad_", "`.requires_grad_(False)`")],
 }
 
@@ -254,7 +254,9 @@ def construct(code, cause: str, used: Sequence[str] = ()) -> str:
         ops = _in_place_ops(tree)
         return ops[0] if ops else ""
     names = _names_in(tree)
-    return next((shown for name, shown in _CONSTRUCTS.get(cause, []) if name in names), "")
+    # In the source, `.data` first: it is the one construct that no call shows while running.
+    written = sorted(_CONSTRUCTS.get(cause, []), key=lambda pair: pair[0] != "data")
+    return next((shown for name, shown in written if name in names), "")
 
 
 # --------------------------------------------------------------------------------------------
@@ -265,9 +267,10 @@ def trace(fn: Callable, args: Sequence, leaves: Sequence[tuple[str, torch.Tensor
           kwargs: dict | None = None) -> Cut | None:
     """Run `fn(*args, **kwargs)` with gradients on and backpropagate a fixed projection of its
     floating outputs to `leaves` ((name, tensor) pairs, tensors that require grad). None when
-    every leaf gets a finite, non-zero gradient and no function of the learner's under it ran
-    with gradients off or dropped them; else the `Cut` that says why. Exceptions other than
-    autograd's own propagate."""
+    every leaf gets a finite, non-zero gradient and no function of the learner's under it drops
+    them (given tensors that require grad, returns floating ones that do not); else the `Cut`
+    that says why. Gradients turned off where nothing needed them (a table of frequencies, the
+    positions) are no cut. Exceptions other than autograd's own propagate."""
     top = getattr(inspect.unwrap(fn), "__code__", None)
     top_name = getattr(fn, "__name__", "the function")
     with torch.enable_grad(), _watching() as calls:
@@ -277,13 +280,13 @@ def trace(fn: Callable, args: Sequence, leaves: Sequence[tuple[str, torch.Tensor
             if "in-place" in str(exc) or "inplace" in str(exc):
                 return _blame_in_place(calls, top, top_name, exc)
             raise
-    found = _blame_grad_mode(calls, out) or _blame_cut(calls)
+    found = _blame_cut(calls)
     if found is not None:
         return found
     top = calls[0] if calls else top
     outputs = [t for t in _float_outputs(out) if t.requires_grad]
     if not outputs:
-        return _cut_at(top, top_name, CUT, [name for name, _t in leaves])
+        return _explain(calls, top, top_name, [name for name, _t in leaves])
     with torch.enable_grad():
         loss = sum((t.float() * _probe_like(t)).sum() for t in outputs)
         try:
@@ -316,32 +319,30 @@ def _cut_at(at, name: str, cause: str, names: list[str]) -> Cut:
     if at is None:
         return Cut(cause, name, None, "", names)
     code, used = (at.code, at.used) if isinstance(at, _Call) else (at, [])
-    shown = construct(code, cause, used)
-    if cause == CUT and not shown and construct(code, NO_GRAD, used):
-        cause, shown = NO_GRAD, construct(code, NO_GRAD, used)   # a `with torch.no_grad():`
-    return Cut(cause, code.co_name, chapter_of(code), shown, names)
+    return Cut(cause, code.co_name, chapter_of(code), construct(code, cause, used), names)
 
 
-def _blame_grad_mode(calls: list[_Call], out) -> Cut | None:
-    """The first call of the learner's that ran with gradients off while its caller ran with
-    them on: the function itself when a decorator turned them off (or nothing of the learner's
-    called it), else its caller, whose `with` block did."""
-    for call in calls:
-        if call.grad and not call.inference:
-            if call.off_inside:                       # its own `with torch.no_grad():`
-                return _cut_at(call, "", NO_GRAD, [])
-            continue
+def _explain(calls: list[_Call], at, name: str, names: list[str]) -> Cut:
+    """Why the call `at` (where gradients were found to stop) stopped them: it, or a caller,
+    ran with gradients off (the function a decorator turned them off for, else the caller whose
+    `with` block did), it turned them off inside, or it cut the graph."""
+    if not isinstance(at, _Call):
+        return _cut_at(at, name, CUT, names)
+    call = at
+    if not call.grad or call.inference:
+        while call.parent is not None and not call.decorated and \
+                (not calls[call.parent].grad or calls[call.parent].inference):
+            call = calls[call.parent]                 # the outermost call that ran without
         parent = calls[call.parent] if call.parent is not None else None
-        if parent is not None and not parent.grad:
-            continue                                  # its caller is the one to name
-        at = call if call.decorated or parent is None else parent
-        found = _cut_at(at, "", NO_GRAD, [])
-        if call.inference and not found.construct:
+        found = _cut_at(call if call.decorated or parent is None else parent, name, NO_GRAD,
+                        names)
+        if call.inference and "inference" not in found.construct:
             found.construct = "`torch.inference_mode()`"
         return found
-    if any(t.is_inference() for t in _tensors(out)) and calls:
-        return _cut_at(calls[0], "", NO_GRAD, [])
-    return None
+    cut_called = any(builtin in call.used for builtin, _shown in _CONSTRUCTS[CUT])
+    if cut_called or not call.off_inside:
+        return _cut_at(call, name, CUT, names)
+    return _cut_at(call, name, NO_GRAD, names)       # its own `with torch.no_grad():`
 
 
 def _blame_cut(calls: list[_Call]) -> Cut | None:
@@ -351,7 +352,7 @@ def _blame_cut(calls: list[_Call]) -> Cut | None:
     if not cut:
         return None
     innermost = max(cut, key=lambda call: _depth(calls, call))
-    return _cut_at(innermost, "", CUT, [])
+    return _explain(calls, innermost, "", [])
 
 
 def _depth(calls: list[_Call], call: _Call) -> int:
@@ -367,7 +368,7 @@ def _blame_missing(calls, leaves, grads, top, top_name) -> Cut:
     missing = [(name, t) for (name, t), g in zip(leaves, grads) if g is None]
     handed = [call for call in calls if any(id(t) in call.inputs for _n, t in missing)]
     at = max(handed, key=lambda call: _depth(calls, call)) if handed else top
-    return _cut_at(at, top_name, CUT, [name for name, _t in missing])
+    return _explain(calls, at, top_name, [name for name, _t in missing])
 
 
 def _blame_in_place(calls, top, top_name, exc: Exception) -> Cut:

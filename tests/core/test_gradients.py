@@ -107,3 +107,28 @@ def test_the_chapter_is_read_from_the_notebook_a_function_came_from():
     cut = gradients.probe("apply_rope", namespace["apply_rope"])
     assert cut is not None and cut.chapter == "08" and cut.function == "apply_rope"
     assert "(chapter 08)" in cut.detail()
+
+
+def rope_with_angles_under_no_grad(x, positions, *, base=10000.0, rotary_dim=None):
+    """Gradients off where nothing needs them (the angles): no cut."""
+    with torch.no_grad():
+        freqs = ref.rope_frequencies(x.shape[-1], base)
+        angles = ref.rope_angles(positions, freqs)
+    return ref.rotate_pairs(x, angles.cos(), angles.sin())
+
+
+@torch.no_grad()
+def frequencies(rotary_dim, base):
+    return ref.rope_frequencies(rotary_dim, base)
+
+
+def rope_with_a_no_grad_helper(x, positions, *, base=10000.0, rotary_dim=None):
+    angles = ref.rope_angles(positions, frequencies(x.shape[-1], base))
+    return ref.rotate_pairs(x, angles.cos(), angles.sin())
+
+
+@pytest.mark.parametrize("fn", [rope_with_angles_under_no_grad, rope_with_a_no_grad_helper])
+def test_gradients_turned_off_where_nothing_needs_them_are_no_cut(fn):
+    assert torch.allclose(fn(torch.ones(1, 2, 3, 8), torch.arange(3)),
+                          ref.apply_rope(torch.ones(1, 2, 3, 8), torch.arange(3)))
+    assert gradients.probe("apply_rope", fn) is None
