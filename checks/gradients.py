@@ -171,7 +171,7 @@ def _watching():
             elif id(frame) in open_calls:
                 call = calls[open_calls.pop(id(frame))]
                 out = _float_outputs(arg)
-                call.cut = bool(call.grad and call.takes_grad and out and
+                call.cut = bool(call.takes_grad and out and
                                 not any(t.requires_grad for t in out))
         if previous is not None:
             previous(frame, event, arg)
