@@ -286,29 +286,6 @@ def trainability_mistake(cut) -> Mistake:
             gradients.NOT_FINITE: GRADIENT_NOT_FINITE}.get(cut.cause, GRAPH_CUT)
 
 
-_GRAD_WATCHED = ("decoder_block", "attention_sublayer", "apply_rope", "rms_norm", "ffn_sublayer",
-                 "swiglu_ffn", "attention")
-
-
-@contextlib.contextmanager
-def watching_grad_mode():
-    """Collects torch.is_grad_enabled() at every call of the blocks' pieces made inside."""
-    seen: list[bool] = []
-    previous = sys.getprofile()
-
-    def chained(frame, event, arg):
-        if event == "call" and frame.f_code.co_name in _GRAD_WATCHED:
-            seen.append(torch.is_grad_enabled())
-        if previous is not None:
-            previous(frame, event, arg)
-
-    sys.setprofile(chained)
-    try:
-        yield seen
-    finally:
-        sys.setprofile(previous)
-
-
 def trainable_params(params: dict) -> dict:
     """A copy of `params` whose every tensor is a fresh leaf with requires_grad=True."""
     def leaf(t):
