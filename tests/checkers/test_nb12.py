@@ -789,6 +789,8 @@ WRONG = {
               "12.sample_next_token.temperature_after_softmax"),
         Wrong("temperature applied twice", _sampler_variant(temp="twice"),
               "12.sample_next_token.temperature_applied_twice"),
+        Wrong("logits divided by sqrt(T)", _sampler_variant(temp="sqrt"),
+              "12.sample_next_token.temperature_square_root"),
         Wrong("temperature only without top_k", _sampler_variant(temp="only_without_top_k"),
               "12.sample_next_token.temperature_ignored"),
         Wrong("new torch.Generator() when None", _sampler_variant(none="fresh"),
