@@ -18,7 +18,7 @@ import pytest
 from ..support.catalogue import (SEEDS, Exercise, assert_not_started, assert_passes,
                                  assert_passes_thorough, assert_rejects)
 
-CHAPTERS = [f"nb{n:02d}" for n in range(1, 15)]
+CHAPTERS = [f"nb{n:02d}" for n in range(1, 16)]
 EXERCISES: dict[str, list[Exercise]] = {
     chapter: importlib.import_module(f"{__package__}.test_{chapter}").EXERCISES
     for chapter in CHAPTERS}
