@@ -17,7 +17,8 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable, Mapping
 
-from . import nb01, nb02, nb03, nb04, nb05, nb06, nb07, nb08, nb09, nb10, nb11, nb12, nb13, nb14, nb15
+from . import (nb01, nb02, nb03, nb04, nb05, nb06, nb07, nb08, nb09, nb10, nb11, nb12, nb13, nb14,
+               nb15)
 from .exercises import SYLLABUS
 from .mistakes import ID_PATTERN, Mistake
 

@@ -300,3 +300,89 @@ def serve(requests: Sequence[tuple[Sequence[int], int]], prefill: Callable, deco
                 "tpot": (last_at[i] - first_at[i]) / max(len(tokens[i]) - 1, 1)}
                for i in range(len(requests))]
     return results, timeline
+
+
+# --------------------------------------------------------------------------------------------
+# A model served through the paged cache (the benchmark's and the GPU check's engine)
+
+
+class ServingEngine:
+    """`prefill(ids, prompts)` and `decode(ids, last_tokens)` for `serve`, on the course's
+    parameter layout, greedy: one padded prefill per admission, one decode step per call for the
+    whole batch, K and V in a `PagedKVCache` addressed by the engine's `BlockAllocator`.
+    `blocks_in_use` records the pool after every decode step."""
+
+    def __init__(self, params: dict, cfg, num_blocks: int, block_size: int = 16):
+        self.params, self.cfg = params, cfg
+        self.device = params["embed"].device
+        self.cache = PagedKVCache(cfg, num_blocks, block_size, dtype=params["embed"].dtype,
+                                  device=self.device)
+        self.allocator = BlockAllocator(num_blocks, block_size)
+        self.blocks_in_use: list[int] = []
+
+    @torch.inference_mode()
+    def prefill(self, ids: Sequence[int], prompts: Sequence[Sequence[int]]) -> list[int]:
+        token_ids, keep, positions = (t.to(self.device) for t in pad_left(prompts, 0))
+        logits, kvs = batched_prefill(token_ids, keep, positions, self.params, self.cfg)
+        for row, i in enumerate(ids):
+            n, table = len(prompts[row]), self.allocator.block_table(i)
+            for layer, (k, v) in enumerate(kvs):
+                self.cache.write(layer, table, 0, k[row, :, -n:], v[row, :, -n:])
+        return logits[:, -1].argmax(-1).tolist()
+
+    @torch.inference_mode()
+    def decode(self, ids: Sequence[int], last_tokens: Sequence[int]) -> list[int]:
+        cfg, params, bs = self.cfg, self.params, self.cache.block_size
+        n_h, n_kv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        tables = [self.allocator.block_table(i) for i in ids]
+        lengths = [self.allocator.length(i) for i in ids]
+        last = torch.tensor([t[(n - 1) // bs] for t, n in zip(tables, lengths)],
+                            device=self.device)
+        slots = torch.tensor([(n - 1) % bs for n in lengths], device=self.device)
+        rotors = _rope_rotors(torch.tensor(lengths, device=self.device) - 1, cfg)[:, None, None]
+        b = len(ids)
+        x = F.embedding(torch.tensor(list(last_tokens), device=self.device)[:, None],
+                        params["embed"])
+        for i, layer in enumerate(params["layers"]):
+            h = _rms_norm(x, layer["attn_norm"], cfg.norm_eps)
+            heads = (h @ layer["wqkv"]).unflatten(-1, (n_h + 2 * n_kv, d)).transpose(1, 2)
+            qk = _rotate(heads[:, :n_h + n_kv], rotors)
+            q, k, v = qk[:, :n_h], qk[:, n_h:], heads[:, n_h + n_kv:]
+            self.cache.k[i][last, :, slots] = k[:, :, 0]       # every sequence's new slot
+            self.cache.v[i][last, :, slots] = v[:, :, 0]
+            out = paged_attention(q, self.cache.k[i], self.cache.v[i], tables, lengths)
+            x = x + out.transpose(1, 2).reshape(b, 1, n_h * d) @ layer["wo"]
+            h = _rms_norm(x, layer["ffn_norm"], cfg.norm_eps)
+            x = x + (F.silu(h @ layer["w_gate"]) * (h @ layer["w_up"])) @ layer["w_down"]
+        self.blocks_in_use.append(self.allocator.num_blocks - self.allocator.num_free)
+        logits = _rms_norm(x, params["final_norm"], cfg.norm_eps) @ params["lm_head"]
+        return logits[:, -1].argmax(-1).tolist()
+
+
+CHATS = ("What is the capital of France?", "Name three primary colors.",
+         "Write a haiku about the sea.", "What is 7 times 8?", "Who wrote Romeo and Juliet?",
+         "What does a bee make?", "Give me a synonym for happy.",
+         "How many legs does a spider have?")
+
+
+def serve_chats(params: dict, cfg, prompts: Sequence[Sequence[int]], limits: Sequence[int], *,
+                stop_id: int | None, max_batch: int, num_blocks: int = 64,
+                block_size: int = 16, sync: Callable[[], None] | None = None) -> dict:
+    """One served run: results, timeline, seconds, tokens per second, the engine."""
+    engine = ServingEngine(params, cfg, num_blocks, block_size)
+
+    def clock() -> float:
+        if sync is not None:
+            sync()
+        return time.perf_counter()
+
+    start = clock()
+    results, timeline = serve([(list(p), n) for p, n in zip(prompts, limits)], engine.prefill,
+                              engine.decode, engine.allocator, max_batch=max_batch,
+                              stop_id=stop_id, clock=clock)
+    seconds = clock() - start
+    tokens = sum(len(r["tokens"]) for r in results)
+    return {"results": results, "timeline": timeline, "seconds": seconds,
+            "tokens": tokens, "tokens_per_s": tokens / seconds, "engine": engine,
+            "ttft": sum(r["ttft"] for r in results) / len(results),
+            "tpot": sum(r["tpot"] for r in results) / len(results)}
