@@ -1,5 +1,6 @@
-"""`python -m checks.gpu_check`: chapter 13's prefill/decode timing and chapter 14's training run
-on this machine's accelerator (CUDA, else MPS, else the CPU), in one report.
+"""`python -m checks.gpu_check`: chapter 13's prefill/decode timing, chapter 14's training run and
+chapter 15's serving (eight SmolLM2 chats one after another and together) on this machine's
+accelerator (CUDA, else MPS, else the CPU), in one report.
 
     python -m checks.gpu_check [--out gpu-report.md] [--json gpu-report.json] [--quick]
                                [--device cuda|mps|cpu] [--steps N] [--notebook | --no-notebook]
@@ -15,6 +16,7 @@ chapter's own loop, evaluation, samples, save and ablations run on the device wi
 a learner who solved every chapter has (`--notebook` on a CPU too, `--no-notebook` never; with
 `--quick` the notebook runs as a grader runs it, at its smallest sizes). It needs the
 repository's `solutions/` folder; without it the report says the chapter was not run.
+The serving part needs SmolLM2-135M-Instruct (`checks.smollm`); without it the report says so.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class Plan:
     steps: int                     # training steps
     autocast: str | None           # "bfloat16" or None
     notebook: bool = False         # run chapter 14's notebook on the device
+    serving_tokens: int = 48       # chapter 15: new tokens at most per chat
 
 
 def plan(device: str, *, quick: bool = False, steps: int | None = None,
@@ -66,7 +69,8 @@ def plan(device: str, *, quick: bool = False, steps: int | None = None,
                 timing_budget=0.01 if quick else 0.3, training=kind,
                 steps=steps if steps is not None else run.steps,
                 autocast=None if amp is None else str(amp).removeprefix("torch."),
-                notebook=device != "cpu" if notebook is None else notebook)
+                notebook=device != "cpu" if notebook is None else notebook,
+                serving_tokens=2 if quick else 48)
 
 
 def run_report(p: Plan, say=print) -> dict:
@@ -98,6 +102,8 @@ def run_report(p: Plan, say=print) -> dict:
     if p.notebook:
         say(f"chapter 14: the notebook, top to bottom, on {p.device}")
         report["notebook"] = run_notebook(quick=p.timing_size == "tiny")
+    say(f"chapter 15: eight chats served one after another and together on {p.device}")
+    report["serving"] = run_serving(p.device, p.serving_tokens)
     return report
 
 
@@ -153,6 +159,46 @@ def _printed(executed: Path) -> list[str]:
     return lines
 
 
+def run_serving(device: str, max_tokens: int) -> dict:
+    """Chapter 15's measurement: SmolLM2's eight chats (`checks.reference.serving.CHATS`, each
+    with the notebook's limit, capped at `max_tokens`) served with `max_batch=1` and `max_batch=8`
+    on `device`, greedy; plain data, or {"missing": why} without the model."""
+    from . import smollm
+    from .reference import serving
+
+    if not smollm.available():
+        return {"missing": str(smollm.ModelUnavailable())}
+    params, cfg = smollm.load(device=device)
+    tok = smollm.tokenizer()
+    prompts = [tok.chat_prompt(q) for q in serving.CHATS]
+    limits = [min(n, max_tokens) for n in (12, 40, 48, 24, 32, 36, 28, 44)]
+    sync = torch.cuda.synchronize if device == "cuda" else None
+    runs = {label: serving.serve_chats(params, cfg, prompts, limits, stop_id=tok.im_end_id,
+                                       max_batch=batch, sync=sync)
+            for label, batch in (("one after another", 1), ("together", 8))}
+    alone, together = runs["one after another"], runs["together"]
+    return {"runs": {label: {k: r[k] for k in ("tokens", "seconds", "tokens_per_s", "ttft",
+                                                "tpot")} for label, r in runs.items()},
+            "ratio": together["tokens_per_s"] / alone["tokens_per_s"],
+            "same_tokens": sum(a["tokens"] == b["tokens"]
+                               for a, b in zip(alone["results"], together["results"]))}
+
+
+def format_serving(serving: dict) -> list[str]:
+    """The report's chapter 15 section."""
+    lines = ["## Chapter 15: eight chats with SmolLM2, one after another and together", ""]
+    if "missing" in serving:
+        return lines + [f"skipped: {serving['missing']}", ""]
+    lines += ["| | tokens | seconds | tokens/s | mean TTFT | mean TPOT |",
+              "|---|---|---|---|---|---|"]
+    for label, r in serving["runs"].items():
+        lines.append(f"| {label} | {r['tokens']} | {r['seconds']:.2f} | {r['tokens_per_s']:.1f} "
+                     f"| {r['ttft']:.3f} s | {1e3 * r['tpot']:.1f} ms |")
+    lines += ["", f"throughput together / one after another: {serving['ratio']:.1f}x; the same "
+                  f"tokens both ways: {serving['same_tokens']} of 8", ""]
+    return lines
+
+
 def format_report(report: dict) -> str:
     """The report as Markdown."""
     t = report["training"]
@@ -178,7 +224,8 @@ def format_report(report: dict) -> str:
         f"{t['achieved_flop_per_s'] / 1e12:.2f} TFLOP/s achieved |\n"
         f"| MFU | {100 * t['mfu_vs_fp32_peak']:.1f} % of the measured fp32 matmul peak "
         f"({t['matmul_peak_fp32'] / 1e12:.1f} TFLOP/s) |",
-        "", *_notebook_section(report.get("notebook"), p["device"])])
+        "", *_notebook_section(report.get("notebook"), p["device"]),
+        *format_serving(report.get("serving") or {"missing": "not run"})])
 
 
 def _notebook_section(notebook: dict | None, device: str) -> list[str]:
