@@ -118,6 +118,7 @@ class Worker:
         self.budget = budget
         self.stderr_text = ""  # stderr the learner's code wrote during the current test's calls
         self.dead: str | None = None
+        self.timed_out = False  # the worker was ended because a reply did not come in time
         self.cgroup: MemoryCgroup | None = None
         self.watch: MemoryWatch | None = None
         self.process = None
@@ -232,6 +233,7 @@ class Worker:
         try:
             data = receive_frame(self._from_worker, deadline)
         except TimeoutError:
+            self.timed_out = True
             self._gone(self._timeout_text())
         except EOFError:
             self._gone(_("the worker process died{exit}").format(exit=self._exit_text()))
