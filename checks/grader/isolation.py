@@ -217,6 +217,14 @@ def worker_environment(threads: int, lib: str, scratch: str, audit: bool = False
            "USER": "grader", "LOGNAME": "grader", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1", "PYTHONPATH": lib,
            "MPLBACKEND": "Agg", "MPLCONFIGDIR": os.path.join(scratch, ".matplotlib"),
+           # Every per-user setting a library reads lives in the throwaway scratch folder, never
+           # in the grading user's home (a matplotlibrc or an IPython start-up file written there
+           # would run or break later programs of the instructor's).
+           "IPYTHONDIR": os.path.join(scratch, ".ipython"),
+           "XDG_CONFIG_HOME": os.path.join(scratch, ".config"),
+           "XDG_CACHE_HOME": os.path.join(scratch, ".cache"),
+           "XDG_DATA_HOME": os.path.join(scratch, ".local", "share"),
+           "JUPYTER_CONFIG_DIR": os.path.join(scratch, ".jupyter"),
            "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": str(threads),
            "MKL_NUM_THREADS": str(threads), "OPENBLAS_NUM_THREADS": str(threads),
            THREADS_ENV: str(threads)}
@@ -330,4 +338,41 @@ def python_startup_files() -> list[Path]:
             spec = importlib.util.find_spec(name)
             if spec is not None and spec.origin and os.path.isfile(spec.origin):
                 found.add(Path(spec.origin))
-    return sorted(found)
+    return sorted(found | set(user_start_up_files()))
+
+
+# What the grading user's own programs read at start in their home: matplotlib's and IPython's
+# and Jupyter's settings and start-up files, Python's user site (usercustomize). A worker that
+# runs as this user (no namespaces) must not write them: the audit hook refuses writes there,
+# and the tripwire compares them (an absent one that appears is a change) after each notebook.
+USER_START_UP = (".config/matplotlib/matplotlibrc", ".matplotlib/matplotlibrc",
+                 ".ipython/profile_default/startup", ".ipython/profile_default/ipython_config.py",
+                 ".ipython/profile_default/ipython_kernel_config.py",
+                 ".jupyter/jupyter_notebook_config.py", ".jupyter/jupyter_server_config.py")
+USER_SETTINGS = (".config/matplotlib", ".matplotlib", ".ipython", ".jupyter")  # hook: no writes
+
+
+def user_start_up_files() -> list[Path]:
+    """The grading user's start-up files and folders (USER_START_UP), present or not."""
+    import pwd
+
+    try:
+        home = Path(pwd.getpwuid(os.geteuid()).pw_dir)
+    except (KeyError, ImportError):
+        return []
+    found = [home / name for name in USER_START_UP]  # present or not (one that appears counts)
+    startup = home / ".ipython" / "profile_default" / "startup"
+    with contextlib.suppress(OSError):
+        found += sorted(startup.iterdir())
+    return found
+
+
+def user_settings_folders() -> list[str]:
+    """The folders of the grading user's settings (USER_SETTINGS), for the audit hook."""
+    import pwd
+
+    try:
+        home = pwd.getpwuid(os.geteuid()).pw_dir
+    except (KeyError, ImportError):
+        return []
+    return [os.path.join(home, name) for name in USER_SETTINGS]

@@ -37,9 +37,29 @@ class Tripwire:
     def __init__(self, paths):
         self.files: dict[Path, tuple[tuple, str | None]] = {}
         for path in dict.fromkeys(Path(os.path.abspath(p)) for p in paths):
-            with contextlib.suppress(OSError):
+            try:
                 st = os.lstat(path)
+            except FileNotFoundError:  # watched too: one that appears is a change
+                self.files[path] = ((), None)
+                continue
+            except OSError:
+                continue
+            with contextlib.suppress(OSError):
                 self.files[path] = (self._status(st), self._hash(path, st))
+
+    def rewatch(self, roots) -> None:
+        """Watch `roots` (files, and folders with everything under them) as they are now: the
+        grader's own outputs, after it wrote them, so that a later change by anyone else
+        (a worker's process overwriting a classmate's feedback page) is seen."""
+        for root in roots:
+            root = Path(os.path.abspath(root))
+            found = [root]
+            if root.is_dir() and not root.is_symlink():
+                found += [p for p in root.rglob("*") if not p.is_symlink() or p.is_file()]
+            for path in found:
+                with contextlib.suppress(OSError):
+                    st = os.lstat(path)
+                    self.files[path] = (self._status(st), self._hash(path, st))
 
     @staticmethod
     def _status(st: os.stat_result) -> tuple:
@@ -66,6 +86,15 @@ class Tripwire:
         for path, (status, digest) in self.files.items():
             try:
                 st = os.lstat(path)
+            except FileNotFoundError:
+                if status == ():
+                    continue  # still absent
+                found.append(path)
+                continue
+            except OSError:
+                found.append(path)
+                continue
+            try:
                 now = self._status(st)
                 if now == status:
                     continue
@@ -84,3 +113,17 @@ def short_path(path: Path) -> str:
         return str(path.relative_to(REPO))
     except ValueError:
         return str(path)
+
+
+def submission_times(paths) -> list[Path]:
+    """Each submission's timestamp.txt (nbgrader's, in its assignment folder; present or not):
+    watched like the notebooks, so that a process a notebook started cannot make late work on
+    time (or a classmate's late) while the run goes on."""
+    from .identify import student_of
+    from .outputs.late import TIMESTAMP_FILE, assignment_folder
+
+    found = []
+    for path in paths:
+        with contextlib.suppress(OSError, ValueError):
+            found.append(assignment_folder(Path(path), student_of(path)) / TIMESTAMP_FILE)
+    return found

@@ -44,7 +44,7 @@ from . import tensors, wire
 from .channel import MAX_MESSAGE, WorkerGone, receive_frame, send_frame
 from .isolation import (JAIL, LIB_TARGET, become_subreaper, become_worker_user, isolation_mode,
                         jail_config, private_folders, python_installation, readable_by_others,
-                        worker_environment, worker_uid)
+                        user_settings_folders, worker_environment, worker_uid)
 from .library import PACKAGE, WorkerLibrary
 from .limits import Limits, apply_rlimits, cores, no_core_dumps
 from .memory import (MemoryCgroup, MemoryWatch, descendants, process_tree, remove_shared_memory,
@@ -216,7 +216,8 @@ class Worker:
                                             str(self.cgroup.procs) if self.cgroup else None)
             env = worker_environment(threads, str(lib), str(scratch), audit=True)
             env[PROTECT_ENV] = os.pathsep.join(  # the Python installation too: a .pth file
-                str(Path(p).resolve()) for p in [*hide, PACKAGE.parent, *python_installation()])
+                str(Path(p).resolve()) for p in [*hide, PACKAGE.parent, *python_installation(),
+                                                 *user_settings_folders()])
             self.process = subprocess.Popen(
                 argv, stdin=null, stdout=log, stderr=log, cwd=scratch, env=env,
                 pass_fds=fds, preexec_fn=prepare, start_new_session=True)

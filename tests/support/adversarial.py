@@ -647,7 +647,8 @@ CATALOGUE: list[Case] = [
         "    extra = set(os.environ) - {'PATH', 'HOME', 'TMPDIR', 'USER', 'LOGNAME', 'LANG', "
         "'LC_ALL', 'PYTHONDONTWRITEBYTECODE', 'PYTHONNOUSERSITE', 'PYTHONPATH', 'MPLBACKEND', "
         "'MPLCONFIGDIR', 'CUDA_VISIBLE_DEVICES', 'OMP_NUM_THREADS', 'MKL_NUM_THREADS', "
-        "'OPENBLAS_NUM_THREADS', 'LLAMA_COURSE_THREADS', 'LLAMA_COURSE_GRADING'}\n"
+        "'OPENBLAS_NUM_THREADS', 'LLAMA_COURSE_THREADS', 'LLAMA_COURSE_GRADING', 'IPYTHONDIR', "
+        "'XDG_CONFIG_HOME', 'XDG_CACHE_HOME', 'XDG_DATA_HOME', 'JUPYTER_CONFIG_DIR'}\n"
         "    return -1 if extra else cfg.n_heads // cfg.n_kv_heads")),
          "01_notation", full(), "nothing beyond the minimal environment", "minimal-environment"),
     _victim("c8"),
