@@ -26,8 +26,8 @@ from .limits import Limits, cores
 from .report import progress_line, report_problem
 from .options import GradeOptions
 from .results import (Graded, GradingError, GradingIncident, Incident, NotebookResult,
-                      NotGraded, Outcome)
-from .tripwire import submission_times, Tripwire, course_files, short_path
+                      NotGraded, Outcome, printable)
+from .tripwire import Tripwire, course_files, short_path, submission_times
 
 
 def grade_each(paths: list[Path], options: GradeOptions, show: Callable[[NotebookResult], None],
@@ -59,8 +59,11 @@ def grade_each(paths: list[Path], options: GradeOptions, show: Callable[[Noteboo
         nonlocal shown
         outcomes[index] = outcome
         changed = tripwire.changed()
-        if isinstance(outcome, Incident):
-            return outcome.with_running(running)
+        if isinstance(outcome, Incident):  # and what the run's own tripwire saw beside it
+            incident = outcome.with_running(running)
+            incident.changed += [c for c in (printable(short_path(p)) for p in changed)
+                                 if c not in incident.changed]
+            return incident
         if changed:
             return GradingIncident([str(paths[index]), *map(str, running)],
                                    [short_path(p) for p in changed])

@@ -10,6 +10,7 @@ replayed against a real worker, with the line the grader answers it with.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -69,3 +70,128 @@ def test_the_still_grading_line_never_reaches_a_test_s_stderr(tmp_path, capsys):
     head_dim = next(e for e in result.exercises if e.name == "head_dim")
     assert (head_dim.status, head_dim.points) == ("passed", 1), head_dim.message
     assert "still grading" in capsys.readouterr().err
+
+
+# ---- without root: a normal user grades, as the docs allow -------------------------------------
+
+# Starts a process around the worker's audit hook (the hook refuses subprocess, fork, spawn):
+# _posixsubprocess.fork_exec itself, whose arguments differ between Python versions.
+AROUND_THE_HOOK = '''
+import _posixsubprocess, os, sys
+def _spawn(code):
+    args = [sys.executable, '-c', code]
+    r, w = os.pipe()
+    base = [args, [os.fsencode(sys.executable)], True, (), None, None,
+            -1, -1, -1, -1, -1, -1, r, w, False, True, -1]
+    for tail in ([None, None, None, -1, None, False], [None, None, None, -1, None],
+                 [None, None, None, None]):
+        try:
+            return _posixsubprocess.fork_exec(*base, *tail)
+        except TypeError:
+            continue
+    raise RuntimeError('no fork_exec form fits this Python')
+'''
+
+
+def _escape_writes(timestamp: Path, feedback: Path) -> str:
+    """What the escaped process writes at once: the grading user's matplotlibrc and an IPython
+    start-up file, the student's own timestamp.txt (late made on time), and every feedback page
+    already written (a classmate's)."""
+    return (
+        "import os, pwd, pathlib, time\n"
+        "home = pathlib.Path(pwd.getpwuid(os.getuid()).pw_dir)\n"
+        "rc = home / '.config' / 'matplotlib' / 'matplotlibrc'\n"
+        "rc.parent.mkdir(parents=True, exist_ok=True)\n"
+        "rc.write_text('text.usetex: True\\n')\n"
+        "start = home / '.ipython' / 'profile_default' / 'startup' / '00-owned.py'\n"
+        "start.parent.mkdir(parents=True, exist_ok=True)\n"
+        "start.write_text('print(\"owned\")\\n')\n"
+        f"pathlib.Path({str(timestamp)!r}).write_text('2026-01-01 00:00:00.000000 UTC\\n')\n"
+        f"for page in pathlib.Path({str(feedback)!r}).rglob('*.html'):\n"
+        "    page.write_text('<p>10/10, well done</p>')\n")
+
+
+def _normal_user() -> str | None:
+    """A normal user to grade as: made here when the tests run as root (CI); None where it
+    cannot be (not root, no useradd), or where that user could not run this Python (one
+    installed under /root, closed to other users)."""
+    import os
+    import pwd
+    import shutil
+    import subprocess
+    import sys
+
+    from checks.grader.isolation import readable_by_others
+
+    name = "checks-rt5"
+    if os.geteuid() != 0 or not shutil.which("useradd") or not shutil.which("runuser"):
+        return None
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(["useradd", "-m", "-s", "/bin/sh", name], check=True, capture_output=True)
+    paths = [os.path.realpath(sys.executable), str(sub.REPO / "checks"),
+             str(sub.REPO / "solutions")]
+    if not all(readable_by_others(p) for p in paths):
+        return None
+    return name
+
+
+def test_without_root_a_notebook_leaves_nothing_that_lasts(tmp_path):
+    """Round five's attacks on a normal user's run: 400 MiB left in /dev/shm (past --memory
+    300M: counted, the worker stopped, the file removed); a process started around the audit
+    hook writes the grading user's matplotlibrc and an IPython start-up file (put back at once),
+    the student's own timestamp.txt and a classmate's feedback page written earlier in the run
+    (grading stops with an incident naming them)."""
+    import json
+    import os
+    import pwd
+    import shutil
+    import subprocess
+    import sys
+    import uuid
+
+    user = _normal_user()
+    if user is None:
+        print("skipped: needs root with useradd/runuser, and a Python other users may run")
+        pytest.skip("needs root (to make a normal user) and a Python other users may run")
+    home = Path(pwd.getpwnam(user).pw_dir)
+    for leftover in (home / ".config", home / ".ipython"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    work = home / f"rt5-{uuid.uuid4().hex[:8]}"
+    hog = Path("/dev/shm") / f"checks-rt5-{uuid.uuid4().hex[:8]}"
+    try:
+        shm = sub.solution()
+        sub.prepend(shm, "head_dim", (
+            f"import time\nf = open({str(hog)!r}, 'wb')\n"
+            "for _ in range(400):\n    f.write(bytes(2**20))\n    f.flush()\n"
+            "time.sleep(10)"))
+        sub.write(shm, work / "class" / "a_shm" / "01_notation.ipynb")
+        sub.write(sub.solution(), work / "class" / "b_victim" / "01_notation.ipynb")
+        attacker = sub.solution()
+        timestamp = work / "class" / "c_attacker" / "timestamp.txt"
+        sub.prepend(attacker, "head_dim", AROUND_THE_HOOK + "_spawn({!r})\nimport time\n"
+                    "time.sleep(3)".format(_escape_writes(timestamp, work / "feedback")))
+        sub.write(attacker, work / "class" / "c_attacker" / "01_notation.ipynb")
+        timestamp.write_text("2026-12-24 00:00:00.000000 UTC\n")
+        subprocess.run(["chown", "-R", f"{user}:{user}", str(work)], check=True)
+        done = subprocess.run(
+            ["runuser", "-u", user, "--", sys.executable, "-m", "checks", "grade",
+             str(work / "class"), "--jobs", "1", "--memory", "300M", "--timeout", "60",
+             "--feedback", str(work / "feedback"), "--json", str(work / "grades.json")],
+            capture_output=True, text=True, timeout=600, cwd=work,
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home),
+                 "PYTHONPATH": str(sub.REPO), "OMP_NUM_THREADS": "1"})
+        err = done.stderr
+        assert done.returncode == 3 and "INCIDENT" in err, err[-3000:]
+        assert "timestamp.txt" in err and "b_victim" in err, err[-3000:]
+        assert not (home / ".config" / "matplotlib" / "matplotlibrc").exists()
+        assert not list((home / ".ipython").rglob("00-owned.py"))
+        assert not hog.exists()
+        shm_record = next(nb for nb in json.loads((work / "grades.json").read_text())["notebooks"]
+                          if "a_shm" in nb["path"])
+        assert "memory limit" in (shm_record["error"] or ""), shm_record["error"]
+        assert shm_record["isolation"] == "none"
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        hog.unlink(missing_ok=True)
