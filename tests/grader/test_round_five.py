@@ -195,3 +195,96 @@ def test_without_root_a_notebook_leaves_nothing_that_lasts(tmp_path):
     finally:
         shutil.rmtree(work, ignore_errors=True)
         hog.unlink(missing_ok=True)
+
+
+# ---- Gradescope's container: root without CAP_SYS_ADMIN (Docker's default) ---------------------
+
+def _outlive(results: Path) -> str:
+    """A process, started around the hook, that rewrites results.json once the grader is done."""
+    later = ("import json, time\ntime.sleep(8)\n"
+             f"open({str(results)!r}, 'w').write(json.dumps({{'score': 6.0, 'tests': []}}))\n")
+    return AROUND_THE_HOOK + f"_spawn({later!r})\n"
+
+
+def _steal(results: Path) -> str:
+    """Run the answers of the zip's source notebook (read by its known name)."""
+    source = results.parent.parent / "source" / "course" / "solutions" / "01_notation"
+    return ("import json as _json\n"
+            "try:\n"
+            f"    _cells = _json.load(open({str(source / '01_notation.ipynb')!r}))['cells']\n"
+            "except OSError as _e:\n"
+            "    _why = f'steal failed: {_e}'\n"
+            "    _cells = [{'metadata': {'nbgrader': {'solution': True}}, 'source': [\n"
+            "        f'def {name}(*a):\\n    raise RuntimeError({_why!r})\\n'\n"
+            f"        for name in {list(sub.EXERCISES_01)!r}]}}]\n"
+            "for _cell in _cells:\n"
+            "    if _cell.get('metadata', {}).get('nbgrader', {}).get('solution'):\n"
+            "        exec(''.join(_cell['source']))\n")
+
+
+def attack_notebook(results: Path):
+    """A released notebook whose every answer cell ends by running the stolen answers, and whose
+    first starts the process that outlives the grader."""
+    nb = sub.release()
+    for name in sub.EXERCISES_01:
+        sub.cell(nb, name).source += "\n" + _steal(results)
+    return sub.prepend(nb, "head_dim", _outlive(results))
+
+
+@pytest.mark.slow
+def test_gradescope_without_cap_sys_admin_keeps_its_walls():
+    """Round five: in a container without CAP_SYS_ADMIN (no namespaces) a released notebook
+    scored 6/6 by reading the zip's solutions and by a process that outlived the grader and
+    rewrote results.json. Now the worker runs as a user of its own (isolation "user"), the
+    zip's folder is closed to it, and every process below run_autograder is killed before
+    results.json is written: the notebook scores 0, results.json stays the grader's."""
+    import json
+    import os
+    import shutil
+    import stat
+    import subprocess
+    import sys
+    import tempfile
+
+    from checks.grader.isolation import private_folders, readable_by_others
+
+    if os.geteuid() != 0 or not shutil.which("capsh"):
+        pytest.skip("needs root and capsh (to drop CAP_SYS_ADMIN)")
+    if not readable_by_others(os.path.realpath(sys.executable)):
+        print(f"skipped: {sys.executable} is in a folder other users cannot enter")
+        pytest.skip("the worker's user could not run this Python (installed under /root)")
+    # As /autograder: a folder every user may enter (pytest's own is closed to other users);
+    # the autograder itself closes what the worker must not read.
+    tmp_path = Path(tempfile.mkdtemp(prefix="checks-rt5-gradescope-", dir="/tmp"))
+    os.chmod(tmp_path, 0o755)
+    zip_path = tmp_path / "autograder.zip"
+    made = subprocess.run([sys.executable, "-m", "checks", "gradescope", "01", "-o",
+                           str(zip_path)], capture_output=True, text=True, timeout=600)
+    assert made.returncode == 0, made.stderr
+    root = tmp_path / "ag"
+    shutil.unpack_archive(zip_path, root / "source")
+    for script in ("run_autograder", "setup.sh"):
+        os.chmod(root / "source" / script, 0o755)
+    (root / "submission").mkdir()
+    results = root / "results" / "results.json"
+    sub.write(attack_notebook(results), root / "submission" / "01_notation.ipynb")
+    opened = {p: stat.S_IMODE(os.stat(p).st_mode) for p in private_folders([])}
+    try:
+        done = subprocess.run(
+            ["capsh", "--drop=cap_sys_admin", "--", "-c",
+             f"exec {root / 'source' / 'run_autograder'}"], capture_output=True, text=True,
+            timeout=600, env=dict(os.environ, AUTOGRADER_ROOT=str(root),
+                                  CHECKS_PYTHON=sys.executable, OMP_NUM_THREADS="1"))
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        time.sleep(10)  # past the escaped process's write
+    finally:
+        for path, mode in opened.items():
+            os.chmod(path, mode)
+    print(done.stdout[:3000])
+    got = json.loads(results.read_text())
+    assert got["tests"] and got["score"] == 0, (got["score"], done.stdout[-2000:])
+    assert "steal failed: [Errno 13] Permission denied" in done.stdout  # closed to the worker
+    assert "isolation" not in done.stdout or "user" in done.stdout
+    assert "closed to other users for grading" in done.stdout, done.stdout[-2000:]
+    assert str(root / "source") in done.stdout
+    shutil.rmtree(tmp_path, ignore_errors=True)
