@@ -288,3 +288,38 @@ def test_gradescope_without_cap_sys_admin_keeps_its_walls():
     assert "closed to other users for grading" in done.stdout, done.stdout[-2000:]
     assert str(root / "source") in done.stdout
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+# ---- the roster ---------------------------------------------------------------------------------
+
+def test_a_folder_named_like_a_classmate_s_login_cannot_take_their_grade(tmp_path):
+    """Round five: a submission folder named like a roster student's login gave a second row
+    with their SIS Login ID (a Canvas import lets the later row replace the real grade). Now the
+    impostor's row carries no login and says why; the real student's row is theirs alone. Two
+    roster rows with one login or one id are refused in one line."""
+    import argparse
+    import csv
+    import io
+
+    from checks.grader.outputs import gradebook
+    from checks.grader.outputs import roster as rosters
+
+    table = tmp_path / "roster.csv"
+    table.write_text("folder,id,name,login,section\nalice_f,1001,Alice F,alice,A\n"
+                     "bob,1002,Bob,,A\n")
+    roster = rosters.roster_argument(str(table))
+    records = [{"student": s, "chapter": "01_notation", "points": p, "max_points": 6, "path": s,
+                "exercises": []} for s, p in (("alice_f", 3), ("ALICE", 6), ("1002", 6))]
+    rows = list(csv.reader(io.StringIO(gradebook.gradebook_csv(records, roster))))[2:]
+    logins = [row[3] for row in rows if row[3]]
+    assert len(logins) == len(set(logins)) and sorted(logins) == ["alice", "bob"], rows
+    impostors = [row for row in rows if row[0].startswith(("ALICE", "1002"))]
+    assert len(impostors) == 2 and all(row[2:4] == ["", ""] for row in impostors)
+    assert all("named like a roster student's login or id" in row[0] for row in impostors)
+    assert next(row for row in rows if row[3] == "alice")[-1] == "3"
+    for text, words in [("folder,login\na,x\nb,X\n", "'a' and 'b' have the same login 'X'"),
+                        ("folder,id\na,7\nb,7\n", "'a' and 'b' have the same id '7'"),
+                        ("folder,login\na,b\nb,\n", "'a' and 'b' have the same login 'b'")]:
+        table.write_text(text)
+        with pytest.raises(argparse.ArgumentTypeError, match=words):
+            rosters.roster_argument(str(table))
