@@ -236,6 +236,26 @@ def remove_shared_memory(before: set[tuple[str, int]], uid: int | None) -> None:
                 os.unlink(entry.path)
 
 
+def remove_owned(folders, uid: int) -> None:
+    """Remove the entries of `folders` (top level) that belong to user `uid`: what a worker
+    running as a user of its own left in the shared temporary folders."""
+    import shutil
+
+    for folder in folders:
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            with contextlib.suppress(OSError):
+                if entry.stat(follow_symlinks=False).st_uid != uid:
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
+                    os.unlink(entry.path)
+
+
 class MemoryWatch(threading.Thread):
     """Where no cgroup can be made: sums the resident memory of the worker's processes several
     times a second (and, without namespaces, the new files in /dev/shm: `shm_before` is what was

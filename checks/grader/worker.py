@@ -47,8 +47,8 @@ from .isolation import (JAIL, LIB_TARGET, become_subreaper, become_worker_user, 
                         user_settings_folders, worker_environment, worker_uid)
 from .library import PACKAGE, WorkerLibrary
 from .limits import Limits, apply_rlimits, cores, no_core_dumps
-from .memory import (MemoryCgroup, MemoryWatch, descendants, process_tree, remove_shared_memory,
-                     shared_memory_files)
+from .memory import (MemoryCgroup, MemoryWatch, descendants, process_tree, remove_owned,
+                     remove_shared_memory, shared_memory_files)
 from .remote import (MAX_TEXT, RemoteFunction, RemoteObject, capped_text, grader_value,
                      rebuild_exception)
 from .tensors import as_is, attach_autograd, flat_tensors, grad_leaf, replace_tensors
@@ -482,6 +482,8 @@ class Worker:
         left += mine
         if self.mode != "namespaces":  # a namespaced worker's /dev/shm was its own
             remove_shared_memory(self._shm_before, self.uid)
+        if self.mode == "user":  # what its own user left in the shared temporary folders
+            remove_owned(("/tmp", "/var/tmp"), self.uid)
         self.left_behind = sorted(set(left))
 
     def _strays(self) -> list[int]:
