@@ -323,3 +323,37 @@ def test_a_folder_named_like_a_classmate_s_login_cannot_take_their_grade(tmp_pat
         table.write_text(text)
         with pytest.raises(argparse.ArgumentTypeError, match=words):
             rosters.roster_argument(str(table))
+
+
+# ---- the assignments file (attacked after it was built) ----------------------------------------
+
+@pytest.mark.parametrize("rows, words", [
+    ("04_self_attention,2026-03-01,nan,,", "penalty_per_day must be a fraction"),
+    ("04_self_attention,2026-03-01,,inf,", "max_penalty must be a fraction"),
+    ("04_self_attention,0001-01-01T00:00+01:00,,,", "not an ISO time"),
+    ("04_self_attention,2026-03-01,,,\"12 (3\"", "lms_id must be an LMS's assignment id"),
+    ("04_self_attention,2026-03-01,,,\"\x1b[2J\"", "lms_id must be an LMS's assignment id"),
+    ("04_self_attention,2026-03-01,,,\"=HYPERLINK(\"\"x\"\")\"", "lms_id must be"),
+    ("04_self_attention,2026-03-01,,," + "9" * 65, "at most 64 characters"),
+])
+def test_an_assignments_file_that_would_mislead_is_refused_in_one_line(tmp_path, rows, words):
+    import argparse
+
+    from checks.grader.outputs import late
+
+    table = tmp_path / "assignments.csv"
+    table.write_text("assignment,due,penalty_per_day,max_penalty,lms_id\n" + rows + "\n")
+    with pytest.raises(argparse.ArgumentTypeError, match=words) as refused:
+        late.assignments_argument(str(table))
+    assert "\n" not in str(refused.value) and "\x1b" not in str(refused.value)
+
+
+def test_an_assignment_that_is_no_chapter_is_refused(tmp_path):
+    """A NUL, a path or a leading dot in an assignment's name: no chapter, one line."""
+    from checks.grader.identify import SOURCE_DIR
+    from checks.grader.outputs import late
+
+    for name in ("04_self_attention\x00", "../04_self_attention", ".04_self_attention",
+                 "04_self_attention/../01_notation"):
+        assert "is no chapter" in late.not_a_chapter([name], SOURCE_DIR), name
+    assert late.not_a_chapter(["04_self_attention"], SOURCE_DIR) is None
