@@ -171,6 +171,10 @@ def grade_table(result: NotebookResult, late: str = "") -> str:
         lines.append(_clip("  ! " + _("the worker ran without walls (not root, or no "
                                       "namespaces): its code could read the course's files"),
                            width))
+    elif result.isolation == "user":
+        lines.append(_clip("  ! " + _("the worker ran as a user of its own without namespaces "
+                                      "(no CAP_SYS_ADMIN): it could read what every user may "
+                                      "read and reach the network"), width))
     return "\n".join(lines) + "\n"
 
 
