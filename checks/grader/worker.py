@@ -194,6 +194,7 @@ class Worker:
         threads = max(1, self.limits.threads or cores())
         argv = self._worker_argv(lib, fds)
         with open(self.log, "wb") as log, open(os.devnull, "rb") as null:
+            os.chmod(self.log, 0o600)  # the learner's output: not for another worker's user
             if self.mode == "namespaces":
                 config = jail_config(self.limits, argv, threads, lib, fds, hide, self.uid,
                                      str(self.cgroup.procs) if self.cgroup else None)
