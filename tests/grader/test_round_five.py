@@ -4,7 +4,19 @@ replayed against a real worker, with the line the grader answers it with.
 - a function whose call ran out of time is not called again: the test cells after it that call it
   are skipped at once, saying why (not another full time limit each);
 - the grader's own "… still grading" line never lands in a test's captured stderr (any stderr
-  fails a test, nbgrader's rule): an honest but slow first call keeps its point.
+  fails a test, nbgrader's rule): an honest but slow first call keeps its point;
+- a normal user's run: a /dev/shm hog past --memory (counted, removed), a process started around
+  the audit hook that writes the grading user's matplotlibrc and IPython start-up file (put
+  back), the student's timestamp.txt and a classmate's feedback page (grading stops, naming them);
+  run as a user this test makes with useradd (root only; skipped, saying why, elsewhere or where
+  that user could not run this Python, as one under /root);
+- Gradescope's container without CAP_SYS_ADMIN (capsh --drop=cap_sys_admin): a released notebook
+  that reads the zip's solutions and leaves a process to rewrite results.json scores 0;
+- the roster: a folder named like a classmate's login cannot take their grade;
+- the assignments file: what would mislead is refused in one line.
+
+The catalogue (tests/support/adversarial.py) holds the namespaced forms: c0_hung_function_not_
+called_again, and a_hidden_inputs_read_back (not guaranteed: trust.md says so).
 """
 
 from __future__ import annotations
