@@ -35,6 +35,7 @@ that a worker running as this user cannot read its memory.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from dataclasses import replace
@@ -157,8 +158,18 @@ def _status(folder: Path, options: GradeOptions, echo: bool) -> GradeRun:
     return run
 
 
+def output_paths(outputs: OutputOptions) -> list[Path]:
+    """The files and folders the grader writes (not stdout): after each write they are watched
+    like the course's files, so that a process a notebook started cannot change a classmate's
+    feedback page or the gradebook while the run goes on."""
+    chosen = [outputs.json, outputs.csv, outputs.csv_exercises, outputs.feedback, outputs.report]
+    return [Path(p) for p in chosen if p is not None and str(p) != "-"]
+
+
 def _grade(paths: list[Path], options: GradeOptions, outputs: OutputOptions,
            echo: bool) -> GradeRun:
+    if outputs.feedback is not None:  # the feedback folder is out of the workers' reach too
+        options = dataclasses.replace(options, hide=[*options.hide, Path(outputs.feedback)])
     found = find_submissions(paths, options.caps(), options.source)  # links, special files,
     #                                                                  caps: one line each, here
     # unwritable outputs are refused here, before grading
@@ -194,7 +205,8 @@ def _grade(paths: list[Path], options: GradeOptions, outputs: OutputOptions,
     progress = Progress(todo, options.jobs).start() if echo else None
     try:
         results, problems, incident = (
-            grade_each(todo, options, show, roots=paths, progress=echo, on_result=save)
+            grade_each(todo, options, show, roots=paths, progress=echo, on_result=save,
+                       outputs=output_paths(outputs))
             if todo else ([], [], None))
     except KeyboardInterrupt:  # Ctrl-C, SIGTERM: every process is ended; the notebooks
         writer.write_interrupted(found.refused)  # finished keep every output, the report too

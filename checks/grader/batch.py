@@ -26,13 +26,14 @@ from .limits import Limits, cores
 from .report import progress_line, report_problem
 from .options import GradeOptions
 from .results import (Graded, GradingError, GradingIncident, Incident, NotebookResult,
-                      NotGraded, Outcome)
-from .tripwire import Tripwire, course_files, short_path
+                      NotGraded, Outcome, printable)
+from .tripwire import Tripwire, course_files, short_path, submission_times
 
 
 def grade_each(paths: list[Path], options: GradeOptions, show: Callable[[NotebookResult], None],
                *, roots: list[Path] = (), progress: bool = True,
-               on_result: Callable[[NotebookResult], object] | None = None
+               on_result: Callable[[NotebookResult], object] | None = None,
+               outputs: list[Path] | tuple = ()
                ) -> tuple[list[NotebookResult], list[GradingError], GradingIncident | None]:
     """Grade notebooks, `options.jobs` at a time (`roots`: the folders or files given, which
     the workers must not see), handing each result to `on_result` as soon as it is graded (in
@@ -45,7 +46,8 @@ def grade_each(paths: list[Path], options: GradeOptions, show: Callable[[Noteboo
     The course's code, the sources and every notebook in `paths` are hashed first and compared
     after each notebook: a change stops grading (no notebook starts after it) and is returned
     as the incident, naming the notebooks that were being graded."""
-    tripwire = Tripwire([*course_files(options.source), *python_startup_files(), *paths])
+    tripwire = Tripwire([*course_files(options.source), *python_startup_files(), *paths,
+                         *submission_times(paths)])
     jobs = max(1, min(options.jobs, len(paths)))
     plan = grading_plan(options, list(roots) or paths, threads=max(1, cores() // jobs))
     outcomes: dict[int, Outcome] = {}
@@ -57,13 +59,17 @@ def grade_each(paths: list[Path], options: GradeOptions, show: Callable[[Noteboo
         nonlocal shown
         outcomes[index] = outcome
         changed = tripwire.changed()
-        if isinstance(outcome, Incident):
-            return outcome.with_running(running)
+        if isinstance(outcome, Incident):  # and what the run's own tripwire saw beside it
+            incident = outcome.with_running(running)
+            incident.changed += [c for c in (printable(short_path(p)) for p in changed)
+                                 if c not in incident.changed]
+            return incident
         if changed:
             return GradingIncident([str(paths[index]), *map(str, running)],
                                    [short_path(p) for p in changed])
         if on_result is not None and isinstance(outcome, Graded):
             on_result(outcome.result)
+            tripwire.rewatch(outputs)  # as the grader wrote them: nobody else may change them
         if progress:
             progress_line(len(outcomes), len(paths), paths[index], outcome)
         while shown in outcomes:

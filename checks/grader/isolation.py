@@ -37,14 +37,99 @@ PR_SET_DUMPABLE = 4
 
 
 def isolation_mode(requested: str = "auto") -> str:
-    """"namespaces" when workers can be walled in (Linux, root, the kernel allows it), else
-    "none". Asking for "namespaces" where it is impossible is an error."""
+    """"namespaces" when workers can be walled in (Linux, root, the kernel allows it); else
+    "user" where the grader is root but may not make namespaces (a container without
+    CAP_SYS_ADMIN, Docker's default, as Gradescope's): the worker runs as a user id of its own,
+    its private folders checked unreadable to it, every process of that user killed after each
+    notebook; else "none". Asking for a mode that is impossible here is an error."""
     if requested == "none":
         return "none"
     works = _namespaces_work()
     if requested == "namespaces" and not works:
         raise RuntimeError("workers cannot be walled in here (needs Linux, root and namespaces)")
-    return "namespaces" if works else "none"
+    if works and requested != "user":
+        return "namespaces"
+    if _own_user_works():
+        return "user"
+    if requested == "user":
+        raise RuntimeError("workers cannot run as a user of their own here (needs Linux and "
+                           "root)")
+    return "none"
+
+
+@functools.lru_cache(maxsize=1)
+def _own_user_works() -> bool:
+    """Root on Linux that may change a child's user id (CAP_SETUID, CAP_SETGID: Docker keeps
+    them by default)."""
+    if not sys.platform.startswith("linux") or os.geteuid() != 0:
+        return False
+    true = "/bin/true" if os.path.exists("/bin/true") else "/usr/bin/true"
+    try:
+        done = subprocess.run([true], user=65534, group=65534, extra_groups=[], timeout=30,
+                              env={}, capture_output=True)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return False
+    return done.returncode == 0
+
+
+PR_SET_NO_NEW_PRIVS = 38
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_worker_user(uid: int) -> None:  # preexec_fn of a worker in "user" mode (root)
+    """Drop to the worker's own user id and group, no other group, and no way back: no
+    new privileges (a set-user-id program such as su or sudo runs without them)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS")
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+
+
+def become_subreaper() -> None:
+    """Make this process the one that inherits its descendants' orphans (Linux): a process a
+    worker started in a new session (double fork) stays below the grader, where it is found and
+    killed after the notebook, instead of escaping to init."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def readable_by_others(path: str | os.PathLike) -> bool:
+    """Whether a user of no group of the owner's could open `path` (or files under it by
+    name): every folder on the way, itself included, lets "others" through (o+x). Access
+    control lists are not read: the worker user is in no group, so only "others" matter."""
+    import stat as st
+
+    current = Path(os.path.realpath(path))
+    for folder in [current, *current.parents]:
+        try:
+            mode = os.stat(folder).st_mode
+        except OSError:
+            return False
+        if st.S_ISDIR(mode) and not mode & st.S_IXOTH:
+            return False
+    return True
+
+
+def private_folders(hide) -> list[str]:
+    """What a worker without namespaces must not be able to read ("user" mode): the folders
+    `hide` names (the sources, the submissions, --hide), the course's package (its reference
+    functions) and any installed copy of it. The rest of a clone (its docs, a virtual
+    environment inside it that the worker's Python needs) may stay open."""
+    found = {os.path.realpath(p) for p in hide if Path(p).exists()} | {
+        os.path.realpath(PACKAGE)}
+    for folder in installed_course():  # a package folder, or the clone an editable one is in
+        inside = [os.path.join(folder, name) for name in ("checks", "solutions")
+                  if os.path.isdir(os.path.join(folder, name))]
+        found |= {os.path.realpath(p) for p in inside} if inside else {folder}
+    return sorted(found)
 
 
 @functools.lru_cache(maxsize=1)
@@ -132,6 +217,14 @@ def worker_environment(threads: int, lib: str, scratch: str, audit: bool = False
            "USER": "grader", "LOGNAME": "grader", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1", "PYTHONPATH": lib,
            "MPLBACKEND": "Agg", "MPLCONFIGDIR": os.path.join(scratch, ".matplotlib"),
+           # Every per-user setting a library reads lives in the throwaway scratch folder, never
+           # in the grading user's home (a matplotlibrc or an IPython start-up file written there
+           # would run or break later programs of the instructor's).
+           "IPYTHONDIR": os.path.join(scratch, ".ipython"),
+           "XDG_CONFIG_HOME": os.path.join(scratch, ".config"),
+           "XDG_CACHE_HOME": os.path.join(scratch, ".cache"),
+           "XDG_DATA_HOME": os.path.join(scratch, ".local", "share"),
+           "JUPYTER_CONFIG_DIR": os.path.join(scratch, ".jupyter"),
            "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": str(threads),
            "MKL_NUM_THREADS": str(threads), "OPENBLAS_NUM_THREADS": str(threads),
            THREADS_ENV: str(threads)}
@@ -245,4 +338,41 @@ def python_startup_files() -> list[Path]:
             spec = importlib.util.find_spec(name)
             if spec is not None and spec.origin and os.path.isfile(spec.origin):
                 found.add(Path(spec.origin))
-    return sorted(found)
+    return sorted(found | set(user_start_up_files()))
+
+
+# What the grading user's own programs read at start in their home: matplotlib's and IPython's
+# and Jupyter's settings and start-up files, Python's user site (usercustomize). A worker that
+# runs as this user (no namespaces) must not write them: the audit hook refuses writes there,
+# and the tripwire compares them (an absent one that appears is a change) after each notebook.
+USER_START_UP = (".config/matplotlib/matplotlibrc", ".matplotlib/matplotlibrc",
+                 ".ipython/profile_default/startup", ".ipython/profile_default/ipython_config.py",
+                 ".ipython/profile_default/ipython_kernel_config.py",
+                 ".jupyter/jupyter_notebook_config.py", ".jupyter/jupyter_server_config.py")
+USER_SETTINGS = (".config/matplotlib", ".matplotlib", ".ipython", ".jupyter")  # hook: no writes
+
+
+def user_start_up_files() -> list[Path]:
+    """The grading user's start-up files and folders (USER_START_UP), present or not."""
+    import pwd
+
+    try:
+        home = Path(pwd.getpwuid(os.geteuid()).pw_dir)
+    except (KeyError, ImportError):
+        return []
+    found = [home / name for name in USER_START_UP]  # present or not (one that appears counts)
+    startup = home / ".ipython" / "profile_default" / "startup"
+    with contextlib.suppress(OSError):
+        found += sorted(startup.iterdir())
+    return found
+
+
+def user_settings_folders() -> list[str]:
+    """The folders of the grading user's settings (USER_SETTINGS), for the audit hook."""
+    import pwd
+
+    try:
+        home = pwd.getpwuid(os.geteuid()).pw_dir
+    except (KeyError, ImportError):
+        return []
+    return [os.path.join(home, name) for name in USER_SETTINGS]

@@ -21,7 +21,9 @@ class Limits:
     stderr_kept: int = 4000  # characters of a cell's stderr kept for the report
     threads: int = 0  # torch / OpenMP threads in the worker; 0: every core this process has
     memory_by: str = "auto"  # "cgroup" (the kernel counts and limits), "rss" (watched), "auto"
-    isolation: str = "auto"  # "namespaces" (root: walls, own user), "none", "auto"
+    # "namespaces" (root: walls, own user), "user" (root without namespaces: own user only),
+    # "none", "auto" (the strongest this machine allows)
+    isolation: str = "auto"
 
 
 def cores() -> int:

@@ -175,13 +175,97 @@ def process_tree(root: int, uid: int | None) -> list[tuple[int, int]]:
     return mine
 
 
+def descendants(root: int) -> list[int]:
+    """The processes below `root` (children, theirs, ...), zombies included."""
+    children: dict[int, list[int]] = {}
+    for p, pp, _, _, _ in _processes():
+        children.setdefault(pp, []).append(p)
+    found, todo = [], list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo += children.get(pid, [])
+    return found
+
+
+SHARED_MEMORY = Path("/dev/shm")
+
+
+def shared_memory_files() -> set[tuple[str, int]]:
+    """(name, inode) of what /dev/shm holds now: memory that no process owns, which a worker
+    without namespaces could fill and leave behind."""
+    try:
+        return {(entry.name, entry.inode()) for entry in os.scandir(SHARED_MEMORY)}
+    except OSError:
+        return set()
+
+
+def _new_shared_memory(before: set[tuple[str, int]], uid: int | None):
+    """The /dev/shm entries a worker made: those of its own user id ("user" mode), else the
+    new ones of this process's user."""
+    owner = os.geteuid() if uid is None else uid
+    try:
+        entries = list(os.scandir(SHARED_MEMORY))
+    except OSError:
+        return []
+    found = []
+    for entry in entries:
+        try:
+            info = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if info.st_uid == owner and (uid is not None or (entry.name, entry.inode()) not in before):
+            found.append((entry, info))
+    return found
+
+
+def shared_memory_used(before: set[tuple[str, int]], uid: int | None) -> int:
+    """Bytes of /dev/shm the worker's new files hold (counted against its memory limit)."""
+    return sum(info.st_blocks * 512 for _, info in _new_shared_memory(before, uid))
+
+
+def remove_shared_memory(before: set[tuple[str, int]], uid: int | None) -> None:
+    """Remove what a worker left in /dev/shm (after its processes are gone)."""
+    import shutil
+
+    for entry, _info in _new_shared_memory(before, uid):
+        with contextlib.suppress(OSError):
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                os.unlink(entry.path)
+
+
+def remove_owned(folders, uid: int) -> None:
+    """Remove the entries of `folders` (top level) that belong to user `uid`: what a worker
+    running as a user of its own left in the shared temporary folders."""
+    import shutil
+
+    for folder in folders:
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            with contextlib.suppress(OSError):
+                if entry.stat(follow_symlinks=False).st_uid != uid:
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
+                    os.unlink(entry.path)
+
+
 class MemoryWatch(threading.Thread):
     """Where no cgroup can be made: sums the resident memory of the worker's processes several
-    times a second and kills them all above the limit."""
+    times a second (and, without namespaces, the new files in /dev/shm: `shm_before` is what was
+    there before) and kills them all above the limit."""
 
-    def __init__(self, root: int, uid: int | None, limit: int):
+    def __init__(self, root: int, uid: int | None, limit: int,
+                 shm_before: set[tuple[str, int]] | None = None):
         super().__init__(daemon=True)
         self.root, self.uid, self.limit = root, uid, limit
+        self.shm_before = shm_before
         self.exceeded = 0
         self.stopped = threading.Event()
 
@@ -189,6 +273,8 @@ class MemoryWatch(threading.Thread):
         while not self.stopped.wait(0.05):
             tree = process_tree(self.root, self.uid)
             used = sum(rss for _, rss in tree)
+            if self.shm_before is not None:
+                used += shared_memory_used(self.shm_before, self.uid)
             if used > self.limit:
                 self.exceeded = used
                 for pid, _ in tree:

@@ -9,6 +9,10 @@
   cells (where the loop spun or the error was raised), and drops every other frame. Elsewhere only
   frames inside the course's package are dropped. The autograded notebook, the instructor's copy,
   keeps the whole traceback.
+  Every output of every cell (the learner's too) also loses each line that quotes a hidden
+  test's line, as it is or inside a string's repr: a learner's cell that prints IPython's input
+  history (`In`, `_ih`, `Out`, `%history`) after the tests ran showed them (round five). A copy
+  the learner's code encodes first (reversed, base64) is not recognised.
 - `RestoreMissingCells` (autograde): nbgrader 0.9.6's OverwriteCells, with the course's
   `add_missing_cells = True`, stops autograding a submission (the export then shows 0.0) when
   - a cell's grade id is not in the gradebook (an answer cell renamed): it removes the id but
@@ -35,6 +39,10 @@ from traitlets import Bool, Unicode
 
 #: What a traceback shows where it dropped frames (one line per run of dropped frames).
 HIDDEN_NOTE = "(the test's code is not shown)"
+#: What an output shows in place of a line that quotes a hidden test (IPython's input history
+#: printed by a learner's cell); hidden lines shorter than MIN_HIDDEN are not looked for.
+HISTORY_NOTE = "(a line that quotes a hidden test is not shown)"
+MIN_HIDDEN = 8
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # IPython's frame headers: "Cell In[7], line 3" (IPython 8.4+), "Input In [7], in <cell line: 3>()"
@@ -78,6 +86,14 @@ class HideTestCode(Preprocessor):
         # "Cell In[7]" is the cell that ran seventh: the learner's own, or a test cell.
         self._test_counts = {cell.get("execution_count") for cell in nb.cells
                              if cell.cell_type == "code" and _is_test_cell(cell)}
+        # Every hidden line of the notebook, and how it looks inside a string's repr: a learner's
+        # cell that prints IPython's input history (In, _ih, Out, %history) after the tests ran
+        # prints them, one by one or inside a list's repr.
+        lines = {line for cell in nb.cells if cell.cell_type == "code" and _is_test_cell(cell)
+                 for line in self._hidden_lines(cell.source)}
+        self._hidden_anywhere = {form for line in lines if len(line) >= MIN_HIDDEN
+                                 for form in (line, repr(line)[1:-1],
+                                              line.encode("unicode_escape").decode("ascii"))}
         return super().preprocess(nb, resources)
 
     def preprocess_cell(self, cell, resources, index):
@@ -92,7 +108,31 @@ class HideTestCode(Preprocessor):
                 lines = output.get("text", "").splitlines(keepends=True)
                 output["text"] = "".join(line for line in lines
                                          if _plain(line).strip() not in hidden)
+            self._scrub(output)
         return cell, resources
+
+    def _scrub(self, output) -> None:
+        """Replace each line of an output (stream, result, display, error) that quotes a hidden
+        test's line with HISTORY_NOTE."""
+        if output.get("output_type") == "stream":
+            output["text"] = self._scrubbed(output.get("text", ""))
+        elif output.get("output_type") == "error":
+            output["evalue"] = self._scrubbed(output.get("evalue", ""))
+            output["traceback"] = [self._scrubbed(entry) for entry in output.get("traceback", [])]
+        for mime, value in (output.get("data") or {}).items():
+            if mime.startswith("text/") or mime in ("application/json", "image/svg+xml"):
+                text = "".join(value) if isinstance(value, list) else value
+                if isinstance(text, str):
+                    output["data"][mime] = self._scrubbed(text)
+
+    def _scrubbed(self, text: str) -> str:
+        if not self._hidden_anywhere or not text:
+            return text
+        lines = text.splitlines(keepends=True)
+        return "".join(
+            HISTORY_NOTE + ("\n" if line.endswith("\n") else "")
+            if any(hidden in _plain(line) for hidden in self._hidden_anywhere) else line
+            for line in lines)
 
     def _hidden_lines(self, source: str) -> set[str]:
         """The non-blank lines of the cell's hidden-test regions, markers included."""

@@ -42,6 +42,10 @@ class Progress:
         self.finished: set[Path] = set()
         self.started = self.last = time.monotonic()
         self._stop = threading.Event()
+        # The terminal's stream, kept now: a one-job run grades in this process, where a test
+        # cell's run swaps sys.stderr for its capture (any stderr fails a test, nbgrader's rule),
+        # and this thread's line must never land there.
+        self.stream = sys.stderr
         self._thread = threading.Thread(target=self._watch, name="progress", daemon=True)
 
     def start(self) -> "Progress":
@@ -78,7 +82,7 @@ class Progress:
                         "last notebook finished (a slow cell, or one that will be stopped at its "
                         "time limit)").format(names=names, done=len(self.finished),
                                               total=len(self.paths), duration=_duration(quiet)),
-                      file=sys.stderr, flush=True)
+                      file=self.stream, flush=True)
                 self.last = time.monotonic()
 
 
@@ -167,6 +171,10 @@ def grade_table(result: NotebookResult, late: str = "") -> str:
         lines.append(_clip("  ! " + _("the worker ran without walls (not root, or no "
                                       "namespaces): its code could read the course's files"),
                            width))
+    elif result.isolation == "user":
+        lines.append(_clip("  ! " + _("the worker ran as a user of its own without namespaces "
+                                      "(no CAP_SYS_ADMIN): it could read what every user may "
+                                      "read and reach the network"), width))
     return "\n".join(lines) + "\n"
 
 

@@ -200,10 +200,11 @@ class _WrongKind:
 
 
 def _grader_side_test(cell, worker, imports: dict[str, Any], kinds: dict[str, str],
-                      limits) -> dict[str, Any]:
+                      limits, hung: dict[str, str] | None = None) -> dict[str, Any]:
     """Run a test cell in this process on the worker's functions: {"ok", "ename", "evalue",
     "stderr", and "verdict" when it failed}. Raises WorkerGone when the worker dies or runs out
-    of time."""
+    of time; a call to an exercise that ran out of time is noted in `hung` ({name: the cell's
+    grade id}), so that later cells do not call it again."""
     deadline = worker.deadline()
     worker.begin_test(deadline)
     namespace = dict(imports)
@@ -217,7 +218,8 @@ def _grader_side_test(cell, worker, imports: dict[str, Any], kinds: dict[str, st
         elif found["found"] == "class" and kind == "function":
             namespace[name] = _WrongKind(name)
         elif found["found"] != "missing":
-            namespace[name] = _CountedFunction(worker, name, deadline, called)
+            namespace[name] = _CountedFunction(worker, name, deadline, called, hung,
+                                               grade_id(cell) or "")
     out, err = io.StringIO(), io.StringIO()
     result: dict[str, Any] = {"ok": True}
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
@@ -239,14 +241,20 @@ def _grader_side_test(cell, worker, imports: dict[str, Any], kinds: dict[str, st
 class _CountedFunction(RemoteFunction):
     """A learner's function that notes, on its first call, that the test cell called it."""
 
-    def __init__(self, worker, name: str, deadline: float, called: list[str]):
+    def __init__(self, worker, name: str, deadline: float, called: list[str],
+                 hung: dict[str, str] | None = None, cell: str = ""):
         super().__init__(worker, name, deadline)
-        self._called = called
+        self._called, self._hung, self._cell = called, hung, cell
 
     def __call__(self, *args, **kwargs):
         if self._name not in self._called:
             self._called.append(self._name)
-        return super().__call__(*args, **kwargs)
+        try:
+            return super().__call__(*args, **kwargs)
+        except WorkerGone:
+            if self._hung is not None and self._worker.timed_out:
+                self._hung.setdefault(self._name, self._cell)
+            raise
 
 
 def knock_on(exc: Exception, exercise: str, called: list[str], namespace: dict[str, Any]
@@ -340,6 +348,8 @@ class _NotebookRun:
         self.verdicts: dict[int, Verdict] = {}  # the failed tests' verdicts
         self.tampered: set[int] = set()  # tests whose run in the worker passed, here failed
         self.skipped: dict[int, str] = {}  # cells that hung or crashed the worker: why
+        self.hung: dict[str, str] = {}  # exercises whose call ran out of time: {name: cell id}
+        self.avoided: dict[int, str] = {}  # test cells not run: they call a hung exercise
         self.stop: str | None = None  # why the cells from some point on were not run
         self.restarts = 0
         self.worker: Worker | None = None
@@ -354,9 +364,10 @@ class _NotebookRun:
         if self.left_behind:
             raise GradingIncident([], [f"process {pid}" for pid in self.left_behind], OUTLIVED)
         return Execution(self.completed, self._error(), self.mode, self.uid,
-                         skipped={_describe_cell(self.nb, i): why
-                                  for i, why in sorted(self.skipped.items())},
-                         verdicts=dict(self.verdicts), skipped_cells=dict(self.skipped),
+                         skipped={_describe_cell(self.nb, i): why for i, why in
+                                  sorted({**self.skipped, **self.avoided}.items())},
+                         verdicts=dict(self.verdicts),
+                         skipped_cells={**self.skipped, **self.avoided},
                          tampered=set(self.tampered))
 
     def _run_cells(self) -> None:
@@ -374,6 +385,8 @@ class _NotebookRun:
                               "(--notebook-timeout); the cells from there on were not run.").format(
                     cell=_describe_cell(self.nb, index), seconds=f"{self.limits.notebook_time:g}")
                 return
+            if self._avoid(index, cell):
+                continue
             try:
                 self._run_cell(index, cell)
             except WorkerGone as gone:
@@ -384,13 +397,34 @@ class _NotebookRun:
                 continue
             self.completed.add(index)
             self.replay.append(index)
+            if not is_graded_test(cell):  # a new definition gets its own chance
+                for name in defined_names(cell.source):
+                    self.hung.pop(name, None)
+
+    def _avoid(self, index: int, cell) -> bool:
+        """A test cell that calls an exercise whose call already ran out of time is skipped at
+        once, saying so (it would only wait for the time limit again)."""
+        if not self.hung or not is_graded_test(cell):
+            return False
+        try:
+            names = _names_from_learner(cell.source, self.imports)
+        except SyntaxError:
+            return False
+        name = next((n for n in names if n in self.hung), None)
+        if name is None:
+            return False
+        self.avoided[index] = _("it calls `{name}`, which ran past the time limit in test cell "
+                                "{cell}; not called again").format(name=name,
+                                                                   cell=self.hung[name])
+        cell.outputs = []
+        return True
 
     def _run_cell(self, index: int, cell) -> None:
         worker = self.worker
         if not is_graded_test(cell):
             cell.outputs = _as_outputs(worker.run_cell(index, cell.source))
             return
-        here = _grader_side_test(cell, worker, self.imports, self.kinds, self.limits)
+        here = _grader_side_test(cell, worker, self.imports, self.kinds, self.limits, self.hung)
         echo: Echo = "passed" if here["ok"] else (here["ename"], here["evalue"])
         self.echoes[index] = echo
         inside = worker.run_cell(index, worker_source(cell), echo)
@@ -472,6 +506,9 @@ class _NotebookRun:
         parts = [_("In {cell}: {why}; that cell was skipped (the worker restarted and the cells "
                    "before it run again).").format(cell=_describe_cell(self.nb, index), why=why)
                  for index, why in sorted(self.skipped.items())]
+        parts += [_("{cell} was skipped: {why}.").format(cell=_describe_cell(self.nb, index),
+                                                         why=why)
+                  for index, why in sorted(self.avoided.items())]
         if self.stop:
             parts.append(self.stop)
         # Chinese sentences follow one another without a space; English ones after one.

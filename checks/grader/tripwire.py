@@ -36,10 +36,73 @@ class Tripwire:
 
     def __init__(self, paths):
         self.files: dict[Path, tuple[tuple, str | None]] = {}
+        self.saved: dict[Path, bytes | set[str] | None] = {}  # what `restore` puts back
         for path in dict.fromkeys(Path(os.path.abspath(p)) for p in paths):
-            with contextlib.suppress(OSError):
+            try:
                 st = os.lstat(path)
+            except FileNotFoundError:  # watched too: one that appears is a change
+                self.files[path] = ((), None)
+                continue
+            except OSError:
+                continue
+            with contextlib.suppress(OSError):
                 self.files[path] = (self._status(st), self._hash(path, st))
+        from .isolation import user_start_up_files
+
+        self.keep(p for p in map(Path, map(os.path.abspath, user_start_up_files()))
+                  if p in self.files)
+
+    def keep(self, paths) -> None:
+        """Remember `paths` (small files, folders' listings, or their absence) so that
+        `restore` can put them back: the grading user's start-up files, which a worker without
+        namespaces could write through a process of its own."""
+        for path in map(Path, paths):
+            try:
+                if path.is_symlink() or not path.exists():
+                    self.saved[path] = None
+                elif path.is_dir():
+                    self.saved[path] = {entry.name for entry in os.scandir(path)}
+                elif path.stat().st_size <= 2**20:
+                    self.saved[path] = path.read_bytes()
+            except OSError:
+                continue
+
+    def restore(self, changed) -> list[Path]:
+        """Put back those of the `changed` paths that `keep` remembered: a file's bytes, a
+        folder's entries (new ones removed), an absent path removed again. The paths restored."""
+        import shutil
+
+        done = []
+        for path in changed:
+            if path not in self.saved:
+                continue
+            before = self.saved[path]
+            with contextlib.suppress(OSError):
+                if isinstance(before, set):
+                    for entry in os.scandir(path):
+                        if entry.name not in before:
+                            _remove(Path(entry.path), shutil)
+                elif before is None:
+                    _remove(path, shutil)
+                else:
+                    _remove(path, shutil)
+                    path.write_bytes(before)
+                done.append(path)
+        return done
+
+    def rewatch(self, roots) -> None:
+        """Watch `roots` (files, and folders with everything under them) as they are now: the
+        grader's own outputs, after it wrote them, so that a later change by anyone else
+        (a worker's process overwriting a classmate's feedback page) is seen."""
+        for root in roots:
+            root = Path(os.path.abspath(root))
+            found = [root]
+            if root.is_dir() and not root.is_symlink():
+                found += list(root.rglob("*"))  # rglob does not follow links to folders
+            for path in found:
+                with contextlib.suppress(OSError):
+                    st = os.lstat(path)
+                    self.files[path] = (self._status(st), self._hash(path, st))
 
     @staticmethod
     def _status(st: os.stat_result) -> tuple:
@@ -66,6 +129,15 @@ class Tripwire:
         for path, (status, digest) in self.files.items():
             try:
                 st = os.lstat(path)
+            except FileNotFoundError:
+                if status == ():
+                    continue  # still absent
+                found.append(path)
+                continue
+            except OSError:
+                found.append(path)
+                continue
+            try:
                 now = self._status(st)
                 if now == status:
                     continue
@@ -76,7 +148,21 @@ class Tripwire:
             except OSError:
                 pass
             found.append(path)
+        # The grading user's start-up files are put back at once (they would run, or break,
+        # the instructor's next programs); the change is still reported.
+        for path in self.restore(found):
+            if path.exists():
+                self.rewatch([path])
+            else:
+                self.files[path] = ((), None)
         return found
+
+
+def _remove(path: Path, shutil) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
 
 
 def short_path(path: Path) -> str:
@@ -84,3 +170,17 @@ def short_path(path: Path) -> str:
         return str(path.relative_to(REPO))
     except ValueError:
         return str(path)
+
+
+def submission_times(paths) -> list[Path]:
+    """Each submission's timestamp.txt (nbgrader's, in its assignment folder; present or not):
+    watched like the notebooks, so that a process a notebook started cannot make late work on
+    time (or a classmate's late) while the run goes on."""
+    from .identify import student_of
+    from .outputs.late import TIMESTAMP_FILE, assignment_folder
+
+    found = []
+    for path in paths:
+        with contextlib.suppress(OSError, ValueError):
+            found.append(assignment_folder(Path(path), student_of(path)) / TIMESTAMP_FILE)
+    return found

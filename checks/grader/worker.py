@@ -42,11 +42,13 @@ from ..environment import PROTECT_ENV
 from ..i18n import _
 from . import tensors, wire
 from .channel import MAX_MESSAGE, WorkerGone, receive_frame, send_frame
-from .isolation import (JAIL, LIB_TARGET, isolation_mode, jail_config, python_installation,
-                        worker_environment, worker_uid)
+from .isolation import (JAIL, LIB_TARGET, become_subreaper, become_worker_user, isolation_mode,
+                        jail_config, private_folders, python_installation, readable_by_others,
+                        user_settings_folders, worker_environment, worker_uid)
 from .library import PACKAGE, WorkerLibrary
 from .limits import Limits, apply_rlimits, cores, no_core_dumps
-from .memory import MemoryCgroup, MemoryWatch, process_tree
+from .memory import (MemoryCgroup, MemoryWatch, descendants, process_tree, remove_owned,
+                     remove_shared_memory, shared_memory_files)
 from .remote import (MAX_TEXT, RemoteFunction, RemoteObject, capped_text, grader_value,
                      rebuild_exception)
 from .tensors import as_is, attach_autograd, flat_tensors, grad_leaf, replace_tensors
@@ -105,6 +107,20 @@ class _ArgPickler(pickle.Pickler):
         return NotImplemented
 
 
+def _as_worker_user(limits: Limits, uid: int, cgroup_procs: str | None) -> None:
+    """preexec_fn of a "user" mode worker (root without namespaces): its resource limits (and
+    no more processes than a walled-in worker), its memory cgroup when one was made, then its
+    own user id for good."""
+    import resource
+
+    apply_rlimits(limits)
+    resource.setrlimit(resource.RLIMIT_NPROC, (1024, 1024))
+    if cgroup_procs:
+        with open(cgroup_procs, "w") as procs:
+            procs.write(str(os.getpid()))
+    become_worker_user(uid)
+
+
 class Worker:
     """One submission's worker process, seen from the grader."""
 
@@ -118,11 +134,18 @@ class Worker:
         self.budget = budget
         self.stderr_text = ""  # stderr the learner's code wrote during the current test's calls
         self.dead: str | None = None
+        self.timed_out = False  # the worker was ended because a reply did not come in time
         self.cgroup: MemoryCgroup | None = None
         self.watch: MemoryWatch | None = None
         self.process = None
         self.session = _Session(time.monotonic() + limits.cell_timeout)
         self.mode, self.uid = self._choose_isolation()
+        # Without namespaces, what the worker may leave behind is found by difference: the
+        # processes below this one (it inherits orphans: `become_subreaper`) and the files in
+        # /dev/shm that were not there before.
+        become_subreaper()
+        self._children_before = set(descendants(os.getpid()))
+        self._shm_before = shared_memory_files()
         workdir = Path(workdir)
         self.log = workdir / "worker.log"
         lib = library.build(workdir / "lib")
@@ -143,7 +166,7 @@ class Worker:
     def _choose_isolation(self) -> tuple[str, int | None]:
         """The isolation mode, and the worker's own user id when it is walled in."""
         mode = isolation_mode(self.limits.isolation)
-        return mode, worker_uid() if mode == "namespaces" else None
+        return mode, worker_uid() if mode in ("namespaces", "user") else None
 
     def _open_pipes(self) -> tuple[int, int]:
         """Two pipes; this side keeps one end of each, the worker's ends are returned."""
@@ -171,6 +194,7 @@ class Worker:
         threads = max(1, self.limits.threads or cores())
         argv = self._worker_argv(lib, fds)
         with open(self.log, "wb") as log, open(os.devnull, "rb") as null:
+            os.chmod(self.log, 0o600)  # the learner's output: not for another worker's user
             if self.mode == "namespaces":
                 config = jail_config(self.limits, argv, threads, lib, fds, hide, self.uid,
                                      str(self.cgroup.procs) if self.cgroup else None)
@@ -183,18 +207,47 @@ class Worker:
                 return
             scratch = workdir / "cwd"
             scratch.mkdir(exist_ok=True)
+            prepare = functools.partial(apply_rlimits, self.limits)
+            if self.mode == "user":
+                self._check_private(hide)
+                os.chmod(workdir, 0o711)  # its library readable, the rest of the folder not
+                os.chown(scratch, self.uid, self.uid)
+                os.chmod(scratch, 0o700)
+                prepare = functools.partial(_as_worker_user, self.limits, self.uid,
+                                            str(self.cgroup.procs) if self.cgroup else None)
             env = worker_environment(threads, str(lib), str(scratch), audit=True)
             env[PROTECT_ENV] = os.pathsep.join(  # the Python installation too: a .pth file
-                str(Path(p).resolve()) for p in [*hide, PACKAGE.parent, *python_installation()])
+                str(Path(p).resolve()) for p in [*hide, PACKAGE.parent, *python_installation(),
+                                                 *user_settings_folders()])
             self.process = subprocess.Popen(
                 argv, stdin=null, stdout=log, stderr=log, cwd=scratch, env=env,
-                pass_fds=fds, preexec_fn=functools.partial(apply_rlimits, self.limits),
-                start_new_session=True)
+                pass_fds=fds, preexec_fn=prepare, start_new_session=True)
+
+    def _check_private(self, hide) -> None:
+        """"user" mode: the worker runs as a user of its own but sees the whole disk, so what it
+        must not read has to be closed to other users; a folder that is not stops grading with
+        one line (before any of the submission's code runs)."""
+        for folder in private_folders(hide):
+            if readable_by_others(folder):
+                raise WorkerGone(_(
+                    "without namespaces (a container without CAP_SYS_ADMIN) the worker runs as a "
+                    "user of its own, and {folder} is readable by other users: make it private "
+                    "(chmod o-rwx; Gradescope's run_autograder does) or grade where namespaces "
+                    "work").format(folder=folder))
+        python = os.path.realpath(sys.executable)
+        if not readable_by_others(python):
+            raise WorkerGone(_(
+                "without namespaces (a container without CAP_SYS_ADMIN) the worker runs as a "
+                "user of its own, which cannot run {python}: a folder on its way is closed to "
+                "other users (a Python installed under /root); install Python where every user "
+                "may run it").format(python=python))
 
     def _start_watch(self) -> None:
         """Where the kernel does not count the worker's memory, watch it."""
         if self.limits.memory and self.cgroup is None:
-            self.watch = MemoryWatch(self.process.pid, self.uid, self.limits.memory)
+            self.watch = MemoryWatch(self.process.pid, self.uid, self.limits.memory,
+                                     shm_before=None if self.mode == "namespaces"
+                                     else self._shm_before)
             self.watch.start()
 
     def _handshake(self) -> None:
@@ -232,6 +285,7 @@ class Worker:
         try:
             data = receive_frame(self._from_worker, deadline)
         except TimeoutError:
+            self.timed_out = True
             self._gone(self._timeout_text())
         except EOFError:
             self._gone(_("the worker process died{exit}").format(exit=self._exit_text()))
@@ -419,16 +473,35 @@ class Worker:
         left = []
         if self.cgroup is not None and not self.cgroup.kill_all():
             left = self.cgroup.pids()
-        if self.uid is not None:
-            deadline = time.monotonic() + 10
-            while ((mine := [p for p, _t in process_tree(0, self.uid)])
-                   and time.monotonic() < deadline):
-                for pid in mine:
-                    with contextlib.suppress(OSError):
-                        os.kill(pid, signal.SIGKILL)
-                time.sleep(0.02)
-            left += mine
+        deadline = time.monotonic() + 10
+        while (mine := self._strays()) and time.monotonic() < deadline:
+            for pid in mine:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.02)
+            self._reap(mine)
+        left += mine
+        if self.mode != "namespaces":  # a namespaced worker's /dev/shm was its own
+            remove_shared_memory(self._shm_before, self.uid)
+        if self.mode == "user":  # what its own user left in the shared temporary folders
+            remove_owned(("/tmp", "/var/tmp"), self.uid)
         self.left_behind = sorted(set(left))
+
+    def _strays(self) -> list[int]:
+        """The worker's processes still alive: every process of its own user id, and the
+        processes below this one that were not there before it (orphans come here)."""
+        mine = {p for p, _t in process_tree(0, self.uid)} if self.uid is not None else set()
+        if self.mode != "namespaces":
+            mine |= set(descendants(os.getpid())) - self._children_before
+        return sorted(mine)
+
+    @staticmethod
+    def _reap(killed: list[int]) -> None:
+        """Collect those of the killed processes that are this process's children (orphans it
+        inherited), so that they do not stay as zombies; never another child's status."""
+        for pid in killed:
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(pid, os.WNOHANG)
 
     # ---- requests ----
     def begin_test(self, deadline: float) -> None:

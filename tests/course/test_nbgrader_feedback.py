@@ -31,7 +31,7 @@ pytest.importorskip("nbgrader")  # nbgrader 0.9.6 needs Python 3.11+ (see pyproj
 
 import nbformat
 
-from checks.grader.nbgrader_plugins import HIDDEN_NOTE
+from checks.grader.nbgrader_plugins import HIDDEN_NOTE, HISTORY_NOTE
 from checks.tools import release
 
 pytestmark = pytest.mark.slow
@@ -46,6 +46,10 @@ TIMEOUT = 30
 
 HANG = "def kv_group_size(cfg):\n    while True:\n        pass\n"
 RENAMED = ("rotation_matrix", "rotation_matrx")
+# Round five: a last cell that prints IPython's input history after the tests ran (In, _ih, Out
+# and %history, which nbgrader's kernel keeps): the hidden tests' source was in its output.
+HISTORY = ("print(In)\nfor _line in _ih:\n    print(_line)\nprint(repr(_ih[-4:]))\n"
+           "get_ipython().run_line_magic('history', '')")
 
 # student -> (chapter, what to change; the exercise whose points are lost, if any)
 STUDENTS = {
@@ -55,6 +59,7 @@ STUDENTS = {
                      "validate_config"),
     "answer_renamed": (CH01, {"rename": {"tensor_shape": "tensor_shape_mine"}}, None),
     "renamer": (CH08, {"typo": RENAMED}, RENAMED[0]),
+    "history_reader": (CH01, {"append": HISTORY}, None),
 }
 
 
@@ -80,7 +85,8 @@ def _solved(cell) -> str:
     return "\n".join(line for line in cell.source.split("\n") if line.strip() not in SOLUTION_MARK)
 
 
-def _submission(released, solutions, *, replace=None, delete=(), rename=None, typo=None):
+def _submission(released, solutions, *, replace=None, delete=(), rename=None, typo=None,
+                append=None):
     """The release with every answer solved, then the changes a student made."""
     answers = {_meta(c)["grade_id"]: c for c in solutions.cells if _meta(c).get("solution")}
     nb = copy.deepcopy(released)
@@ -97,7 +103,7 @@ def _submission(released, solutions, *, replace=None, delete=(), rename=None, ty
             cell.metadata.nbgrader["grade_id"] = rename[gid]
         if gid not in delete:
             kept.append(cell)
-    nb.cells = kept
+    nb.cells = kept + ([nbformat.v4.new_code_cell(append)] if append else [])
     return nb
 
 
@@ -279,3 +285,17 @@ def test_hide_test_code_keeps_diagnoses_and_learner_frames():
     assert test.outputs[2].traceback == ["\x1b[31m✗ f: returned 2\x1b[0m", "    called with ()"]
     assert demo.outputs[0].traceback == ["Cell In[5], line 1", HIDDEN_NOTE,
                                          "File /usr/lib/torch/x.py:1, in y()", "E: m"]
+
+
+def test_a_cell_printing_the_input_history_shows_no_hidden_test(course):
+    """Round five, on nbgrader's own path: the learner's last cell prints In, _ih and %history
+    after every test cell ran (the instructor's copy holds the hidden tests' lines there); the
+    feedback shows none of them, each line that quoted one replaced by HISTORY_NOTE."""
+    graded = nbformat.read(_path(course, "autograded", "history_reader", ".ipynb"), 4)
+    printed = "".join(o.get("text", "") for o in graded.cells[-1].outputs)
+    assert HIDDEN_MARK[0] in printed, printed[-2000:]  # the leak this test is about
+    feedback = _feedback(course, "history_reader")
+    hidden = _hidden_lines(course["books"][CH01]["solutions"])
+    leaked = sorted(line for line in hidden if line in feedback)
+    assert not leaked, f"hidden tests in the feedback: {leaked}"
+    assert HIDDEN_MARK[0] not in feedback and HISTORY_NOTE in feedback

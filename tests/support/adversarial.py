@@ -80,7 +80,9 @@ PROTECTED = {
                       "and a hang, crash, memory blow-up, `os._exit` or `sys.exit` costs only that"
                       " cell's exercise and those whose code calls it (the worker is restarted, "
                       "the cells before it replayed without it, and the report names the cell "
-                      "skipped and why).",
+                      "skipped and why); a test cell that calls a function whose call already "
+                      "ran out of time is skipped at once, saying so, instead of waiting for the "
+                      "time limit again.",
     "minimal-environment": "The worker gets a minimal environment: nothing the instructor has "
                            "set (secrets included) reaches it.",
 }
@@ -91,17 +93,20 @@ NOT_PROTECTED = {
                       "off: a detection fails the test, an evasion is not seen.",
     "copied-reference": "Copying the reference's code (it ships with the course) is not "
                         "detected.",
-    "no-root": "Without root (or without Linux namespaces and cgroups) the worker runs as your "
-               "user with resource limits, its own session, a private folder and an audit hook "
-               "inside its own process (advice for honest code, not a wall): it can read every "
-               "file you can (the course, the sources, classmates' notebooks), write to /tmp and, "
-               "through a child process started around the hook, wherever you can (the tripwire "
-               "then stops grading, after the fact), signal your other processes (a pidfd kill of "
-               "a grading process: the notebooks it was grading are graded again alone, and one "
-               "whose grading process is killed again is not graded), share your kernel keyring, "
-               "reach "
-               "the loopback network and leave processes running after the run. The report says "
-               "so; grade as root for the walls.",
+    "no-root": ("Without namespaces the walls are weaker; the section below says exactly "
+              "what holds as root in a container without CAP_SYS_ADMIN and as a normal "
+              "user. As a normal user the worker runs as your user: it can read every file "
+              "you can (the course, the sources, classmates' notebooks), write to /tmp "
+              "and, through a child process started around the audit hook, wherever you "
+              "can (the tripwire then stops grading, after the fact), signal your other "
+              "processes (a pidfd kill of a grading process: the notebooks it was grading "
+              "are graded again alone, and one whose grading process is killed again is "
+              "not graded), share your kernel keyring and reach the network. The report "
+              "says so; grade as root for the walls."),
+    "hidden-inputs": ("Hidden tests' inputs: the worker receives the arguments a hidden test "
+                    "passes to the learner's functions, and the learner's code can keep them and "
+                    "put them in a later failure's message, which the feedback shows (the hidden "
+                    "tests' source never reaches the worker)."),
 }
 
 
@@ -371,6 +376,15 @@ CATALOGUE: list[Case] = [
          "64 GiB of address space reserved, never touched (as CUDA "
          "builds of torch do): the limit counts memory used, so nothing happens",
          "bounded-grader"),
+    Case("c0_hung_function_not_called_again", lambda w: answer(
+        sol("04_self_attention"), "attention_scores",
+        "def attention_scores(q, k):\n    while True:\n        pass"),
+         "04_self_attention",
+         without("attention_scores", "attention", chapter="04_self_attention"),
+         "attention_scores hangs: its test costs one time limit; attention's, which calls it, "
+         "is skipped at once (round five: it waited for a second time limit)", "bounded-grader",
+         error="not called again",
+         statuses={"attention": "error", "masked_softmax": "passed"}),
     Case("c0_syntax_error", lambda w: sub.prepend(sol(), "head_dim", "def oops(:"),
          "01_notation", without("head_dim"), "the cell with the syntax error defines nothing",
          "tests-from-source", statuses={"head_dim": "error"}),
@@ -647,7 +661,8 @@ CATALOGUE: list[Case] = [
         "    extra = set(os.environ) - {'PATH', 'HOME', 'TMPDIR', 'USER', 'LOGNAME', 'LANG', "
         "'LC_ALL', 'PYTHONDONTWRITEBYTECODE', 'PYTHONNOUSERSITE', 'PYTHONPATH', 'MPLBACKEND', "
         "'MPLCONFIGDIR', 'CUDA_VISIBLE_DEVICES', 'OMP_NUM_THREADS', 'MKL_NUM_THREADS', "
-        "'OPENBLAS_NUM_THREADS', 'LLAMA_COURSE_THREADS', 'LLAMA_COURSE_GRADING'}\n"
+        "'OPENBLAS_NUM_THREADS', 'LLAMA_COURSE_THREADS', 'LLAMA_COURSE_GRADING', 'IPYTHONDIR', "
+        "'XDG_CONFIG_HOME', 'XDG_CACHE_HOME', 'XDG_DATA_HOME', 'JUPYTER_CONFIG_DIR'}\n"
         "    return -1 if extra else cfg.n_heads // cfg.n_kv_heads")),
          "01_notation", full(), "nothing beyond the minimal environment", "minimal-environment"),
     _victim("c8"),
@@ -700,6 +715,18 @@ CATALOGUE: list[Case] = [
     Case("a_copied_reference", lambda w: answer(sol(), "head_dim", (
         "def head_dim(cfg):\n    return int(cfg.head_dim)  # the reference's own line")),
          "01_notation", full(), "copied code earns the points", "copied-reference"),
+    Case("a_hidden_inputs_read_back", lambda w: answer(answer(
+        sol("04_self_attention"), "project_qkv", (
+            "_seen = []\n"
+            "def project_qkv(x, w_q, w_k, w_v):\n"
+            "    _seen.append(repr(x.tolist())[:80])\n"
+            "    return x @ w_q, x @ w_k, x @ w_v")), "attention", (
+            "def attention(q, k, v, mask=None):\n"
+            "    raise ValueError(' | '.join(_seen[-3:]))")),
+         "04_self_attention", without("attention", chapter="04_self_attention"),
+         "project_qkv records its inputs, hidden tests' included; attention raises them as its "
+         "message (round five): the feedback shows them", "hidden-inputs",
+         statuses={"project_qkv": "passed"}),
     Case("c3_hidden_tests_from_compile", lambda w: answer(answer(sol(), "head_dim", (
         "import sys\n_seen = []\n"
         "sys.addaudithook(lambda event, args: event == 'compile' and _seen.append(\n"

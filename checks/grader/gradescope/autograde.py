@@ -7,13 +7,23 @@ diagnosis, under the registry's message for its mistake when one was diagnosed, 
 
 A chapter whose notebook is missing from the submission scores zero with a test per exercise
 saying so; a submission that cannot be graded at all (an incident) scores zero and says why.
-results.json is always written: without it Gradescope shows only "autograder failed"."""
+results.json is always written: without it Gradescope shows only "autograder failed".
+
+Gradescope's container runs this as root, usually without CAP_SYS_ADMIN (Docker's default): no
+namespaces, so the grader runs each worker as a user id of its own ("user" isolation). Before
+grading, what that user must not read is closed to other users (the zip's folder, the submission,
+an installed copy of the course: `close_private_folders`); this process makes itself the reaper
+of every orphan below it, and after grading kills every process still below it before it writes
+results.json, so nothing a submission started can write it."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -22,6 +32,8 @@ from pathlib import Path
 
 from ...i18n import N_, _, using
 from ..outputs.headlines import headline
+from ..isolation import become_subreaper, isolation_mode, private_folders, readable_by_others
+from ..memory import descendants
 from ..read import is_test_cell, read_notebook
 from ..report import replay_text, status_word
 from ..score import exercise_name
@@ -37,14 +49,58 @@ def main(argv: list[str] | None = None) -> int:
     course = root / "source" / "course"
     config = json.loads((course / CONFIG).read_text(encoding="utf-8"))
     started = time.monotonic()
+    become_subreaper()
+    closed = close_private_folders(root)
     report, table, status = grade_submission(root / "submission", course, config)
+    survivors = end_every_descendant()
     results = gradescope_results(report, table, status, course, config)
+    if survivors:
+        table += "\n" + _("{count} process(es) the submission started outlived the grader and "
+                          "were killed before results.json was written").format(count=survivors)
+    if closed:
+        table += "\n" + _("closed to other users for grading: {folders}").format(
+            folders=", ".join(closed))
     results["execution_time"] = round(time.monotonic() - started)
     target = root / "results" / "results.json"
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     print(table)  # Gradescope shows the autograder's stdout to instructors only
     return 0
+
+
+def close_private_folders(root: Path) -> list[str]:
+    """Without namespaces (the worker then runs as a user of its own, see isolation_mode), make
+    what it must not read private to root: the zip's folder (sources with hidden tests, the
+    course's package), the submission, and any installed copy of the course. Nothing is changed
+    where namespaces work (the worker does not see them at all). The folders closed."""
+    if isolation_mode() != "user":
+        return []
+    closed = []
+    folders = [root / "source", root / "submission",
+               *(Path(p) for p in private_folders([]))]
+    for folder in folders:
+        if folder.exists() and readable_by_others(folder):
+            os.chmod(folder, stat.S_IMODE(os.stat(folder).st_mode) & ~0o007)
+            closed.append(str(folder))
+    return closed
+
+
+def end_every_descendant(wait: float = 10.0) -> int:
+    """Kill every process below this one (a submission's process that outlived the grader
+    comes here: this process is their reaper) and wait until they are gone; how many there
+    were."""
+    seen: set[int] = set()
+    deadline = time.monotonic() + wait
+    while (alive := descendants(os.getpid())) and time.monotonic() < deadline:
+        seen |= set(alive)
+        for pid in alive:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        for pid in alive:
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(pid, os.WNOHANG)
+        time.sleep(0.02)
+    return len(seen)
 
 
 def grade_submission(submission: Path, course: Path, config: dict) -> tuple[dict, str, int]:

@@ -339,8 +339,20 @@ def read_assignments(path: Path) -> dict[str, Assignment]:
             name, _due_time(row["due"], number),
             _fraction(row.get("penalty_per_day", ""), "penalty_per_day", number, 0.0),
             _fraction(row.get("max_penalty", ""), "max_penalty", number, 1.0),
-            row.get("lms_id", ""))
+            _lms_id(row.get("lms_id", ""), number))
     return found
+
+
+def _lms_id(text: str, number: int) -> str:
+    """An LMS's assignment id as the gradebook's column names it (`<chapter> (<id>)`, Canvas's
+    form): printable, without parentheses or quotes, at most 64 characters; one line otherwise
+    (a control character would reach the terminal, a parenthesis would make Canvas read another
+    id)."""
+    if len(text) > 64 or any(not c.isprintable() or c in "()\"'" for c in text):
+        raise ValueError(_("row {number}: lms_id must be an LMS's assignment id (printable, "
+                           "without parentheses or quotes, at most 64 characters), not "
+                           "{text}").format(number=number, text=repr(text[:40])))
+    return text
 
 
 def _fraction(text: str, column: str, number: int, default: float) -> float:

@@ -38,7 +38,37 @@ def read_roster(path: Path) -> dict[str, dict[str, str]]:
             raise ValueError(_("row {number}: {folder} is named twice").format(
                 number=number, folder=repr(folder[:60])))
         roster[folder] = {key: cells.get(key, "") for key in FIELDS[1:]}
+    _refuse_shared_logins(roster)
     return roster
+
+
+def _login(folder: str, entry: dict[str, str]) -> str:
+    """The SIS Login ID a roster student's row carries (the folder, when the roster has none)."""
+    return entry["login"] or folder
+
+
+def _refuse_shared_logins(roster: dict[str, dict[str, str]]) -> None:
+    """Two roster rows with one login or one id would be one student to the LMS: the later
+    row's grade would replace the earlier's."""
+    for key, read in (("login", _login), ("id", lambda folder, entry: entry["id"])):
+        seen: dict[str, str] = {}
+        for folder, entry in roster.items():
+            value = read(folder, entry).casefold()
+            if value and value in seen:
+                raise ValueError(_("{first} and {second} have the same {key} {value}").format(
+                    first=repr(seen[value][:60]), second=repr(folder[:60]), key=key,
+                    value=repr(read(folder, entry)[:60])))
+            seen.setdefault(value, folder)
+
+
+def claims_a_classmate(student: str, roster: dict[str, dict[str, str]] | None) -> bool:
+    """A folder the roster does not name whose name is a roster student's login or id: its
+    row, with that login, would replace the real student's grade in the LMS."""
+    if not roster or student in roster:
+        return False
+    name = student.casefold()
+    return any(name in (_login(folder, entry).casefold(), entry["id"].casefold())
+               for folder, entry in roster.items())
 
 
 def roster_argument(text: str) -> dict[str, dict[str, str]]:
@@ -56,6 +86,10 @@ def student_columns(student: str, roster: dict[str, dict[str, str]] | None) -> l
     """Canvas's Student, ID, SIS User ID, SIS Login ID, Section for one student's row: from the
     roster when it names the folder, else the folder as the login (Canvas fills the rest)."""
     known = (roster or {}).get(student)
+    if claims_a_classmate(student, roster):  # no login: the LMS matches it to nobody
+        return [_("{folder} (not on the roster, and named like a roster student's login or id: "
+                  "given no login, so that it cannot replace their grade)").format(
+                      folder=student), "", "", "", ""]
     if known is None:
         return [student, "", "", student, ""]
     return [known["name"] or student, "", known["id"], known["login"] or student,
