@@ -21,12 +21,14 @@ keeps what is the training run's.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 
 import torch
 
 from . import timing
 from .config import ModelConfig
+from .environment import THREADS_ENV
 from .timing import default_kind as choose_device
 from .timing import seconds_text
 
@@ -148,10 +150,10 @@ def llama2_7b_training_flops(tokens: float = 2e12) -> float:
     return 6.0 * 6_738_415_616 * tokens
 
 
-__all__ = ["FINAL_EVAL_BATCHES", "FINAL_EVAL_SEED", "RunSettings", "autocast_dtype",
-           "choose_device", "forward_flops_per_token", "run_reference", "to_device",
-           "llama2_7b_training_flops", "matmul_peak", "run_kind", "seconds_text", "settings",
-           "train_flops_per_token"]
+__all__ = ["FINAL_EVAL_BATCHES", "FINAL_EVAL_SEED", "Progress", "RunSettings", "autocast_dtype",
+           "available_cores", "checkpoint", "choose_device", "forward_flops_per_token",
+           "llama2_7b_training_flops", "matmul_peak", "resume", "run_kind", "run_reference",
+           "seconds_text", "settings", "to_device", "train_flops_per_token", "training_threads"]
 
 
 FINAL_EVAL_BATCHES = 32
@@ -202,3 +204,126 @@ def to_device(params: dict, device: str) -> dict:
     return {"embed": move(params["embed"]),
             "layers": [{k: move(v) for k, v in layer.items()} for layer in params["layers"]],
             **{k: move(params[k]) for k in ("final_norm", "lm_head") if k in params}}
+
+
+# --------------------------------------------------------------------------------------------
+# Threads: every core the run may use
+
+
+def available_cores() -> int:
+    """The CPU cores this process may run on: its affinity where the system reports one (a
+    container or `taskset` may allow fewer than the machine has), else `os.cpu_count()`."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def training_threads(grading: bool) -> int:
+    """Torch threads for the training run: one under a grader (its runs are tiny and decided by
+    steps; the test suite and the grader run several processes side by side), the number in
+    `LLAMA_COURSE_THREADS` when one is given, else every available core (the default run's
+    matrices are large enough for a second thread to pay: 1.6x on two cores)."""
+    if grading:
+        return 1
+    value = os.environ.get(THREADS_ENV, "").strip()
+    if value.isdigit() and int(value) > 0:
+        return int(value)
+    return available_cores()
+
+
+# --------------------------------------------------------------------------------------------
+# The progress line's arithmetic
+
+
+class Progress:
+    """Tokens per second and the time left, from what has been timed so far. The first `skip`
+    training steps of a run are left out (they allocate memory and warm caches, and run several
+    times slower than the rest), and so are evaluations: they are timed apart and counted at
+    their own cost. Until a step has been timed after those, there is no estimate (None)."""
+
+    def __init__(self, tokens_per_step: int, skip: int = 5):
+        if tokens_per_step <= 0 or skip < 0:
+            raise ValueError(f"tokens_per_step must be positive and skip at least 0, got "
+                             f"{tokens_per_step} and {skip}")
+        self.tokens_per_step, self.skip = tokens_per_step, skip
+        self.steps_seen, self.evals_seen = 0, 0
+        self.timed_steps, self.step_seconds = 0, 0.0
+        self.timed_evals, self.eval_seconds = 0, 0.0
+
+    def step(self, seconds: float) -> None:
+        """One training step took `seconds`."""
+        self.steps_seen += 1
+        if self.steps_seen > self.skip:
+            self.timed_steps += 1
+            self.step_seconds += seconds
+
+    def evaluation(self, seconds: float) -> None:
+        """One evaluation took `seconds` (the first is left out: it warms up the no-grad path)."""
+        self.evals_seen += 1
+        if self.evals_seen > 1:
+            self.timed_evals += 1
+            self.eval_seconds += seconds
+
+    def tokens_per_s(self) -> float | None:
+        if not self.timed_steps:
+            return None
+        return self.timed_steps * self.tokens_per_step / self.step_seconds
+
+    def seconds_left(self, steps_left: int, evals_left: int) -> float | None:
+        """The time `steps_left` more steps and `evals_left` more evaluations take at the rates
+        measured; None before any step has been timed."""
+        if not self.timed_steps:
+            return None
+        per_eval = self.eval_seconds / self.timed_evals if self.timed_evals > 0 else 0.0
+        return steps_left * self.step_seconds / self.timed_steps + evals_left * per_eval
+
+
+# --------------------------------------------------------------------------------------------
+# Save and resume
+
+
+def _tensors_to(value, device):
+    """`value` (tensors inside dicts, lists and tuples, anything else kept) with every tensor
+    detached and moved to `device`."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to(device)
+    if isinstance(value, dict):
+        return {k: _tensors_to(v, device) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_tensors_to(v, device) for v in value)
+    return value
+
+
+def checkpoint(cfg: ModelConfig, params: dict, state: dict, step: int,
+               generator: torch.Generator) -> dict:
+    """What a run needs to go on exactly where it stopped, on the CPU and without autograd:
+    the configuration, the parameters, the optimizer's state (AdamW's step count and both
+    moments, however `adamw_step` keeps them), the number of steps done (the schedule's
+    position) and the batch generator's state (the next batches). `torch.save` writes it;
+    `torch.load(..., weights_only=True)` reads it back."""
+    return {"config": dataclasses.asdict(cfg),
+            "params": _tensors_to(params, "cpu"),
+            "optimizer": _tensors_to(state, "cpu"),
+            "step": int(step),
+            "generator": generator.get_state()}
+
+
+def resume(saved: dict, device: str = "cpu"):
+    """The run a `checkpoint` saved: (cfg, params, state, step, generator), the parameters
+    trainable leaves and the optimizer's tensors on `device`."""
+    missing = {"config", "params", "optimizer", "step", "generator"} - set(saved)
+    if missing:
+        raise ValueError(f"not a training checkpoint: {', '.join(sorted(missing))} missing")
+    cfg = ModelConfig(**saved["config"])
+    params = to_device(saved["params"], device)
+    for t in _leaves(params):
+        t.requires_grad_(True)
+    generator = torch.Generator()
+    generator.set_state(saved["generator"])
+    return cfg, params, _tensors_to(saved["optimizer"], device), saved["step"], generator
+
+
+def _leaves(params: dict) -> list[torch.Tensor]:
+    return [params["embed"], *(t for layer in params["layers"] for t in layer.values()),
+            *(params[k] for k in ("final_norm", "lm_head") if k in params)]
