@@ -67,8 +67,19 @@ def test_gpu_check_plans():
     assert cpu.training == "cpu" and cpu.steps == training_run.settings("cpu").steps
     quick = gpu_check.plan("cpu", quick=True, steps=2)
     assert quick.training == "grading" and quick.steps == 2 and quick.timing_size == "tiny"
+    # chapter 14's notebook runs where a device is present, on the CPU only when asked
+    assert gpu.notebook and gpu_check.plan("mps").notebook and not cpu.notebook
+    assert gpu_check.plan("cpu", notebook=True).notebook
+    assert not gpu_check.plan("cuda", notebook=False).notebook
     with pytest.raises(ValueError):
         gpu_check.plan("tpu")
+
+
+def test_gpu_check_without_solutions_says_the_chapter_was_not_run(tmp_path):
+    result = gpu_check.run_notebook(solutions=tmp_path)
+    assert result["ran"] is False and "no " in result["why"]
+    report = {"notebook": result}
+    assert "Not run: no " in "\n".join(gpu_check._notebook_section(report["notebook"], "cuda"))
 
 
 def test_to_device_keeps_leaves_trainable():
