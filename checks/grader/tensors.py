@@ -13,20 +13,42 @@ import torch
 from . import wire
 
 
-def flat_tensors(value: Any, out: list | None = None, depth: int = 0) -> list:
-    """The tensors in nested lists, tuples and dict values, in order (both sides agree)."""
+def flat_tensors(value: Any, out: list | None = None, depth: int = 0,
+                 kind: type = torch.Tensor) -> list:
+    """The tensors (or other objects of `kind`) in nested lists, tuples and dict values, in
+    order (both sides agree)."""
     out = [] if out is None else out
     if depth > wire.MAX_DEPTH:
         return out
-    if isinstance(value, torch.Tensor):
+    if isinstance(value, kind):
         out.append(value)
     elif isinstance(value, (list, tuple)):
         for v in value:
-            flat_tensors(v, out, depth + 1)
+            flat_tensors(v, out, depth + 1, kind)
     elif isinstance(value, dict):
         for v in value.values():
-            flat_tensors(v, out, depth + 1)
+            flat_tensors(v, out, depth + 1, kind)
     return out
+
+
+def generator_states(arguments: Any) -> list:
+    """The states of the torch.Generators among a call's arguments, in order: the worker sends
+    them back after the call, because a generator is state the caller keeps (two calls with one
+    generator draw different numbers) and the worker only ever held a copy of it."""
+    return [g.get_state() for g in flat_tensors(arguments, kind=torch.Generator)]
+
+
+def set_generator_states(arguments: Any, states: Any) -> None:
+    """Move the caller's generators on to where the worker's copies ended (`generator_states`);
+    anything that is not one state per generator, as the generator's own kind of state, is
+    ignored."""
+    generators = flat_tensors(arguments, kind=torch.Generator)
+    if not isinstance(states, list) or len(states) != len(generators):
+        return
+    for g, state in zip(generators, states):
+        now = g.get_state()
+        if type(state) is torch.Tensor and state.dtype == now.dtype and state.shape == now.shape:
+            g.set_state(state.clone())
 
 
 def map_leaves(value: Any, leaf, max_depth: int, depth: int = 0) -> Any:

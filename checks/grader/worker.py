@@ -538,6 +538,7 @@ class Worker:
         if type(rng) is torch.Tensor and rng.dtype == torch.uint8 and \
                 rng.shape == torch.get_rng_state().shape:
             torch.set_rng_state(rng.clone())
+        tensors.set_generator_states((args, kwargs), grader_value(reply.get("generators"), self))
         stderr = self.stderr_text + capped_text(reply.get("stderr"), MAX_TEXT)
         self.stderr_text = stderr[-MAX_TEXT:]
         name = target[1] if target[0] == "name" else _("your function")

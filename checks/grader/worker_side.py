@@ -28,7 +28,7 @@ from ..engine import CheckFailure, _Forbid, changed_inputs, snapshot_inputs
 from . import wire
 from .audit import install_audit_hook
 from .channel import receive_frame, send_frame
-from .tensors import attach_autograd, flat_tensors
+from .tensors import attach_autograd, flat_tensors, generator_states
 
 
 _worker_state: dict[str, Any] = {}
@@ -254,6 +254,7 @@ class _WorkerSide:
         result["stderr"] = err.getvalue()
         with contextlib.suppress(Exception):
             result["rng"] = torch.get_rng_state()
+            result["generators"] = generator_states((args, kwargs))
         self.send(**result)
 
     def do_getattr(self, handle: int, name: str) -> None:

@@ -667,6 +667,30 @@ def test_the_reservation_is_what_an_address_space_limit_refuses():
     assert done.returncode != 0 and "Cannot allocate memory" in done.stderr
 
 
+@pytest.mark.grader_workers
+def test_a_generator_moves_on_across_calls_into_the_worker():
+    """The worker draws from a copy of the caller's generator; the caller's generator ends where
+    the copy ended, so two calls with one generator draw different numbers, as they do in a
+    notebook (chapter 13's check calls generate twice with one generator)."""
+    from checks.grader.remote import RemoteFunction
+
+    copy = library.WorkerLibrary("01_notation", identify.SOURCE_DIR)
+    with tempfile.TemporaryDirectory() as tmp:
+        worker = Worker(tmp, Limits(cell_timeout=60), copy)
+        try:
+            assert worker.run_cell(0, "import torch\n"
+                                      "def draw(g):\n    return torch.rand(3, generator=g)")["ok"]
+            draw = RemoteFunction(worker, "draw", time.monotonic() + 60)
+            g = torch.Generator().manual_seed(7)
+            first, second = draw(g), draw(g)
+        finally:
+            worker.close()
+    here = torch.Generator().manual_seed(7)
+    assert torch.equal(first, torch.rand(3, generator=here))
+    assert torch.equal(second, torch.rand(3, generator=here))
+    assert torch.equal(g.get_state(), here.get_state())
+
+
 @pytest.mark.parametrize("memory_by, isolation", [("cgroup", "auto"), ("rss", "auto"),
                                                    ("rss", "none")])
 @pytest.mark.grader_workers
