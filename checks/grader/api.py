@@ -159,10 +159,11 @@ def _status(folder: Path, options: GradeOptions, echo: bool) -> GradeRun:
 
 def _grade(paths: list[Path], options: GradeOptions, outputs: OutputOptions,
            echo: bool) -> GradeRun:
-    found = find_submissions(paths, options.caps(), options.source)  # links, special files,
-    #                                                                  caps: one line each, here
+    # links, special files, caps, second notebooks (and copies): one line each, here
+    found = find_submissions(paths, options.caps(), options.source, options.use_copies)
     # unwritable outputs are refused here, before grading
-    writer = GradeOutputs(outputs, found.paths)
+    writer = GradeOutputs(outputs, found.paths, [s.student for s in found.submissions
+                                                 if s.student])
     for refusal in found.refused:
         report_problem(refusal)
     todo = writer.to_grade(found.paths)
