@@ -84,6 +84,12 @@ def rows_of(text: str) -> dict[str, dict[str, str]]:
     return {row[0]: dict(zip(rows[0], row)) for row in rows[1:]}
 
 
+def book_rows(text: str) -> dict[str, dict[str, str]]:
+    """The gradebook's rows by SIS Login ID (the student's folder: the roster gives no login)."""
+    rows = list(csv.reader(io.StringIO(text)))
+    return {row[3]: dict(zip(rows[0], row)) for row in rows[2:]}
+
+
 @pytest.fixture(scope="module")
 def graded_twice(term):
     out = term / "out"
@@ -113,12 +119,13 @@ def test_the_first_run_marks_each_assignment_by_its_own_due_time(graded_twice):
     assert records["ana", THREE]["late_by_seconds"] == 35 * 3600
     assert records["ana", THREE]["lms_id"] == "4242" and "lms_id" not in records["ana", ONE]
     # the gradebook: the score after the penalty, a column of the penalty, the LMS id
-    book = rows_of(saved["grades.csv"])
+    book = book_rows(saved["grades.csv"])
     column = f"{THREE} (4242)"
     assert list(book["ana"])[5:] == [ONE, column, f"{THREE} late penalty"]
     assert float(book["ana"][column]) == pytest.approx(max_three - penalty)
     assert float(book["ana"][f"{THREE} late penalty"]) == pytest.approx(penalty)
     assert float(book["ben"][column]) == max_three
+    assert book["ana"]["Student"] == "Ana Alves" and book["cy"][column] == ""  # the roster's
     assert book["ben"][f"{THREE} late penalty"] == "0"
     exercises = rows_of(saved["exercises.csv"])
     assert (exercises["ana"][f"{THREE} late"], exercises["ben"][f"{ONE} late"]) == ("yes", "no")
@@ -144,7 +151,7 @@ def test_a_changed_due_time_changes_only_its_assignment(graded_twice):
     for key in (("ana", ONE), ("ben", ONE), ("ben", THREE)):  # the rest as it was
         fields = ("late", "penalty", "submitted_at") + ("due",) * (key[1] == ONE)
         assert {f: records[key][f] for f in fields} == {f: first[key][f] for f in fields}, key
-    book = rows_of((out / "grades.csv").read_text())
+    book = book_rows((out / "grades.csv").read_text())
     assert float(book["ana"][f"{THREE} (4242)"]) == records["ana", THREE]["max_points"]
     assert book["ana"][f"{THREE} late penalty"] == "0"
     feedback = (out / "feedback" / "ana" / f"{THREE}.html").read_text(encoding="utf-8")
