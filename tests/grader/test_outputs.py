@@ -131,7 +131,8 @@ def test_json_has_every_student_lateness_and_the_summary(graded):
     assert diagnoses[0]["count"] == 2 and "has no attribute 'dim'" in diagnoses[0]["message"]
     assert diagnoses[0]["students"] == sorted(["wrong", HOSTILE])
     assert diagnoses[1] == {"mistake": None, "status": "not started", "count": 1,
-                            "students": ["blank"], "message": "still raises NotImplementedError"}
+                            "students": ["blank"], "message": "still raises NotImplementedError",
+                            "title": "", "knock_on": []}
     # every exercise has the two new fields; a failure without a declared mistake has none
     assert all({"mistake", "seed"} <= set(e) for r in data["notebooks"] for e in r["exercises"])
     assert by_student["wrong"]["exercises"][0]["mistake"] is None

@@ -185,7 +185,7 @@ def test_the_student_view_lists_every_roster_student(the_class):
     assert order == ["chen", "eve", "fay", "gus", "ada", "bo", "dee"]
     dee = next(r for r in rows if r.student == "dee")
     assert (dee.points, dee.late, dee.crashed) == (2.5, 1, 1)
-    page = class_report_html(records, roster, problems)
+    page = class_report_html(records, roster=roster, problems=problems)
     view = page.split('<h2 id="students">')[1].split("<h2")[0]
     shown = view.split('class="default"')[1]
     assert "Ève Absent" in shown and "submitted nothing" in shown
@@ -201,7 +201,8 @@ def test_the_student_view_sorts_without_javascript_in_chromium(the_class, tmp_pa
         pytest.skip(f"needs Debian's chromium at {CHROMIUM} (apt-get install chromium)")
     records, roster, problems = the_class
     target = tmp_path / "report.html"
-    target.write_text(class_report_html(records, roster, problems), encoding="utf-8")
+    target.write_text(class_report_html(records, roster=roster, problems=problems),
+                      encoding="utf-8")
     with sync_api.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True,
                                      args=["--no-sandbox", "--disable-gpu"])
@@ -264,6 +265,17 @@ def test_use_copies_grades_the_copy_on_the_instructor_s_word(tmp_path):
     # work at the standard place: the flag changes nothing
     sub.write(sub.solution(sub.REPO / "solutions" / CH04 / f"{CH04}.ipynb"), stub)
     assert find_submissions([tmp_path / "submitted"], use_copies=True).paths == [stub]
+
+
+def test_what_counts_as_work():
+    from checks.grader.copies import is_stub
+
+    stub = 'def f(x):\n    """Doc."""\n    # YOUR CODE HERE\n    raise NotImplementedError()\n'
+    assert is_stub(stub) and is_stub("import torch\n" + stub)
+    assert not is_stub(stub.replace("raise", "return 1  #"))
+    assert not is_stub(stub + "y = 1\n") and not is_stub("def f(:\n")
+    assert not is_stub("(" * 10_000 + ")" * 10_000)  # the parser gives up: not the release's
+    assert not is_stub("x = 1\x00")
 
 
 def test_every_released_answer_is_a_stub_and_every_solution_is_work():

@@ -44,8 +44,8 @@ caption { text-align: left; }
 """ + STUDENTS_STYLE
 
 
-def class_report_html(records: list[dict], roster: dict | None = None, problems: list = (),
-                      lang: str | None = None) -> str:
+def class_report_html(records: list[dict], lang: str | None = None, *,
+                      roster: dict | None = None, problems: list = ()) -> str:
     """The page for these records (the JSON report's), with every student of `roster` (--roster)
     and the files refused (`problems`: the JSON report's errors, {path, error, student}), in
     `lang` (None: the language of the moment; LLAMA_COURSE_LANG, when set, still decides the

@@ -35,7 +35,7 @@ class FileOutput:
     what: str
     render: Callable[[list[dict]], str]
     as_each_finishes: bool = True  # else only once grading ends (drawing charts takes a while)
-    with_roster: bool = False  # render(records, roster): the --roster table as well
+    with_roster: bool = False  # render(records, roster=...): the --roster table as well
     with_lang: bool = False  # render(records, lang=...): in the instructor's language (--lang)
     with_problems: bool = False  # render(records, problems=...): the files refused, not graded
 
@@ -197,8 +197,9 @@ class GradeOutputs:
                 extras = {"lang": self.lang} if output.with_lang else {}
                 if output.with_problems:
                     extras["problems"] = problem_data(problems)
-                atomic_write(target, output.render(records, self.roster, **extras)
-                             if output.with_roster else output.render(records, **extras))
+                if output.with_roster:
+                    extras["roster"] = self.roster
+                atomic_write(target, output.render(records, **extras))
 
     def write_interrupted(self, problems: list[GradingError] = ()) -> None:
         """Grading was stopped (Ctrl-C, SIGTERM): every output of the notebooks finished, the
