@@ -171,8 +171,9 @@ def _named(diagnosis: dict) -> str:
     if not diagnosis["mistake"]:
         return e(status_word(diagnosis["status"]))
     title = diagnosis.get("title")
+    shown = title and title != diagnosis.get("message")  # a short message is its own title
     return f"<code>{e(diagnosis['mistake'])}</code>" + (
-        f'<br><span class="title">{e(title)}</span>' if title else "")
+        f'<br><span class="title">{e(title)}</span>' if shown else "")
 
 
 def _names(students: list[str]) -> str:
