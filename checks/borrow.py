@@ -25,9 +25,20 @@ the order asked, as above. It prints exactly one line saying whose each function
 
 Reasons shown: "not started", "check failed", "no notebook", "unreadable notebook", "no answer
 cell", "syntax error", "cell raised <Error>", "not defined" (the cell defines no such function),
-"checking raised <Error>", "no checks" (no `checks.nbNN` for that chapter). Names that share a
-chapter and a reason are listed together. `borrowed.whose[name]` is "yours" or "reference" and
-`borrowed.why[name]` the longer reason, for tests and curious learners.
+"checking raised <Error>", "no checks" (no `checks.nbNN` for that chapter), "no gradients".
+Names that share a chapter and a reason are listed together. `borrowed.whose[name]` is "yours"
+or "reference" and `borrowed.why[name]` the longer reason, for tests and curious learners
+(`borrowed.mistakes[name]`: the mistake's id where gradients do not flow through it, else None).
+
+Chapter 14 trains through what the chapters borrow, so a function the course can probe
+(`checks.gradients.PROBED`: `model_forward`, `decoder_block`, `rms_norm`, `apply_rope`, ...) is
+yours only when gradients flow through it too: one forward and backward pass on tiny inputs, every
+input and parameter with a finite, non-zero gradient, and no function of yours under it running
+with gradients off or dropping them. When not, "no gradients", and one more line names the
+function at fault, its chapter and the cause (`torch.no_grad()`, `.detach()`, `.data`,
+`torch.tensor(...)`, a change in place): "Not for training: `apply_rope` (chapter 08) runs with
+gradient tracking off (`torch.no_grad()`): ...". Its id is chapter 14's
+(`14.train_step.borrowed_without_gradients`, ...: checks.gradients.BORROWED).
 
 Under a grader (`checks.context.grading()`: `python -m checks status|grade`, nbgrader, the test
 suite) every function is the reference and the line says so: grading one chapter never reads or
@@ -86,6 +97,7 @@ import contextvars
 import functools
 import io
 import json
+import linecache
 import os
 import re
 from collections.abc import Callable, Iterator, Mapping
@@ -140,11 +152,13 @@ class Borrowed:
     yours); `line` is the summary line that was printed."""
 
     def __init__(self, chosen: dict[str, Callable], whose: dict[str, str], why: dict[str, str],
-                 line: str):
+                 line: str, mistakes: dict[str, str | None] | None = None):
         self.functions = chosen
         self.whose = whose
         self.why = why
         self.line = line
+        # the mistake id where gradients do not flow ("14.train_step.borrowed_cuts_gradients")
+        self.mistakes = mistakes or dict.fromkeys(chosen)
 
     def __getattr__(self, name: str) -> Callable:
         functions = self.__dict__.get("functions", {})
@@ -178,7 +192,8 @@ def own_functions(wanted: Mapping[str, str], *, root: str | os.PathLike | None =
         print(line)
         return Borrowed(fallbacks, dict.fromkeys(wanted, "reference"),
                         dict.fromkeys(wanted, "graded run"), line)
-    chosen, whose, why, shown, alone_ones = {}, {}, {}, [], set()
+    chosen, whose, why, shown, alone_ones, untrainable = {}, {}, {}, [], set(), []
+    mistakes: dict[str, str | None] = dict.fromkeys(wanted)
     for name, chapter in wanted.items():
         try:
             chosen[name] = _own_if_passing(chapter, name, root, checker=None)
@@ -188,11 +203,16 @@ def own_functions(wanted: Mapping[str, str], *, root: str | os.PathLike | None =
             whose[name], why[name], short = "reference", str(exc), exc.shown_short()
             if exc.short == "no notebook":
                 alone_ones.add(name)
+            if exc.short == _NO_GRADIENTS:
+                untrainable.append(exc.shown())
+                mistakes[name] = exc.mistake_id
         shown.append((name, _chapter_number(chapter), short))
     alone = len(alone_ones) == len(shown)
     line = _alone_line(shown, root) if alone else _summary_line(shown)
     print(line)
-    return Borrowed(chosen, whose, why, line)
+    for text in dict.fromkeys(untrainable):   # one line per cause, said once
+        print(_("Not for training: {why}").format(why=text))
+    return Borrowed(chosen, whose, why, line, mistakes)
 
 
 def own_or_reference(chapter: str, name: str, *, root: str | os.PathLike | None = None,
@@ -255,10 +275,50 @@ def _own_if_passing(chapter: str, name: str, root, *, checker: Callable | None) 
 def _verdict(notebook: "_Notebook", name: str, checker: Callable):
     try:
         fn = notebook.function(name)
-        _passes(fn, checker)
+        try:
+            _passes(fn, checker)
+        except _Unavailable as failed:
+            if failed.short == "check failed":
+                _trains(fn, name)          # gradients that do not flow say more, and where
+            raise
+        _trains(fn, name)
     except _Unavailable as problem:
         return None, problem
     return fn, None
+
+
+class _CutShown:
+    """A `checks.gradients.Cut` as a message value: told in the language of the moment."""
+
+    def __init__(self, cut):
+        self.cut = cut
+
+    def __format__(self, spec: str) -> str:
+        return format(self.cut.detail(), spec)
+
+
+def _trains(fn: Callable, name: str) -> None:
+    """Raise _Unavailable when gradients do not flow through `fn` (chapter 14 trains through
+    the functions the later chapters borrow: checks.gradients.PROBED), naming the function at
+    fault, its chapter and the cause. A function that fails on the probe's own tiny inputs is
+    left to its check, which it passed."""
+    from . import gradients
+
+    if name not in gradients.PROBED or isinstance(fn, type):
+        return
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            cut = gradients.probe(name, fn)
+    except Exception:  # noqa: BLE001 - a learner's function may fail in any way
+        return
+    if cut is not None:
+        mistake = gradients.borrowed_mistake(cut)
+        problem = _Unavailable(_NO_GRADIENTS, mistake, cause=_CutShown(cut))
+        problem.mistake_id = f"14.train_step.{mistake.key}"   # registered by chapter 14
+        raise problem
+
+
+_NO_GRADIENTS = N_("no gradients")
 
 
 def _passes(fn: Callable, checker: Callable) -> None:
@@ -489,18 +549,19 @@ def _execute(path: Path) -> _Notebook:
     answers = [i for i, (_src, meta) in enumerate(code) if meta.get("solution")]
     result = _Notebook(path.name)
     namespace = {"__name__": f"_borrowed_{path.stem}", "__builtins__": builtins}
-    for source, meta in code[: answers[-1] + 1] if answers else []:
+    for index, (source, meta) in enumerate(code[: answers[-1] + 1] if answers else []):
         if meta.get("solution"):
             _run_answer(source, meta.get("grade_id"), namespace, result, path.name)
         elif not meta.get("grade"):
-            _run_definitions(source, namespace, path.name)
+            _run_definitions(source, namespace, f"{path.name}: cell {index + 1}")
     return result
 
 
 def _run_answer(source: str, name: str | None, namespace: dict, result: _Notebook,
                 notebook: str) -> None:
     try:
-        _run(compile(source, f"<{notebook}: cell {name}>", "exec"), namespace)
+        _run(compile(source, _remembered(source, f"<{notebook}: cell {name}>"), "exec"),
+             namespace)
     except SyntaxError as exc:
         result.problems[name] = _Unavailable(
             N_("syntax error"), N_("your cell `{name}` in {notebook} has a syntax error on line "
@@ -521,7 +582,7 @@ def _run_answer(source: str, name: str | None, namespace: dict, result: _Noteboo
             name=name, notebook=notebook)
 
 
-def _run_definitions(source: str, namespace: dict, notebook: str) -> None:
+def _run_definitions(source: str, namespace: dict, cell: str) -> None:
     """Run the cell's top-level imports, function definitions and borrowing statements, each on
     its own (one that fails is skipped); nothing else of the cell runs."""
     try:
@@ -535,7 +596,7 @@ def _run_definitions(source: str, namespace: dict, notebook: str) -> None:
         if _is_definition(node):
             module = ast.Module(body=[node], type_ignores=[])
             with contextlib.suppress(Exception, SystemExit):
-                _run(compile(module, f"<{notebook}>", "exec"), namespace)
+                _run(compile(module, _remembered(source, f"<{cell}>"), "exec"), namespace)
 
 
 def _is_definition(node: ast.stmt) -> bool:
@@ -565,6 +626,14 @@ def _without_magics(source: str) -> str:
     """IPython magics (`%matplotlib inline`, `!pip ...`) as `pass`, so the rest still parses."""
     return "\n".join(_MAGIC.sub(r"\1pass  # ", line) if _MAGIC.match(line) else line
                      for line in source.splitlines())
+
+
+def _remembered(source: str, filename: str) -> str:
+    """`filename`, with `source` kept in linecache under it: tracebacks show the learner's lines,
+    and `inspect.getsource` finds a borrowed function's code (checks.gradients names the
+    construct in it that stops gradients)."""
+    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+    return filename
 
 
 def _run(code, namespace: dict) -> None:

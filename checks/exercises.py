@@ -56,6 +56,8 @@ SYLLABUS: tuple[Chapter, ...] = (
                                              "arithmetic_intensity")),
     Chapter("14", "14_training", ("get_batch", "lr_at", "clip_grad_norm", "adamw_step",
                                   "train_step", "evaluate", "bits_per_byte")),
+    Chapter("15", "15_serving", ("pad_left", "batched_prefill", "BlockAllocator", "PagedKVCache",
+                                 "paged_attention", "serve")),
 )
 
 _BY_NUMBER = {chapter.number: chapter for chapter in SYLLABUS}

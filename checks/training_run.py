@@ -187,7 +187,7 @@ def run_reference(s: RunSettings, train: torch.Tensor, valid: torch.Tensor, *,
             log(step, loss, time.perf_counter() - start)
     timing.synchronize(device)
     seconds = time.perf_counter() - start
-    final = tr.evaluate(to_device(params, "cpu") if device != "cpu" else params, cfg, valid,
+    final = tr.evaluate(params, cfg, valid,     # on the model's device: evaluate moves batches
                         batch_size=s.batch_size, context_len=s.context_len,
                         n_batches=FINAL_EVAL_BATCHES,
                         generator=torch.Generator().manual_seed(FINAL_EVAL_SEED))

@@ -177,6 +177,12 @@ def _merge_mixups(ids, pair, new_id) -> dict:
     return mixups
 
 
+def _merge_case(c: Check, ids: list[int], pair: tuple[int, int], new_id: int) -> None:
+    got = c.call(list(ids), pair, new_id)
+    _expect_list(c, got, ref.bpe_merge(ids, pair, new_id),
+                 what=f"bpe_merge({ids}, {pair}, {new_id})", wrong=_merge_mixups(ids, pair, new_id))
+
+
 def check_bpe_merge(f, *, seed: int | None = None, thorough: bool = False) -> None:
     with Check("bpe_merge", f, seed=seed, in_place=MERGE_IN_PLACE) as c:
         cases = [([5, 5, 5], (5, 5), 256), ([7, 1, 2, 1, 2, 9, 1], (1, 2), 300),
@@ -188,10 +194,7 @@ def check_bpe_merge(f, *, seed: int | None = None, thorough: bool = False) -> No
             i = c.randint(0, len(ids) - 1)
             cases.append((ids, (ids[i], ids[i + 1]), c.randint(400, 1000)))
         for ids, pair, new_id in cases:
-            got = c.call(list(ids), pair, new_id)
-            _expect_list(c, got, ref.bpe_merge(ids, pair, new_id),
-                         what=f"bpe_merge({ids}, {pair}, {new_id})",
-                         wrong=_merge_mixups(ids, pair, new_id))
+            _merge_case(c, ids, pair, new_id)
         for line in (_("non-overlapping, left to right"), _("every occurrence"),
                      _("input list left unchanged")):
             c.headline(line)
@@ -225,7 +228,8 @@ def _train_variant(text: str, num_merges: int, *, tie: str = "first", start: int
         top = min(counts.values()) if tie == "least" else max(counts.values())
         tied = [p for p in counts if counts[p] == top]  # in order of first occurrence
         pair = {"first": tied[0], "least": tied[0], "last": tied[-1], "smallest": min(tied),
-                "largest": max(tied), "largest_pair": max(counts)}[tie]
+                "largest": max(tied), "largest_pair": max(counts),
+                "first_id": min(tied, key=lambda p: ids.index(p[0]))}[tie]
         merges[pair] = start + r
         if update:
             ids = merge(ids, pair, start + r)
@@ -248,6 +252,11 @@ _TRAIN_MISTAKES = {
     Mistake("ties_to_last_pair", N_(
         "ties went to the pair that occurs last: among equally frequent pairs take the one that "
         "occurs first in the current sequence")): dict(tie="last"),
+    Mistake("ties_by_first_id_position", N_(
+        "ties went to the pair whose first id occurs first in the sequence (ids.index(pair[0])): "
+        "that id may stand first elsewhere, beside another id; among equally frequent pairs take "
+        "the one whose two ids first stand side by side, e.g. the first of "
+        "zip(ids, ids[1:]) with the top count")): dict(tie="first_id"),
     Mistake("ids_from_255", N_("new ids start at 256 (ids 0-255 are the single bytes), not 255")):
         dict(start=255),
     Mistake("ids_from_0", N_("new ids start at 256 (ids 0-255 are the single bytes), not 0")):
@@ -335,9 +344,11 @@ def check_bpe_train(f, *, seed: int | None = None, thorough: bool = False) -> No
                                                   errors=[NO_PAIR_LEFT]) as c:
         # Every mistake in _TRAIN_MISTAKES gives a different result on the first text (found by
         # a search), so that the first failure names it; the third is a five-way tie with
-        # first != smallest != largest != last.
+        # first != smallest != largest != last. In the last, (d, y) and (y, d) tie and (d, y)
+        # stands first, but y is the first id of the text: a tie broken by where a pair's first
+        # id first occurs (ids.index) picks (y, d).
         cases = [("zz学bbb学yz", 7), ("m byyy学m", 6), ("dcabzyme dcabzyme", 4), ("aaa bcbc", 4),
-                 (ARTICLE_SENTENCE + " " + ARTICLE_SENTENCE, 8), ("abcd", 3)]
+                 (ARTICLE_SENTENCE + " " + ARTICLE_SENTENCE, 8), ("abcd", 3), ("ybdydyd", 2)]
         for _n in range(6 if thorough else 2):
             cases.append((_random_text(c, c.randint(8, 25)), c.randint(5, 25)))
         cases += [("ab", 3), ("a", 2), ("", 2), ("abc", 0)]
@@ -422,6 +433,14 @@ def _encode_mixups(text, merges) -> dict:
     }
 
 
+def _encode_case(c: Check, text: str, merges: dict) -> None:
+    got = c.call(text, dict(merges))
+    _expect_list(c, got, ref.bpe_encode(text, merges),
+                 what=_("{call} with {count} merges").format(
+                     call=f"bpe_encode({describe(text)})", count=len(merges)),
+                 wrong=_encode_mixups(text, merges))
+
+
 def check_bpe_encode(f, *, seed: int | None = None, thorough: bool = False) -> None:
     with builds_on("bpe_encode", _BUILT_ON), Check("bpe_encode", f, seed=seed,
                                                    errors=[RANK_WITHOUT_DEFAULT],
@@ -440,11 +459,7 @@ def check_bpe_encode(f, *, seed: int | None = None, thorough: bool = False) -> N
                       (_random_text(c, c.randint(4, 12)), merges), ("", merges)]
         cases.append((ARTICLE_SENTENCE, {}))
         for text, merges in cases:
-            got = c.call(text, dict(merges))
-            _expect_list(c, got, ref.bpe_encode(text, merges),
-                         what=_("{call} with {count} merges").format(
-                             call=f"bpe_encode({describe(text)})", count=len(merges)),
-                         wrong=_encode_mixups(text, merges))
+            _encode_case(c, text, merges)
         for line in (_("merges applied in training order"), _("Chinese text"),
                      _("no merges: the UTF-8 bytes")):
             c.headline(line)
@@ -480,6 +495,18 @@ _EXPAND_HINT = Mistake("merged_ids_not_expanded", N_(
     raises=[("ValueError", None), ("KeyError", None), ("IndexError", None)])
 
 
+VOCAB_OUT_OF_ORDER = Mistake("vocabulary_not_in_merge_order", N_(
+    "built the tokens' bytes in another order than the merges were learned (sorted by pair?): "
+    "a merge's part can be a merged id whose own merge comes later in that order, so its bytes "
+    "are not known yet; go through the merges in training order, "
+    "for (a, b), new_id in merges.items() (or expand each id recursively)"),
+    raises=[("KeyError", r"^256$")])
+# Learned in this order: (x, y) -> 256, then (a, 256) -> 257. Sorted by pair, (a, 256) comes
+# first and needs 256's bytes before they exist (KeyError: 256); every other way of not
+# expanding 257 fails on 257 itself or on a byte value >= 256 (ValueError).
+_NESTED = {(ord("x"), ord("y")): 256, (ord("a"), 256): 257}
+
+
 def _decode_mixups(ids, merges) -> dict:
     vocab = vocab_bytes(merges)
     pieces = [vocab[i] for i in ids]
@@ -496,8 +523,17 @@ def _decode_mixups(ids, merges) -> dict:
     }
 
 
+def _decode_case(c: Check, ids: list[int], merges: dict, *, what: str) -> None:
+    got = c.call(list(ids), dict(merges))
+    c.expect_equal(got, ref.bpe_decode(ids, merges), what=what,
+                   wrong=_decode_mixups(ids, merges))
+
+
 def check_bpe_decode(f, *, seed: int | None = None, thorough: bool = False) -> None:
-    with Check("bpe_decode", f, seed=seed, errors=[_APART, _EXPAND_HINT]) as c:
+    with Check("bpe_decode", f, seed=seed,
+               errors=[VOCAB_OUT_OF_ORDER, _APART, _EXPAND_HINT]) as c:
+        _decode_case(c, [257, 256], _NESTED, what=f"bpe_decode([257, 256], {_NESTED})")
+        c.errors = (_APART, _EXPAND_HINT)  # a KeyError from now on: a merged id not expanded
         # A token that ends inside a character: " " and the first byte of 学 merged, then a
         # token of the other two bytes; decoding token by token cannot give 学 back.
         split = {(32, 0xE5): 256, (0xAD, 0xA6): 257, (256, 257): 258}
@@ -511,9 +547,7 @@ def check_bpe_decode(f, *, seed: int | None = None, thorough: bool = False) -> N
                 cases.append((ref.bpe_encode(text, merges), merges, text))
         cases.append((ref.utf8_bytes(ARTICLE_SENTENCE), {}, ARTICLE_SENTENCE))
         for ids, merges, text in cases:
-            what = f"bpe_decode(bpe_encode({describe(text)}))"
-            got = c.call(list(ids), dict(merges))
-            c.expect_equal(got, text, what=what, wrong=_decode_mixups(ids, merges))
+            _decode_case(c, ids, merges, what=f"bpe_decode(bpe_encode({describe(text)}))")
         # Token sequences that are not valid UTF-8 (a model can generate them): U+FFFD, no error.
         # An error now is strict decoding (token by token would have failed above).
         c.errors = (STRICT, _EXPAND_HINT)
@@ -521,10 +555,8 @@ def check_bpe_decode(f, *, seed: int | None = None, thorough: bool = False) -> N
         broken = [ref.utf8_bytes("学")[:2] + ref.utf8_bytes(" ok"), [0xFF, 0x41],
                   ref.utf8_bytes("ok ") + [0x80]]
         for ids in broken:
-            what = _("{call} (not valid UTF-8)").format(call=f"bpe_decode({ids})")
-            got = c.call(list(ids), dict(merges))
-            c.expect_equal(got, ref.bpe_decode(ids, merges), what=what,
-                           wrong=_decode_mixups(ids, merges))
+            _decode_case(c, ids, merges, what=_("{call} (not valid UTF-8)").format(
+                call=f"bpe_decode({ids})"))
         for line in (_("round trip, Chinese included"), _("characters split across tokens"),
                      _("invalid UTF-8 becomes U+FFFD")):
             c.headline(line)
@@ -553,6 +585,11 @@ MASK_FROM_PAD_ID = Mistake("mask_from_pad_id", N_(
 MASK_LEFT = Mistake("mask_left_padded", N_(
     "the mask marks the last positions (left padding); with right padding the real tokens come "
     "first"))
+SIZED_BY_FIRST = Mistake("sized_by_first_sequence", N_(
+    "sized the batch by the first sequence: the longest one need not come first; pad every row "
+    "to max(len(seq) for seq in sequences)"),
+    raises=[("RuntimeError", r"(?i)size|shape"), ("ValueError", r"(?i)length|sequence|shape"),
+            ("IndexError", None)])
 PAD_IN_PLACE = Mistake("extended_input_lists", N_(
     "build new rows (seq + [pad_id] * k) instead of extending the caller's lists: they must "
     "stay as they were"))
@@ -610,15 +647,30 @@ def _pad_case(c: Check, sequences: list[list[int]], pad_id: int) -> None:
                   hint=IDS_NOT_LONG,
                   wrong={LEFT_PADDED: left_ids,
                          PADDED_WITH_0: lambda: want_ids.masked_fill(~want_mask, 0),
-                         IDS_FLOAT: lambda: want_ids.float()})
+                         IDS_FLOAT: lambda: want_ids.float(),
+                         **_by_first(sequences, want_ids)})
     _expect_typed(c, mask, want_mask, what=f"attention_mask {what}", dims=("B", "S"),
                   hint=MASK_NOT_BOOL,
                   wrong={MASK_INVERTED: ~want_mask, MASK_FROM_PAD_ID: want_ids != pad_id,
-                         MASK_LEFT: left_mask})
+                         MASK_LEFT: left_mask, **_by_first(sequences, want_mask)})
+
+
+def _by_first(sequences, want: torch.Tensor) -> dict:
+    """The batch cut to the first sequence's length (the longest need not be first)."""
+    first = len(sequences[0]) if sequences else 0
+    return {SIZED_BY_FIRST: want[:, :first]} if first < want.shape[1] else {}
 
 
 def check_pad_batch(f, *, seed: int | None = None, thorough: bool = False) -> None:
     with Check("pad_batch", f, seed=seed, in_place=PAD_IN_PLACE) as c:
+        # The same rows twice, the longest first and then in the middle: a function that passes
+        # the first and fails the second (with an error or a narrower batch) sized the batch by
+        # the first sequence, whatever the seed draws next.
+        rows = [[3, 1, 4, 1, 5], [9, 2], [6, 5, 3]]
+        _pad_case(c, rows, 8)
+        c.errors = (SIZED_BY_FIRST,)
+        _pad_case(c, [rows[1], rows[0], rows[2]], 8)
+        c.errors = ()
         for _n in range(6 if thorough else 2):
             b, s = c.sizes(2, 2, 9)
             lengths = [s, c.randint(1, s)] + [c.randint(1, s + 1) for _n in range(b - 2)]
@@ -791,17 +843,19 @@ MISTAKES = {
     "bpe_merge": (
         MERGE_IN_PLACE, *_MERGE_MISTAKES, TENSOR, TUPLE),
     "bpe_train": (
-        *_TRAIN_MISTAKES, fix_first('bpe_merge'), ID_TO_PAIR, MERGES_ORDER, NO_PAIR_LEFT),
+        *_TRAIN_MISTAKES, fix_first('utf8_bytes'), fix_first('bpe_merge'), ID_TO_PAIR, MERGES_ORDER,
+        NO_PAIR_LEFT),
     "bpe_encode": (
-        BYTE_PAIRS_ONLY, ENCODE_CHANGED_MERGES, ENCODE_FIRST_ONLY, fix_first('bpe_merge'),
+        BYTE_PAIRS_ONLY, ENCODE_CHANGED_MERGES, ENCODE_FIRST_ONLY, fix_first('utf8_bytes'),
+        fix_first('bpe_merge'),
         LEFTMOST, NOT_MERGED, SORTED_ORDER, BY_FREQUENCY, ENCODE_ORD, RANK_WITHOUT_DEFAULT,
         REVERSE_ORDER),
     "bpe_decode": (
         _APART, APART_IGNORE, LATIN1, ESCAPED_INVALID, DROPPED_INVALID, _EXPAND_HINT,
-        DECODE_BYTES, STRICT),
+        DECODE_BYTES, STRICT, VOCAB_OUT_OF_ORDER),
     "pad_batch": (
         PAD_IN_PLACE, IDS_FLOAT, IDS_NOT_LONG, LEFT_PADDED, MASK_FROM_PAD_ID, MASK_INVERTED,
-        MASK_LEFT, MASK_NOT_BOOL, PADDED_WITH_0, NOT_A_TENSOR),
+        MASK_LEFT, MASK_NOT_BOOL, PADDED_WITH_0, NOT_A_TENSOR, SIZED_BY_FIRST),
     "embed": (
         _KEEP_DTYPE, NO_BATCH, FLATTENED, COLUMNS, SUMMED, SWAPPED_B_S, TRANSPOSED_TABLE),
     "one_hot": (

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from .. import reference as ref
-from ..engine import Check
+from ..engine import Check, numbers_apart
 from ..i18n import N_, _
 from ..mistakes import Mistake
 
@@ -390,9 +390,10 @@ def _exact_mismatch(got: torch.Tensor, want: torch.Tensor, dims) -> str:
     bad = ~((got == want) | (got.isnan() & want.isnan()))
     index = tuple(int(i) for i in bad.nonzero()[0])
     where = ", ".join(f"{d}={i}" for d, i in zip(dims, index))
+    shown_got, shown_want = numbers_apart(float(got[index]), float(want[index]))
     return _("{count} of {total} entries differ; first at [{where}]: got {got}, expected "
              "{want}.").format(count=int(bad.sum()), total=bad.numel(), where=where,
-                               got=f"{float(got[index]):g}", want=f"{float(want[index]):g}")
+                               got=shown_got, want=shown_want)
 
 
 def check_to_additive_mask(f, *, seed: int | None = None, thorough: bool = False) -> None:

@@ -130,9 +130,14 @@ SCALE_BY_H_ITSELF = Mistake("divided_by_h", N_(
     "root)"))
 UNEXPLAINED = Mistake("weights_unexplained", N_(
     "the weights are not softmax(Q K^T / sqrt(D)) over the keys with masked keys at 0 (the "
-    "entry above is one that differs); to see which piece is off, pass the pieces your "
-    "attention uses to the check: check_attention(attention, "
-    "attention_scores=attention_scores, masked_softmax=masked_softmax)"))
+    "entry above is one that differs): make attention_scores and masked_softmax pass their own "
+    "checks, then build attention from them, weights = masked_softmax(attention_scores(q, k), "
+    "mask) and out = weights @ v (when attention calls them, this check names the one to fix "
+    "first)"))
+OWN_CAUSAL = Mistake("built_own_causal_mask", N_(
+    "built a causal mask inside attention: use the mask it is given, masked_softmax(scores, "
+    "mask), and with mask=None every key is visible; the caller decides what each query may see "
+    "(a decoder passes a causal mask, padding adds its own)"))
 SHAPES = Mistake("shapes_do_not_fit", N_(
     "check the shapes: scores = q @ k.transpose(-2, -1) is [..., S_q, S_k] (not k @ q^T), and "
     "out = weights @ v is [..., S_q, D_v]"),
@@ -694,6 +699,18 @@ def _attention_sizes(c: Check) -> tuple[int, ...]:
             return b, n, sq, sk, d, dv, lo, hi
 
 
+def _own_causal(got, scaled, mask):
+    """The weights of an attention that builds its own causal mask (bottom-right or top-left,
+    and with or without the mask it was given)."""
+    sq, sk = scaled.shape[-2:]
+    candidates = []
+    for causal in (ref.causal_mask(sq, sk), torch.ones(sq, sk, dtype=torch.bool).tril()):
+        candidates += [*_both(scaled, causal)]
+        if mask is not None:
+            candidates += [*_both(scaled, causal & mask)]
+    return _any_of(got, *candidates)
+
+
 def _attention_case(c: Check, q, k, v, mask, what: str, *, large: bool = False) -> None:
     """One call of attention. Only with `large` scores can exp overflow, so only then does an
     unexplained failure point at stability."""
@@ -742,7 +759,8 @@ def _attention_case(c: Check, q, k, v, mask, what: str, *, large: bool = False) 
                                                          *_max_before_mask(scaled, mask))
         softmax_wrong.update(_mask_variants(weights, scaled, mask))
     w_wrong = {**{_step(SCORES_STEP, hint): v for hint, v in scores_wrong.items()},
-               **{_step(SOFTMAX_STEP, hint): v for hint, v in softmax_wrong.items()}}
+               **{_step(SOFTMAX_STEP, hint): v for hint, v in softmax_wrong.items()},
+               OWN_CAUSAL: lambda: _own_causal(weights, scaled, mask)}
     dead = _rows_fully_masked(mask, want_w.shape)
     _expect(c, weights, want_w, what=_("weights for {inputs}").format(inputs=shapes),
             dims=w_dims, wrong=w_wrong,
@@ -784,5 +802,5 @@ MISTAKES = {
         NO_DIAGONAL, MAX_BEFORE_MASK, NO_SCALE, WEIGHTS_K, IN_PLACE, SCALE_MULTIPLIED,
         WHOLE_TENSOR, NOT_NORMALISED, OUT_UNEXPLAINED, OUT_TRANSPOSED, PAIR_ORDER, QK_SWAPPED,
         ONLY_OUT, SCALE_BY_INT_SQRT, SCALE_BY_DV, SCALE_BY_H, SCALE_BY_S, QUERY_AXIS, WEIGHTS_T_V,
-        OVERFLOW, UNEXPLAINED, SCALE_BY_H_ITSELF),
+        OVERFLOW, UNEXPLAINED, SCALE_BY_H_ITSELF, OWN_CAUSAL),
 }

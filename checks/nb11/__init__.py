@@ -24,7 +24,7 @@ from ..config import LLAMA2_7B, ModelConfig
 from . import init
 from ..engine import Check, builds_on, is_remote, values_close
 from ..i18n import N_, _
-from ..mistakes import Mistake
+from ..mistakes import Mistake, fix_first
 
 NAMES = ("attn_norm", "wqkv", "wo", "ffn_norm", "w_gate", "w_up", "w_down")
 NORMS = ("attn_norm", "ffn_norm")
@@ -726,8 +726,9 @@ MISTAKES = {
         ATTN_NORM_IN_FFN, PARALLEL, GATE_UP_SWAPPED, GROUPING, NO_ATTN_RESIDUAL, NO_NORM,
         NON_CAUSAL, NO_FFN, FFN_NO_NORM, NO_FFN_RESIDUAL, NO_RESIDUALS, POSITIONS_IGNORED,
         POST_NORM, POST_NORM_TOO, IN_PLACE, RESIDUAL_TWICE, ROPE_ON_V, SCALE_BY_H_OVER_N_H,
-        FFN_RESIDUAL_FROM_X, SCALE_BY_H_HEADS, SCALE_BY_HEADS),
+        FFN_RESIDUAL_FROM_X, SCALE_BY_H_HEADS, SCALE_BY_HEADS, fix_first('attention_sublayer')),
     "block_param_count": (
         WITH_EMBEDDING, FOUR_H_BY_H, H_AS_HEADS_WIDTH, KV_COUNT_N_H, LAYERNORM, NORMS_LEFT_OUT,
-        ONE_NORM, COUNT_FLOAT, TWO_FFN, WO_COUNT_H_BY_H, NO_WO_COUNT),
+        ONE_NORM, COUNT_FLOAT, TWO_FFN, WO_COUNT_H_BY_H, NO_WO_COUNT,
+        fix_first('init_block_params')),
 }

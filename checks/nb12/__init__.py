@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import gradients
 from ..nb11 import init
 from . import forward as fwd
 from . import loss
@@ -367,30 +368,19 @@ def check_model_forward(f, *, seed: int | None = None, thorough: bool = False) -
 
 
 def _trainable_case(c: Check, cfg: ModelConfig, params: dict, ids: torch.Tensor) -> None:
-    """The forward of parameters that require gradients (as in training) must reach every one
-    of them: no torch.no_grad, no detached step, no parameter changed in place."""
+    """The forward of parameters that require gradients (as in training) must give every one of
+    them a finite, non-zero gradient, through every function of the learner's under it: no
+    torch.no_grad, no detached step, nothing changed in place that autograd needs. A failure
+    names the function at fault and its chapter (chapter 11's block, chapter 08's RoPE, ...)."""
     leaves = fwd.trainable_params(params)
     c.errors = (fwd.IN_PLACE_LEAF, fwd.GRAPH_CUT, fwd.POSITIONS_REQUIRED, fwd.EMBED_OVERWRITTEN)
-    with torch.enable_grad():
-        with fwd.watching_grad_mode() as modes:
-            got = c.call(ids, leaves, cfg)
-        modes.append(torch.is_grad_enabled())   # not switched off for good either
-    case = _("parameters with requires_grad=True, as in training")
-    if not all(modes) or (isinstance(got, torch.Tensor) and got.is_inference()):
-        c.fail(_("the forward ran with gradient tracking off ({case}).").format(case=case),
-               fwd.NO_GRAD)
-    if not isinstance(got, torch.Tensor) or not got.requires_grad:
-        c.fail(_("the logits do not require a gradient ({case}): no gradient can reach the "
-                 "parameters.").format(case=case), fwd.GRAPH_CUT)
-    named = fwd.named_tensors(leaves)
-    with torch.enable_grad():
-        grads = torch.autograd.grad(got.float().square().mean(), [t for _n, t in named],
-                                    allow_unused=True)
-    cut = [name for (name, _t), g in zip(named, grads) if g is None]
-    if cut:
-        c.fail(_("no gradient reaches {names} ({case}).").format(
-            names=", ".join(cut[:4]) + (", ..." if len(cut) > 4 else ""), case=case),
-            fwd.GRAPH_CUT)
+    c.call(ids, leaves, cfg)          # the learner's own errors, named as in every other case
+    leaves = fwd.trainable_params(params)
+    cut = gradients.trace(c.fn, (ids, leaves, cfg), fwd.named_tensors(leaves))
+    if cut is not None:
+        c.fail(_("gradients cannot train this forward (parameters with requires_grad=True, as "
+                 "in training): {detail}.").format(detail=cut.detail()),
+               fwd.trainability_mistake(cut))
     c.note(_("gradients reach every parameter"))
 
 
@@ -651,7 +641,7 @@ MISTAKES = {
         fwd.HEAD_TRANSPOSED, fwd.NO_BLOCKS, fwd.NO_FINAL_NORM, fwd.POSITIONS_IGNORED,
         fwd.POSITIONS_REQUIRED, fwd.LOG_PROBABILITIES, fwd.PROBABILITIES, fwd.HEAD_TRANSPOSED,
         fwd.NO_GRAD, fwd.GRAPH_CUT, fwd.IN_PLACE_LEAF, fwd.NORM_AFTER_HEAD, fwd.IN_PLACE,
-        fwd.LAST_TOKEN_UNUSED),
+        fwd.LAST_TOKEN_UNUSED, fwd.IN_PLACE_SAVED, fwd.GRADIENT_NOT_FINITE),
     "next_token_loss": (
         loss.NOT_FLATTENED, loss.DIVIDED_BY_BS, loss.NO_LOG, loss.IN_PLACE, loss.LOG_OF_SOFTMAX,
         loss.AXIS_BATCH, loss.AXIS_SEQ, loss.PER_TOKEN, loss.PER_SEQUENCE, loss.NO_LOG_SOFTMAX,
@@ -668,7 +658,8 @@ MISTAKES = {
         smp.TOPK_SMALLEST, smp.IN_PLACE, smp.SAME_ROW, smp.ONE_THRESHOLD, smp.KEEPDIM,
         smp.TEMP_IGNORED, smp.TEMP_MULTIPLIED, smp.THRESHOLD_NO_KEEPDIM, smp.TIES_DROPPED,
         smp.NOT_INT64, smp.TOPK_IGNORED, smp.TOPK_TOO_LARGE, smp.UNIFORM, smp.SQUEEZED,
-        smp.TEMP_AFTER_SOFTMAX, smp.TEMP_TWICE, smp.TOPK_FLAT, smp.TOPK_INDEX, smp.ALWAYS_GREEDY,
-        smp.TOPK_COVERS_DROPPED, smp.SOFTMAX_OVERFLOW, smp.NONE_FRESH, smp.NONE_NOT_GLOBAL,
+        smp.TEMP_AFTER_SOFTMAX, smp.TEMP_TWICE, smp.TEMP_SQRT, smp.TOPK_FLAT, smp.TOPK_INDEX,
+        smp.ALWAYS_GREEDY, smp.TOPK_COVERS_DROPPED, smp.SOFTMAX_OVERFLOW, smp.NONE_FRESH,
+        smp.NONE_NOT_GLOBAL,
         smp.UNIFORM_TOPK, smp.NOT_GREEDY_AT_K1, smp.OUT_OF_TOP_K, smp.NAN_PROBS),
 }

@@ -266,27 +266,24 @@ IN_PLACE_LEAF = Mistake("parameter_changed_in_place", N_(
     "a new tensor (`w = w * ...`) and leave params as they are"),
     raises=[("RuntimeError", r"leaf Variable that requires grad is being used in an in-place")])
 
-_GRAD_WATCHED = ("decoder_block", "attention_sublayer", "apply_rope", "rms_norm", "ffn_sublayer",
-                 "swiglu_ffn", "attention")
+IN_PLACE_SAVED = Mistake("in_place_breaks_backward", N_(
+    "changed in place a tensor that the backward pass needs (`x.mul_(...)`, `x *= ...`, "
+    "`x[...] = ...` on a result that a later operation still uses): the forward runs, but "
+    "loss.backward() fails in chapter 14; compute into a new tensor (`x = x * ...`)"),
+    raises=[("RuntimeError", r"modified by an inplace operation")])
+GRADIENT_NOT_FINITE = Mistake("gradient_not_finite", N_(
+    "the logits are finite but their gradients are inf or NaN (a square root or a division at "
+    "zero, a -inf that reaches the backward pass): chapter 14 cannot train through it; keep "
+    "every step differentiable where it is used (add eps inside the square root, mask with "
+    "torch.where or masked_fill)"))
 
 
-@contextlib.contextmanager
-def watching_grad_mode():
-    """Collects torch.is_grad_enabled() at every call of the blocks' pieces made inside."""
-    seen: list[bool] = []
-    previous = sys.getprofile()
+def trainability_mistake(cut) -> Mistake:
+    """The mistake of a `checks.gradients.Cut` found in model_forward."""
+    from .. import gradients
 
-    def chained(frame, event, arg):
-        if event == "call" and frame.f_code.co_name in _GRAD_WATCHED:
-            seen.append(torch.is_grad_enabled())
-        if previous is not None:
-            previous(frame, event, arg)
-
-    sys.setprofile(chained)
-    try:
-        yield seen
-    finally:
-        sys.setprofile(previous)
+    return {gradients.NO_GRAD: NO_GRAD, gradients.IN_PLACE: IN_PLACE_SAVED,
+            gradients.NOT_FINITE: GRADIENT_NOT_FINITE}.get(cut.cause, GRAPH_CUT)
 
 
 def trainable_params(params: dict) -> dict:

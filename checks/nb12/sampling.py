@@ -140,6 +140,10 @@ TEMP_AFTER_SOFTMAX = Mistake("temperature_after_softmax", N_(
 TEMP_TWICE = Mistake("temperature_applied_twice", N_(
     "divided the logits by T twice (the samples follow softmax(logits / T**2)): divide once, "
     "softmax(logits / T)"))
+TEMP_SQRT = Mistake("temperature_square_root", N_(
+    "divided the logits by sqrt(T), not by T (the samples follow softmax(logits / sqrt(T))): "
+    "the temperature divides the logits themselves, softmax(logits / T) (the 1 / sqrt(D) of "
+    "attention's scores is another scale)"))
 TOPK_FLAT = Mistake("top_k_over_flattened_batch", N_(
     "took the top k over the whole batch at once (torch.topk of the flattened logits, or without "
     "dim=-1 on a view): its k-th largest value is one threshold for every row, and with many "
@@ -229,6 +233,7 @@ def sampling_mixups(row: torch.Tensor, temperature: float, top_k: int | None,
         wrong[TEMP_IGNORED] = _masked_softmax(row, kept)
         wrong[TEMP_MULTIPLIED] = _masked_softmax(row.double() * temperature, kept)
         wrong[TEMP_TWICE] = _masked_softmax(row.double() / temperature ** 2, kept)
+        wrong[TEMP_SQRT] = _masked_softmax(row.double() / math.sqrt(temperature), kept)
     if top_k is None:
         wrong[ALWAYS_GREEDY] = _masked_softmax(scaled, keep(row, 1))
     elif top_k >= v:

@@ -510,7 +510,8 @@ MISTAKES = {
         _mistakes.ROTARY_DIM_IGNORED, _mistakes.SQUARE_EITHER),
     "generate": (
         _cache.UNROTATED_STORED, CALLS_COURSE_REFERENCE, _mistakes.PROMPT_CHANGED,
-        _cache.NO_OFFSET, _mistakes.DECODE_IDS_1D, fix_first('forward_with_cache'),
+        _cache.NO_OFFSET, _mistakes.DECODE_IDS_1D, fix_first('KVCache'),
+        fix_first('forward_with_cache'),
         _generate.WASTED_FORWARD, _mistakes.FORWARD_FOR_NOTHING, _generate.GENERATOR_IGNORED,
         _cache.IGNORED_CACHE, _generate.FIRST_POSITION, _generate.ONE_TOO_FEW,
         _generate.ONE_TOO_MANY, _generate.PREFILL_BY_TOKEN, _generate.RECOMPUTED,
@@ -518,8 +519,9 @@ MISTAKES = {
         _generate.TEMPERATURE_IGNORED, _cache.TOP_LEFT, _generate.WASTED_FORWARD_UNCACHED,
         _generate.UNCACHED_USES_CACHE, _mistakes.SOFTMAX_TWICE, _mistakes.TEMPERATURE_TWICE,
         _mistakes.TEMPERATURE_NOT_APPLIED, _mistakes.TEMPERATURE_MULTIPLIED,
-        _mistakes.UNSTABLE_SOFTMAX, _mistakes.FIXED_SEED, _mistakes.SOFTMAX_OVER_BATCH,
-        _mistakes.BATCH_SQUEEZED, _mistakes.ROPE_BASE_FIXED, _mistakes.EMBED_NOT_SEEN),
+        _mistakes.UNSTABLE_SOFTMAX, _mistakes.FIXED_SEED, _mistakes.GENERATOR_RESEEDED,
+        _mistakes.SOFTMAX_OVER_BATCH, _mistakes.BATCH_SQUEEZED, _mistakes.ROPE_BASE_FIXED,
+        _mistakes.EMBED_NOT_SEEN),
     "prefill_flops": (
         _roofline.ATTENTION_KV_HEADS, _roofline.EMBED_PRODUCT, _roofline.FULL_SQUARE,
         _roofline.H_FOR_HEADS, _roofline.KV_PROJ_REPEATED, _roofline.LM_HEAD_EVERYWHERE,

@@ -14,8 +14,9 @@ import torch
 from ..engine import Check
 from ..i18n import _
 from .cache import _FORWARD_MISTAKES, _cfg, _params, _sim_forward
-from .mistakes import (FIXED_SEED, SOFTMAX_OVER_BATCH, SOFTMAX_TWICE, TEMPERATURE_MULTIPLIED,
-                       TEMPERATURE_NOT_APPLIED, TEMPERATURE_TWICE, UNSTABLE_SOFTMAX)
+from .mistakes import (FIXED_SEED, GENERATOR_RESEEDED, SOFTMAX_OVER_BATCH, SOFTMAX_TWICE,
+                       TEMPERATURE_MULTIPLIED, TEMPERATURE_NOT_APPLIED, TEMPERATURE_TWICE,
+                       UNSTABLE_SOFTMAX)
 from .mistakes import ROPE_BASE_FIXED
 from .mistakes import (EMBED_NOT_SEEN, FIRST_POSITION, GENERATOR_IGNORED, IGNORED_CACHE,
                             NEW_TOKENS_ONLY, NOT_ADVANCED, NO_OFFSET, ONE_TOO_FEW, ONE_TOO_MANY,
@@ -207,6 +208,7 @@ def _check_sampling(c: Check) -> None:
     for use_cache, temperature in ((True, 2.0), (False, 0.6)):
         _check_distribution(c, cfg, params, use_cache, temperature)
     _check_fresh_draws(c, cfg, params)
+    _check_generator_moves_on(c, cfg, params)
     _check_huge_logits(c, cfg, params)
 
 
@@ -311,6 +313,25 @@ def _check_fresh_draws(c: Check, cfg, params) -> None:
     if torch.equal(*runs):
         c.fail(_("{call}, called twice without a generator, gave the same {count} tokens both "
                  "times.").format(call=label, count=rows * n), FIXED_SEED)
+
+
+def _check_generator_moves_on(c: Check, cfg, params) -> None:
+    """One generator, two calls in a row: the second goes on from where the first left the
+    generator, so the tokens differ (about once in 10^20 alike for a correct sampler). A
+    generate that re-seeds the generator (every step, or from its initial seed every call)
+    starts both calls from the same seed and repeats itself."""
+    rows, p, n = 16, 3, 4
+    prompt = c.randint(0, cfg.vocab_size, (rows, p))
+    g = torch.Generator().manual_seed(c.randint(0, 10**6))
+    label = f"generate(params, cfg, prompt [B={rows}, P={p}], max_new_tokens={n}, " \
+            "temperature=1.5, generator=g)"
+    runs = [c.call(params, cfg, prompt.clone(), n, temperature=1.5, generator=g)
+            for _n in range(2)]
+    for got in runs:
+        _expect_tokens(c, got, torch.zeros(rows, p + n, dtype=torch.long), prompt, cfg, label)
+    if torch.equal(*runs):
+        c.fail(_("{call}, called twice with the same generator g, gave the same {count} tokens "
+                 "both times.").format(call=label, count=rows * n), GENERATOR_RESEEDED)
 
 
 def _check_huge_logits(c: Check, cfg, params) -> None:

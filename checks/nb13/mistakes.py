@@ -231,6 +231,11 @@ UNSTABLE_SOFTMAX = Mistake("softmax_overflows", N_(
     "and inf / inf is nan): subtract each row's maximum before exp, or use torch.softmax, which "
     "does"),
     raises=[("RuntimeError", r"probability tensor contains either `inf`, `nan` or element < 0")])
+GENERATOR_RESEEDED = Mistake("generator_reseeded", N_(
+    "re-seeded the generator (manual_seed at every step or call, or a new torch.Generator made "
+    "from its seed): two calls with the same generator gave the same tokens, because every "
+    "draw starts over from the seed; draw every token from the generator you are given, as it "
+    "is, so that it moves on from one draw to the next"))
 FIXED_SEED = Mistake("fixed_seed_without_generator", N_(
     "with generator=None two calls gave the same tokens: a generator with a fixed seed (or "
     "torch.manual_seed) stood in for the missing one; when generator is None, pass None on, so "

@@ -30,7 +30,13 @@ How the checks look inside:
   compared with exact replays, and `evaluate`'s forward records whether gradients were tracked
   (the parameters' requires_grad flags are checked after the call, which the in-place guard
   does not compare). `train_step` has a second, two-step case with max_norm above every
-  gradient norm, where a clip to norm 1 shows.
+  gradient norm, where a clip to norm 1 shows. `evaluate` ends with the parameters on PyTorch's
+  meta device (standing in for a GPU; the data stay on the CPU): each batch must reach the
+  forward, and the loss, on the parameters' device (not where it runs remotely: meta tensors do
+  not travel to a grader's worker).
+- `adamw_step`: a trajectory no listed mistake explains is tried against every bias correction
+  with other step counts for m and v (0 .. call + 2), each call from the learner's own previous
+  parameters: t used before it was incremented, or t + 1 for one moment, is named so.
 - Every check runs on one CPU thread (`_one_thread`), as chapter 13's.
 """
 
@@ -43,6 +49,7 @@ import numbers
 import torch
 import torch.nn.functional as F
 
+from .. import gradients
 from ..config import ModelConfig
 from ..context import one_thread as _one_thread
 from ..engine import Check, describe, is_remote, writes_back
@@ -226,6 +233,11 @@ BIAS_STEP = Mistake("bias_correction_step_off_by_one", N_(
     "the bias correction used the step count plus one (t = 2 on the first call): the first "
     "call is t = 1, so increment the count kept in `state` (starting from 0) once, then use it "
     "in 1 - beta1**t and 1 - beta2**t"))
+BIAS_COUNT = Mistake("bias_correction_wrong_step", N_(
+    "the bias correction used another step count than the call's: t counts the calls to "
+    "adamw_step, 1 on the first, 2 on the second; keep it in `state` (starting from 0), add one "
+    "at the start of each call, then use that same t in both 1 - beta1**t and 1 - beta2**t "
+    "(not t + 1, and not the count before it was incremented)"))
 STEP_PER_TENSOR = Mistake("step_counted_per_tensor", N_(
     "the step count advanced once per tensor: it counts calls, so add one per call, before the "
     "loop over the parameters"))
@@ -315,6 +327,11 @@ NOT_GET_BATCH = Mistake("batches_not_from_get_batch", N_(
     "the batches are not get_batch's: draw each one with get_batch(data, batch_size, "
     "context_len, generator=generator), so that the evaluation sees random windows (the same "
     "ones for the same generator)"))
+BATCH_DEVICE = Mistake("batches_not_on_the_model_device", N_(
+    "the batches stayed where the data are while the model is on another device (a GPU): move "
+    "each batch to the parameters' device, x.to(device) and y.to(device) with device = "
+    "params[\"embed\"].device, before the forward and the loss"),
+    raises=(("RuntimeError", r"(not on the expected device|same device|Expected all tensors)"),))
 SUMMED_TOKENS = Mistake("summed_over_tokens", N_(
     "the batch losses are sums over the tokens (reduction='sum'): take each batch's mean "
     "cross-entropy, then the mean over the batches"))
@@ -852,6 +869,34 @@ def _adamw_variant(kind: str | None, params0, grads_seq, lrs, betas, eps, wd):
     return out
 
 
+def _bias_steps(params0, grads_seq, lrs, betas, eps, wd, got_steps) -> list | None:
+    """The bias-correction steps (t for m, t for v) that explain each call of the learner's,
+    when everything else is AdamW's: each call's parameters are one correct step from the
+    learner's own previous ones, with the moments right and only the two t's chosen among
+    0 .. call + 2. None when some call is not explained so."""
+    b1, b2 = betas
+    m = [torch.zeros_like(p) for p in params0]
+    v = [torch.zeros_like(p) for p in params0]
+    previous, found = params0, []
+    for n, (grads, lr, now) in enumerate(zip(grads_seq, lrs, got_steps), start=1):
+        m = [b1 * a + (1 - b1) * g for a, g in zip(m, grads)]
+        v = [b2 * a + (1 - b2) * g * g for a, g in zip(v, grads)]
+        candidates = [(n, n)] + [(t1, t2) for t1 in range(n + 3) for t2 in range(n + 3)]
+        with torch.no_grad():
+            for t1, t2 in candidates:
+                want = [p.double() * (1 - lr * wd) - lr * (a.double() / (1 - b1 ** t1)) / (
+                    (b.double() / (1 - b2 ** t2)).sqrt() + eps)
+                    for p, a, b in zip(previous, m, v)]
+                if all(torch.allclose(x.double(), w, atol=1e-6, rtol=1e-5, equal_nan=True)
+                       for x, w in zip(now, want)):
+                    found.append((n, t1, t2))
+                    break
+            else:
+                return None
+        previous = now
+    return found
+
+
 _ADAM_MISTAKES = [("coupled", COUPLED_DECAY), ("no_bias", NO_BIAS_CORRECTION),
                   ("moments", MOMENTS_NOT_KEPT), ("step", STEP_NOT_KEPT),
                   ("eps_inside", EPS_INSIDE), ("decay_no_lr", DECAY_WITHOUT_LR),
@@ -915,6 +960,13 @@ def check_adamw_step(f, *, seed: int | None = None, thorough: bool = False) -> N
                         hint = next((m for kind, m in _ADAM_MISTAKES if all(
                             _all_close(got_steps[s], variants[kind][s], 1e-6, 1e-5)
                             for s in range(len(got_steps)))), None)
+                    steps = None if hint is not None else _bias_steps(
+                        params0, grads_seq, lrs, betas, eps, wd, got_steps)
+                    used = [f for f in steps or [] if f[1:] != (f[0], f[0])]
+                    if used:
+                        hint = BIAS_COUNT
+                        what += _(" (call {n} used t = {t1} for m and t = {t2} for v)").format(
+                            n=used[0][0], t1=used[0][1], t2=used[0][2])
                     bad = next(i for i, (a, b) in enumerate(zip(now, want[t]))
                                if not _close(a, b, 1e-6, 1e-5))
                     diff = (now[bad].double() - want[t][bad].double()).abs()
@@ -1219,7 +1271,49 @@ def check_evaluate(f, *, seed: int | None = None, thorough: bool = False) -> Non
             _expect_float(c, got, want, what, rel=1e-5, wrong=[
                 (SUMMED_BATCHES, want * n_batches), (SUMMED_TOKENS, want * b * t),
                 (SHIFTED_TWICE, lambda: replay("shifted") / n_batches)])
-        c.headline(_("the mean loss of n_batches batches, without gradients"))
+        if not is_remote(f):     # meta tensors do not travel to a grader's worker
+            _device_case(c, f)
+        c.headline(_("the mean loss of n_batches batches, without gradients, on the model's "
+                     "device"))
+
+
+_META_VALUE = "cannot be called on meta tensors"
+
+
+def _device_case(c: Check, f) -> None:
+    """The model on another device than the data, as in the chapter's run on a GPU: PyTorch's
+    meta device stands in (tensors with shapes and a device, no values). Every batch must reach
+    the forward, and the loss, on the parameters' device; reading the loss's value is where a
+    meta evaluation ends, so that error is the expected end of the call."""
+    cfg = _cfg(c)
+    params = {"embed": torch.empty(cfg.vocab_size, cfg.hidden_size, device="meta"),
+              "layers": [], "final_norm": torch.empty(cfg.hidden_size, device="meta"),
+              "lm_head": torch.empty(cfg.hidden_size, cfg.vocab_size, device="meta")}
+    data = c.randint(0, cfg.vocab_size, (c.randint(30, 60),))
+    seen: list[torch.device] = []
+
+    def forward(x, params, cfg):
+        seen.append(x.device)
+        return torch.zeros(*x.shape, cfg.vocab_size, device=x.device)
+
+    what = _("evaluate with the parameters on another device than the data (PyTorch's meta "
+             "device standing in for a GPU)")
+    try:
+        f(params, cfg, data, batch_size=2, context_len=c.randint(3, 7), n_batches=2,
+          generator=torch.Generator().manual_seed(c.randint(0, 2**31)), forward=forward)
+    except RuntimeError as exc:
+        if BATCH_DEVICE.recognises("RuntimeError", str(exc)):
+            c.fail(_("{what}: the loss mixed devices ({error}).").format(
+                what=what, error=str(exc).splitlines()[0][:120]), BATCH_DEVICE)
+        if _META_VALUE not in str(exc):
+            return          # another way of reading the loss; this case cannot tell
+    except Exception:  # noqa: BLE001 - the values cases above told the learner's own errors
+        return
+    if any(device != torch.device("meta") for device in seen):
+        c.fail(_("{what}: the forward got its batch on {got}, the parameters are on {want}.")
+               .format(what=what, got=next(d for d in seen if d.type != "meta"), want="meta"),
+               BATCH_DEVICE)
+    c.note(_("batches moved to the parameters' device"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -1275,15 +1369,18 @@ MISTAKES = {
         BETAS_SWAPPED, COUPLED_DECAY, DECAY_WITHOUT_LR, EPS_INSIDE, MOMENTS_NOT_KEPT,
         NO_BIAS_CORRECTION, NOT_IN_PLACE_ADAM, SQRT_BIAS, STEP_NOT_KEPT, BIAS_STEP,
         STEP_PER_TENSOR, NO_DECAY, DECAY_SIGN, DECAY_AFTER, NO_ONE_MINUS, NOT_SQUARED,
-        PARTIAL_BIAS, NO_LR),
+        PARTIAL_BIAS, NO_LR, BIAS_COUNT),
     "train_step": (
         GRADS_NOT_RESET, IGNORED_FORWARD, IGNORED_DECAY, LOSS_AFTER, NO_CLIP, TRAIN_NOT_IN_PLACE,
         NOT_A_FLOAT, SUMMED_LOSS, SHIFTED_TWICE, TRACKED_UPDATE, STATE_NOT_PASSED, IGNORED_MAX_NORM,
-        NOT_FLATTENED),
+        NOT_FLATTENED,
+        # told by borrowing (checks.borrow), not by this check: an earlier chapter's function
+        # that the training step would run through, and gradients do not flow through it
+        *gradients.BORROWED),
     "evaluate": (
         EVAL_CHANGED, GRADIENTS_TRACKED, IGNORED_FORWARD, IGNORED_GENERATOR, NOT_A_FLOAT,
         SAME_BATCH, SUMMED_BATCHES, SHIFTED_TWICE, BATCH_COUNT, FLAGS_OFF, ARGS_SWAPPED,
-        NOT_GET_BATCH, SUMMED_TOKENS),
+        NOT_GET_BATCH, SUMMED_TOKENS, BATCH_DEVICE),
     "bits_per_byte": (
         FORGOT_LN2, INVERTED_RATIO, LOG10, TIMES_LN2, PER_TOKEN, NOT_A_FLOAT),
 }

@@ -29,3 +29,5 @@ from .generation import (KVCache, arithmetic_intensity, decode_step_bytes, forwa
                          full_forward, generate, prefill_flops)
 from .training import (adamw_step, bits_per_byte, clip_grad_norm, evaluate, get_batch, lr_at,
                        train_step)
+from .serving import (BlockAllocator, PagedKVCache, batched_prefill, pad_left, paged_attention,
+                      serve)

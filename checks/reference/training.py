@@ -64,11 +64,11 @@ def init_training_params(cfg, generator: torch.Generator | None = None) -> dict:
 
 def get_batch(data: torch.Tensor, batch_size: int, context_len: int, *,
               generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x, y), LongTensors [batch_size, context_len]: rows start at
+    """(x, y), LongTensors [batch_size, context_len] on data's device: rows start at
     torch.randint(0, len(data) - context_len, (batch_size,), generator=generator); y is x shifted
     by one token."""
     starts = torch.randint(0, len(data) - context_len, (batch_size,), generator=generator)
-    index = starts.unsqueeze(1) + torch.arange(context_len).unsqueeze(0)
+    index = (starts.unsqueeze(1) + torch.arange(context_len).unsqueeze(0)).to(data.device)
     return data[index].long(), data[index + 1].long()
 
 
@@ -155,13 +155,15 @@ def evaluate(params: dict, cfg, data: torch.Tensor, *, batch_size: int, context_
              n_batches: int, generator: torch.Generator | None = None,
              forward: Callable | None = None) -> float:
     """The mean loss over `n_batches` batches of get_batch(data, batch_size, context_len,
-    generator=generator), without gradients (torch.no_grad()); a float."""
+    generator=generator), moved to the parameters' device (the model may be on a GPU, the data
+    on the CPU), without gradients (torch.no_grad()); a float."""
     forward = model_forward if forward is None else forward
+    device = params["embed"].device
     total = 0.0
     with torch.no_grad():
         for _ in range(n_batches):
             x, y = get_batch(data, batch_size, context_len, generator=generator)
-            total += float(batch_loss(forward(x, params, cfg), y))
+            total += float(batch_loss(forward(x.to(device), params, cfg), y.to(device)))
     return total / n_batches
 
 

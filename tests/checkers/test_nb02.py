@@ -6,6 +6,9 @@ with distinct B and S and a real token equal to pad_id; lookups with distinct B,
 fp16/bf16 tables, and the article's [1, 10] ids from |V| = 32000.
 """
 
+import contextlib
+import io
+import itertools
 import random
 
 import pytest
@@ -15,7 +18,7 @@ import torch.nn.functional as F
 from checks import nb02
 from checks import reference as ref
 from checks.environment import LANG_ENV
-from checks.engine import CheckFailure, ForbiddenCall
+from checks.engine import CheckFailure, ForbiddenCall, NotStarted
 
 from ..support.catalogue import Wrong, exercises, failure_text, implementations
 from ..support.cells import learner_cell as _learner_cell
@@ -90,6 +93,31 @@ def decode_by_unmerging(ids, merges):
     return bytes(out).decode("utf-8", errors="replace")
 
 
+def train_ties_by_recorded_position(text, num_merges):
+    """Correct: each pair's first position recorded while counting; the earliest wins a tie."""
+    ids = list(text.encode("utf-8"))
+    merges = {}
+    for k in range(num_merges):
+        counts, first = {}, {}
+        for i, pair in enumerate(zip(ids, ids[1:])):
+            counts[pair] = counts.get(pair, 0) + 1
+            first.setdefault(pair, i)
+        if not counts:
+            break
+        best = min(counts, key=lambda p: (-counts[p], first[p]))
+        merges[best] = 256 + k
+        ids = merge_while_loop(ids, best, 256 + k)
+    return merges
+
+
+def decode_rank_order(ids, merges):
+    """Correct: the merges sorted by their new id are the merges in training order."""
+    vocab = {i: bytes([i]) for i in range(256)}
+    for (a, b), new_id in sorted(merges.items(), key=lambda item: item[1]):
+        vocab[new_id] = vocab[a] + vocab[b]
+    return b"".join(vocab[i] for i in ids).decode("utf-8", errors="replace")
+
+
 def pad_with_loop(sequences, pad_id):
     s = max((len(q) for q in sequences), default=0)
     token_ids = torch.full((len(sequences), s), pad_id, dtype=torch.long)
@@ -122,9 +150,11 @@ CORRECT = {
                                            bytes_unpacked=lambda text: [*bytes(text, "utf-8")]),
     nb02.check_bpe_merge: implementations(ref.bpe_merge, merge_while_loop),
     nb02.check_bpe_train: implementations(ref.bpe_train, train_with_dict_max,
-                                          train_with_most_common),
+                                          train_with_most_common,
+                                          train_ties_by_recorded_position),
     nb02.check_bpe_encode: implementations(ref.bpe_encode, encode_lowest_rank),
-    nb02.check_bpe_decode: implementations(ref.bpe_decode, decode_by_unmerging),
+    nb02.check_bpe_decode: implementations(ref.bpe_decode, decode_by_unmerging,
+                                           decode_rank_order),
     nb02.check_pad_batch: implementations(ref.pad_batch, pad_with_loop),
     # The reference's F.embedding / F.one_hot are the shortcuts these two checks forbid.
     nb02.check_embed: implementations(embed_by_indexing, embed_index_select),
@@ -410,6 +440,66 @@ def decode_one_level(ids, merges):
     return bytes(out).decode("utf-8", errors="replace")
 
 
+def decode_vocab_in_pair_order(ids, merges):
+    """Each token's bytes built going through the merges sorted by pair, not in merge order."""
+    vocab = {i: bytes([i]) for i in range(256)}
+    for (a, b), new_id in sorted(merges.items()):
+        vocab[new_id] = vocab[a] + vocab[b]
+    return b"".join(vocab[i] for i in ids).decode("utf-8", errors="replace")
+
+
+def decode_vocab_newest_first(ids, merges):
+    vocab = {i: bytes([i]) for i in range(256)}
+    for (a, b), new_id in reversed(merges.items()):
+        vocab[new_id] = vocab[a] + vocab[b]
+    return b"".join(vocab[i] for i in ids).decode("utf-8", errors="replace")
+
+
+def _ties_by_first_id(counts, ids):
+    top = max(counts.values())
+    return min((p for p in counts if counts[p] == top), key=lambda p: ids.index(p[0]))
+
+
+def train_ties_by_first_id(text, num_merges):
+    """Ties broken by where the pair's first id first occurs, not where the pair does."""
+    ids = list(text.encode("utf-8"))
+    merges = {}
+    for k in range(num_merges):
+        counts = {}
+        for pair in zip(ids, ids[1:]):
+            counts[pair] = counts.get(pair, 0) + 1
+        if not counts:
+            break
+        best = _ties_by_first_id(counts, ids)
+        merges[best] = 256 + k
+        ids = merge_while_loop(ids, best, 256 + k)
+    return merges
+
+
+def pad_sized_by_first(sequences, pad_id):
+    s = len(sequences[0])
+    token_ids = torch.full((len(sequences), s), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(sequences), s, dtype=torch.bool)
+    for b, seq in enumerate(sequences):
+        token_ids[b, :len(seq)] = torch.tensor(seq, dtype=torch.long)  # fails for a longer one
+        mask[b, :len(seq)] = True
+    return token_ids, mask
+
+
+def pad_sized_by_first_cut(sequences, pad_id):
+    s = len(sequences[0])
+    rows = [(list(seq) + [pad_id] * s)[:s] for seq in sequences]
+    masks = [[i < len(seq) for i in range(s)] for seq in sequences]
+    return torch.tensor(rows, dtype=torch.long), torch.tensor(masks, dtype=torch.bool)
+
+
+def pad_sized_by_first_lists(sequences, pad_id):
+    s = len(sequences[0])
+    rows = [list(seq) + [pad_id] * (s - len(seq)) for seq in sequences]  # ragged: ValueError
+    masks = [[True] * len(seq) + [False] * (s - len(seq)) for seq in sequences]
+    return torch.tensor(rows, dtype=torch.long), torch.tensor(masks, dtype=torch.bool)
+
+
 def _pad(*, left=False, mask_fn=None, ids_dtype=torch.long, fill=None):
     def pad_batch(sequences, pad_id):
         s = max(len(q) for q in sequences)
@@ -479,6 +569,8 @@ WRONG = {
               '02.bpe_train.ties_to_largest_pair'),
         Wrong("ties to the last pair", _trainer(pick=lambda c: sorted(c, key=c.get)[-1]),
               '02.bpe_train.ties_to_last_pair'),
+        Wrong("ties by the first id's position", train_ties_by_first_id,
+              '02.bpe_train.ties_by_first_id_position'),
         Wrong("ids from 255", _trainer(start=255), '02.bpe_train.ids_from_255'),
         Wrong("ids from 0", _trainer(start=0), '02.bpe_train.ids_from_0'),
         Wrong("ids from 257", _trainer(start=257), '02.bpe_train.ids_from_257'),
@@ -543,6 +635,10 @@ WRONG = {
         Wrong("returns bytes", lambda ids, m: b"".join(_vocab(m)[i] for i in ids),
               '02.bpe_decode.returned_bytes'),
         Wrong("one level of unmerging", decode_one_level, '02.bpe_decode.merged_ids_not_expanded'),
+        Wrong("vocabulary in pair order", decode_vocab_in_pair_order,
+              '02.bpe_decode.vocabulary_not_in_merge_order'),
+        Wrong("vocabulary newest first", decode_vocab_newest_first,
+              '02.bpe_decode.vocabulary_not_in_merge_order'),
     ],
     nb02.check_pad_batch: [
         Wrong("left padding", _pad(left=True), '02.pad_batch.left_padding'),
@@ -559,6 +655,12 @@ WRONG = {
         Wrong("int32 ids", _pad(ids_dtype=torch.int32), '02.pad_batch.ids_not_long'),
         Wrong("pads with 0", _pad(fill=0), '02.pad_batch.padded_with_zero'),
         Wrong("extends the input lists", pad_extends_inputs, '02.pad_batch.extended_input_lists'),
+        Wrong("sized by the first sequence", pad_sized_by_first,
+              '02.pad_batch.sized_by_first_sequence'),
+        Wrong("cut to the first sequence", pad_sized_by_first_cut,
+              '02.pad_batch.sized_by_first_sequence'),
+        Wrong("ragged lists sized by the first", pad_sized_by_first_lists,
+              '02.pad_batch.sized_by_first_sequence'),
         Wrong("lists, not tensors", lambda seqs, pad_id: tuple(
             x.tolist() for x in pad_with_loop(seqs, pad_id)), '02.pad_batch.returned_lists'),
     ],
@@ -676,3 +778,181 @@ def test_chapter_02_reads_in_chinese(monkeypatch):
     with pytest.raises(CheckFailure) as info:
         nb02.check_bpe_train(ns["bpe_train"], seed=0)
     assert "所以请先修好 bpe_merge" in str(info.value), str(info.value)
+
+
+# --------------------------------------------------------------------------------------------
+# A sweep over sizes (issue 33): small alphabets, numbers of merges, batch widths and the
+# empty / one-element edges. The notebook's answer and every correct formulation agree with the
+# reference at every point; each catalogued wrong implementation differs somewhere (a catalogue
+# entry that never differs tests nothing), and wherever it differs, the check's own comparison of
+# that case rejects it. (Three wrong ones escaped at some seeds because no fixed case held the
+# size that shows them: a longest sequence that is not first, a tie whose pair's first id stands
+# first elsewhere, a merge built from a later-sorted one. A sweep like this one finds them.)
+
+
+def _sweep_texts(per_size: int = 2) -> list[str]:
+    """Texts of 0 to 9 characters over alphabets of 1 to 4 symbols (Chinese among them)."""
+    rng = random.Random(33)
+    texts = ["", "a", "aa", "ab", "我", "a我a我"]
+    for alphabet in ("a", "ab", "abc", "abcd", "ab我"):
+        for length in range(2, 10):
+            texts += ["".join(rng.choice(alphabet) for _n in range(length))
+                      for _t in range(per_size)]
+    return texts
+
+
+def _sweep_merge_points() -> list:
+    points = [([], (5, 6), 256), ([5], (5, 6), 256), ([5, 5, 5], (5, 5), 300)]
+    rng = random.Random(2)
+    for size in (1, 2, 3):
+        for length in range(2, 9):
+            for _t in range(4):
+                ids = [5 + rng.randrange(size) for _n in range(length)]
+                pair = (5 + rng.randrange(size), 5 + rng.randrange(size))
+                points.append((ids, pair, 256 + rng.randrange(100)))
+    return points
+
+
+def _sweep_train_points() -> list:
+    return [(text, n) for text in _sweep_texts(per_size=8) for n in (0, 1, 2, 4, 7)]
+
+
+def _sweep_code_points() -> list:
+    """(text, merges) for encoding and (ids, merges) for decoding, merges of every count."""
+    points = [("axyxy", {(120, 121): 256, (97, 256): 257})]
+    corpus = _sweep_texts()
+    for i, text in enumerate(corpus):  # merges learned from this text, and from another one
+        points.append((text, ref.bpe_train(corpus[-1 - i] + " " + text, i % 6)))
+        points.append((text, ref.bpe_train(corpus[(7 * i) % len(corpus)], 1 + i % 5)))
+    return points
+
+
+def _sweep_pad_points() -> list:
+    rng = random.Random(5)
+    points = []
+    for width in (1, 2, 3):
+        for lengths in itertools.product(range(4), repeat=width):
+            pad_id = rng.randrange(1, 4)
+            points.append(([[rng.randrange(0, 5) for _n in range(n)] for n in lengths], pad_id))
+    for _t in range(12):
+        lengths = [rng.randrange(6) for _n in range(4)]
+        points.append(([[rng.randrange(0, 5) for _n in range(n)] for n in lengths], 2))
+    return points
+
+
+def _same(got, want) -> bool:
+    """Equal, with the same types (and dtypes and shapes): what the checks require."""
+    if isinstance(want, tuple):
+        return isinstance(got, tuple) and len(got) == len(want) and all(
+            _same(g, w) for g, w in zip(got, want))
+    if isinstance(want, torch.Tensor):
+        return (isinstance(got, torch.Tensor) and got.dtype == want.dtype and
+                got.shape == want.shape and torch.equal(got, want))
+    if isinstance(want, dict):
+        return type(got) is dict and list(got.items()) == list(want.items())
+    return type(got) is type(want) and got == want
+
+
+def _outcome(fn, args):
+    """What `fn` returns for copies of `args`, or the exception class it raises; and whether it
+    changed them."""
+    import copy
+    given = copy.deepcopy(args)
+    try:
+        out = fn(*given)
+    except Exception as exc:  # noqa: BLE001 - a wrong implementation may raise anything
+        return type(exc), False
+    return out, given != args
+
+
+# exercise: (its checker, its per-case comparison as the check runs it, the sweep's points as
+# argument tuples)
+_SWEEPS = {
+    "bpe_merge": (nb02.check_bpe_merge, nb02._merge_case, _sweep_merge_points),
+    "bpe_train": (nb02.check_bpe_train, nb02._train_case, _sweep_train_points),
+    "bpe_encode": (nb02.check_bpe_encode, nb02._encode_case, _sweep_code_points),
+    "bpe_decode": (nb02.check_bpe_decode,
+                   lambda c, ids, merges: nb02._decode_case(c, ids, merges, what="bpe_decode"),
+                   lambda: [(ref.bpe_encode(text, merges), merges)
+                            for text, merges in _sweep_code_points()]
+                   + [([0xE5, 0xAD], {}), ([0x80, 65], {(65, 65): 256})]),
+    "pad_batch": (nb02.check_pad_batch, nb02._pad_case, _sweep_pad_points),
+}
+
+
+def _reference_of(name):
+    return getattr(ref, name)
+
+
+def _sweep_case(name: str, fn, args) -> None:
+    """Run the check's comparison of one sweep point on `fn` (CheckFailure when rejected)."""
+    checker, case, _points = _SWEEPS[name]
+    with contextlib.redirect_stdout(io.StringIO()):
+        with nb02.Check(name, fn, seed=0, errors=_SWEEP_ERRORS.get(name, ()),
+                        in_place=_SWEEP_IN_PLACE.get(name)) as c:
+            case(c, *args)
+
+
+_SWEEP_ERRORS = {"bpe_train": [nb02.NO_PAIR_LEFT], "bpe_decode": [nb02._EXPAND_HINT],
+                 "bpe_encode": [nb02.RANK_WITHOUT_DEFAULT]}
+_SWEEP_IN_PLACE = {"bpe_merge": nb02.MERGE_IN_PLACE, "bpe_encode": nb02.ENCODE_CHANGED_MERGES,
+                   "pad_batch": nb02.PAD_IN_PLACE}
+
+
+@pytest.mark.parametrize("name", list(_SWEEPS))
+def test_sweep_the_answer_and_every_correct_formulation_agree_with_the_reference(name):
+    from ..support.solutions import solution_namespace
+    checker, _case, points = _SWEEPS[name]
+    solution = solution_namespace("02_tokens_to_embeddings")[name]
+    reference = _reference_of(name)
+    for label, fn in {"the notebook's answer": solution, **CORRECT[checker]}.items():
+        for args in points():
+            want, _changed = _outcome(reference, args)
+            got, changed = _outcome(fn, args)
+            assert _same(got, want) and not changed, (label, args, got, want)
+        _sweep_case(name, fn, points()[-1])  # and the check's comparison accepts it
+
+
+@pytest.mark.parametrize("name", list(_SWEEPS))
+def test_sweep_every_wrong_implementation_is_rejected_wherever_it_differs(name):
+    checker, _case, points = _SWEEPS[name]
+    reference = _reference_of(name)
+    wants = [(args, _outcome(reference, args)[0]) for args in points()]
+    for wrong in WRONG[checker]:
+        differs = [args for args, want in wants
+                   if not _same(*_pair(_outcome(wrong.fn, args), want))]
+        assert differs, f"{wrong.name}: agrees with the reference at every point of the sweep"
+        by_size = {_size(args): args for args in reversed(differs)}  # the first of each size
+        for args in by_size.values():
+            with pytest.raises(CheckFailure) as info:
+                _sweep_case(name, wrong.fn, args)
+            assert not isinstance(info.value, NotStarted), (wrong.name, args)
+
+
+def _size(args) -> tuple:
+    """A sweep point's size: each argument's length (a text's, a list's, the merges') and its
+    number of distinct symbols, or the number itself (num_merges, new_id)."""
+    def size(a):
+        if isinstance(a, int):
+            return a
+        items = [len(x) for x in a] if a and isinstance(a, list) and isinstance(a[0], list) \
+            else []
+        return (len(a), len(set(a)) if isinstance(a, (str, list)) and not items else 0, *items)
+    return tuple(size(a) for a in args)
+
+
+def _pair(outcome, want):
+    got, changed = outcome
+    return (("changed its input", got), want) if changed else (got, want)
+
+
+@pytest.mark.parametrize("exercise", ["bpe_train", "bpe_encode"])
+def test_a_broken_utf8_bytes_is_named_fix_it_first(exercise):
+    """The earlier of two broken helpers is named: utf8_bytes (ord per character) before the
+    broken bpe_merge."""
+    cell = _LEARNER_CELL.replace('return list(text.encode("utf-8"))',
+                                 'return [ord(ch) for ch in text]')
+    ns = _learner_cell(cell)
+    with pytest.raises(CheckFailure) as info:
+        getattr(nb02, f"check_{exercise}")(ns[exercise], seed=0)
+    assert info.value.mistake == f"02.{exercise}.fix_utf8_bytes_first"

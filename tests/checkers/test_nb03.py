@@ -271,3 +271,12 @@ def test_chapter_03_reads_in_chinese(monkeypatch):
     with pytest.raises(CheckFailure) as info:
         nb03.check_to_additive_mask(lambda m, dtype=torch.float32: m.to(dtype), seed=0)
     assert "把 Mask 返回成了 0/1 数值" in str(info.value), str(info.value)
+
+
+def test_an_exact_mismatch_shows_the_gap_between_near_numbers():
+    """Issue 33: a rejected value never reads as equal to the expected one ("-1e+09, expected
+    -1e+09")."""
+    got = torch.tensor([0.0, -1e9 + 0.5], dtype=torch.float64)
+    want = torch.tensor([0.0, -1e9], dtype=torch.float64)
+    text = nb03._exact_mismatch(got, want, ("S_q",))
+    assert "got -999999999.5, expected -1000000000" in text, text

@@ -17,6 +17,7 @@ from checks.engine import CheckFailure, ForbiddenCall
 
 from ..support.catalogue import (SEEDS, Exercise, Wrong, assert_passes, assert_passes_thorough,
                                  assert_rejects, implementations, not_started)
+from ..support.cells import learner_cell as _learner_cell
 
 NEG_INF = float("-inf")
 
@@ -245,6 +246,19 @@ def _attention_with(scores_fn=None, softmax=good_masked_softmax, combine=None, p
     return attention
 
 
+def _attention_own_causal(*, top_left=False, and_given=False):
+    """Attention that builds a causal mask itself instead of using (only) the one it is given."""
+    def attention(q, k, v, mask=None):
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        sq, sk = scores.shape[-2:]
+        causal = torch.ones(sq, sk, dtype=torch.bool).tril(0 if top_left else sk - sq)
+        if and_given and mask is not None:
+            causal = causal & mask
+        weights = good_masked_softmax(scores, causal)
+        return weights @ v, weights
+    return attention
+
+
 def _softmax_subtracts_max_in_place(scores, mask=None):
     scores -= scores.amax(-1, keepdim=True).nan_to_num(0.0, neginf=0.0)
     return good_masked_softmax(scores, mask)
@@ -431,6 +445,11 @@ WRONG = {
         Wrong("q scaled in place", _attention_scales_q_in_place,
               "04.attention.modified_input_in_place"),
         Wrong("computed in float32", _in_float32(good_attention), "04.attention.changed_dtype"),
+        Wrong("own causal mask", _attention_own_causal(), "04.attention.built_own_causal_mask"),
+        Wrong("own top-left causal mask", _attention_own_causal(top_left=True),
+              "04.attention.built_own_causal_mask"),
+        Wrong("own causal mask and the given one", _attention_own_causal(and_given=True),
+              "04.attention.built_own_causal_mask"),
         Wrong("boolean mask added", _attention_with(softmax=lambda s, mask=None: (
             good_masked_softmax(s if mask is None else s + mask))),
             "04.attention.added_boolean_mask"),
@@ -559,3 +578,77 @@ def test_sizes_tell_every_scale_mistake_apart(seed):
     assert not nb04._clashes(nb04._divisors(d, (sq, sk), n=n), d)
     b, n, sq, sk, d, dv, lo, hi = nb04._attention_sizes(check)
     assert not nb04._clashes(nb04._divisors(d, (sq, sk, lo, hi), n=n, dv=dv), d)
+
+
+# --------------------------------------------------------------------------------------------
+# Knock-on failures in the self-check (issue 33): attention built on a catalogued wrong helper
+# names that helper ("fix it first"), never the helper's mistake a second time under attention;
+# with both helpers wrong, the first one attention calls (attention_scores) is named.
+
+_LEARNER_ATTENTION = '''
+def attention(q, k, v, mask=None):
+    weights = masked_softmax(attention_scores(q, k), mask)
+    return weights @ v, weights
+'''
+
+
+def _self_check_mistake(scores_fn, softmax, seed=0) -> str | None:
+    """The mistake the chapter's test cell reports for a learner's attention built, as in the
+    notebook, from their own helpers (None: it passes)."""
+    ns = _learner_cell(_LEARNER_ATTENTION, attention_scores=scores_fn, masked_softmax=softmax)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            nb04.check_attention(ns["attention"], seed=seed, attention_scores=scores_fn,
+                                 masked_softmax=softmax)
+    except CheckFailure as failure:
+        return failure.mistake
+    return None
+
+
+def _passes_attention(helper: str, fn) -> bool:
+    """Whether attention built on this wrong helper is right all the same (a helper that calls
+    a library softmax, which attention's check allows, or changes the dtype only of inputs
+    attention never gives it)."""
+    good = {"attention_scores": GOOD_SCORES, "masked_softmax": good_masked_softmax}
+    ns = _learner_cell(_LEARNER_ATTENTION, **{**good, helper: fn})
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            nb04.check_attention(ns["attention"], seed=0)
+    except CheckFailure:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("helper", ["attention_scores", "masked_softmax"])
+def test_a_catalogued_wrong_helper_is_named_fix_it_first_by_the_self_check(helper):
+    good = {"attention_scores": GOOD_SCORES, "masked_softmax": good_masked_softmax}
+    named = 0
+    for wrong in WRONG[helper]:
+        helpers = {**good, helper: wrong.fn}
+        mistake = _self_check_mistake(helpers["attention_scores"], helpers["masked_softmax"])
+        if mistake is None:
+            assert _passes_attention(helper, wrong.fn), wrong.name
+            continue
+        assert mistake == f"04.attention.fix_{helper}_first", (wrong.name, mistake)
+        named += 1
+    assert named >= len(WRONG[helper]) - 3
+
+
+_BROKEN_SCORES = [w for w in WRONG["attention_scores"]
+                  if w.mistake in ("04.attention_scores.missing_scale",
+                                   "04.attention_scores.q_k_swapped",
+                                   "04.attention_scores.divided_by_d")]
+_BROKEN_SOFTMAX = [w for w in WRONG["masked_softmax"]
+                   if w.mistake in ("04.masked_softmax.unstable_exp",
+                                    "04.masked_softmax.softmax_over_queries",
+                                    "04.masked_softmax.mask_inverted")]
+
+
+@pytest.mark.parametrize("seed", SEEDS[:2])
+def test_two_wrong_helpers_name_the_first_one_attention_calls(seed):
+    assert len(_BROKEN_SCORES) == 3 and len(_BROKEN_SOFTMAX) >= 3
+    for scores_fn in _BROKEN_SCORES:
+        for softmax in _BROKEN_SOFTMAX:
+            mistake = _self_check_mistake(scores_fn.fn, softmax.fn, seed)
+            assert mistake == "04.attention.fix_attention_scores_first", (
+                scores_fn.name, softmax.name, mistake)

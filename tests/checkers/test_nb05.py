@@ -5,6 +5,8 @@ Sizes: the checkers draw distinct B, S, N, D in 2..8 (H = N * D up to 56), plus 
 GQA with N_kv in {2, 3} and MQA with N_kv = 1).
 """
 
+import contextlib
+import io
 import math
 
 import pytest
@@ -410,3 +412,76 @@ def test_diagram_colors_mark_blocked_entries_and_keep_signs_apart():
     assert colors[1][1] == diagrams.BLOCKED_COLOR
     assert colors[0][0] != colors[1][0]                   # -2 and +2 differ
     assert diagrams.shade("#000000", 0.0) == (1.0, 1.0, 1.0)  # amount 0 is white
+
+
+# --------------------------------------------------------------------------------------------
+# Knock-on failures in the self-check (issue 33): multi_head_attention built, as the notebook
+# builds it, on the learner's split_qkv (itself on split_heads) and merge_heads names a broken
+# one "fix it first", never its mistake a second time; with two broken, the earlier exercise.
+
+_LEARNER_MHA = '''
+def split_heads(x, n_heads):
+    return _split_heads(x, n_heads)
+
+def merge_heads(x):
+    return _merge_heads(x)
+
+def split_qkv(qkv, n_heads, n_kv_heads, head_dim):
+    return _split_qkv(qkv, n_heads, n_kv_heads, head_dim, split_heads)
+
+def multi_head_attention(x, w_qkv, w_o, n_heads, mask=None):
+    d = w_qkv.shape[1] // (3 * n_heads)
+    q, k, v = split_qkv(x @ w_qkv, n_heads, n_heads, d)
+    out, _weights = attention(q, k, v, mask)
+    return merge_heads(out) @ w_o
+'''
+
+
+def _split_qkv_on(qkv, n_heads, n_kv_heads, head_dim, split_heads):
+    q, k, v = qkv.split([n_heads * head_dim, n_kv_heads * head_dim, n_kv_heads * head_dim], -1)
+    return split_heads(q, n_heads), split_heads(k, n_kv_heads), split_heads(v, n_kv_heads)
+
+
+def _mha_mistake(split_heads=ref.split_heads, merge_heads=ref.merge_heads,
+                 split_qkv=_split_qkv_on, seed=0) -> str | None:
+    from ..support.cells import learner_cell
+    ns = learner_cell(_LEARNER_MHA, _split_heads=split_heads, _merge_heads=merge_heads,
+                      _split_qkv=split_qkv, attention=ref.attention)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            nb05.check_multi_head_attention(ns["multi_head_attention"], seed=seed)
+    except CheckFailure as failure:
+        return failure.mistake
+    return None
+
+
+def _swapped_qkv(qkv, n_heads, n_kv_heads, head_dim, split_heads):
+    q, k, v = _split_qkv_on(qkv, n_heads, n_kv_heads, head_dim, split_heads)
+    return k, q, v
+
+
+def test_the_learners_own_pieces_pass_when_right():
+    assert _mha_mistake() is None
+
+
+@pytest.mark.parametrize("helper", ["split_heads", "merge_heads"])
+def test_a_catalogued_wrong_helper_is_named_fix_it_first_by_the_self_check(helper):
+    checker = getattr(nb05, f"check_{helper}")
+    for wrong in WRONG[checker]:
+        mistake = _mha_mistake(**{helper: wrong.fn})
+        assert mistake == f"05.multi_head_attention.fix_{helper}_first", (wrong.name, mistake)
+
+
+def test_a_wrong_split_qkv_on_a_right_split_heads_is_named_fix_it_first():
+    assert _mha_mistake(split_qkv=_swapped_qkv) == \
+        "05.multi_head_attention.fix_split_qkv_first"
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_two_wrong_helpers_name_the_earlier_exercise(seed):
+    split = WRONG[nb05.check_split_heads][0].fn
+    merge = WRONG[nb05.check_merge_heads][1].fn
+    assert _mha_mistake(split_heads=split, merge_heads=merge, seed=seed) == \
+        "05.multi_head_attention.fix_split_heads_first"
+    assert _mha_mistake(merge_heads=merge, split_qkv=_swapped_qkv, seed=seed) == \
+        "05.multi_head_attention.fix_merge_heads_first"

@@ -493,3 +493,69 @@ def test_chapter_11_reads_in_chinese(monkeypatch):
     with pytest.raises(CheckFailure) as info:
         nb11.check_block_param_count(_count(embed=True), seed=0)
     assert "加上了 Embedding 表" in str(info.value), str(info.value)
+
+
+# ------------------------------------------------------------------------------------------------
+# Knock-on failures in the self-check (issue 33): decoder_block and block_param_count built, as
+# the notebook builds them, on the learner's own attention_sublayer and init_block_params name a
+# broken one "fix it first", never its mistake a second time.
+
+_LEARNER_BLOCK = '''
+def attention_sublayer(x, layer, cfg, positions):
+    return _attention(x, layer, cfg, positions)
+
+def decoder_block(x, layer, cfg, positions):
+    u = x + attention_sublayer(x, layer, cfg, positions)
+    h = _rms_norm(u, layer["ffn_norm"], cfg.norm_eps)
+    return u + _swiglu_ffn(h, layer["w_gate"], layer["w_up"], layer["w_down"])
+
+def init_block_params(cfg, generator=None, dtype=torch.float32):
+    return _init(cfg, generator, dtype)
+
+def block_param_count(cfg):
+    with torch.device("meta"):
+        return sum(t.numel() for t in init_block_params(cfg).values())
+'''
+
+
+def _learner_block(attention=None, init=None) -> dict:
+    from ..support.cells import learner_cell
+    return learner_cell(_LEARNER_BLOCK, _attention=attention or _sublayer(),
+                        _init=init or _init_with(), _rms_norm=ref.rms_norm,
+                        _swiglu_ffn=ref.swiglu_ffn)
+
+
+def _mistake_of(checker, fn) -> str | None:
+    import contextlib
+    import io
+
+    from checks.engine import CheckFailure
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            checker(fn, seed=0)
+    except CheckFailure as failure:
+        return failure.mistake
+    return None
+
+
+def test_the_learners_own_block_and_count_pass_when_right():
+    ns = _learner_block()
+    assert _mistake_of(nb11.check_decoder_block, ns["decoder_block"]) is None
+    assert _mistake_of(nb11.check_block_param_count, ns["block_param_count"]) is None
+
+
+def test_a_catalogued_wrong_attention_sublayer_is_named_fix_it_first():
+    named = 0
+    for wrong in WRONG[nb11.check_attention_sublayer]:
+        mistake = _mistake_of(nb11.check_decoder_block,
+                              _learner_block(attention=wrong.fn)["decoder_block"])
+        assert mistake in (None, "11.decoder_block.fix_attention_sublayer_first"), \
+            (wrong.name, mistake)
+        named += mistake is not None
+    assert named >= len(WRONG[nb11.check_attention_sublayer]) - 3
+
+
+def test_a_wrong_init_block_params_is_named_fix_it_first_by_block_param_count():
+    ns = _learner_block(init=_init_with(shapes=_wqkv_3h))
+    assert _mistake_of(nb11.check_block_param_count, ns["block_param_count"]) == \
+        "11.block_param_count.fix_init_block_params_first"

@@ -358,6 +358,12 @@ def _forward_untrainable(how):
             head.mul_(1.0)
         elif how == "head.data":
             head = head.data
+        if how == "saved_in_place":          # x is saved for the LM head's backward
+            logits = x @ head
+            x.mul_(1.0)
+            return logits
+        if how == "nan_gradient":           # sqrt at zero: finite values, NaN gradients
+            return x @ head + torch.sqrt((x - x).square()).sum(-1, keepdim=True)
         if how == "numpy":
             return torch.from_numpy(x.detach().numpy() @ head.detach().numpy())
         if how == "torch.tensor":
@@ -368,6 +374,47 @@ def _forward_untrainable(how):
     if how == "inference_mode":
         return torch.inference_mode()(model_forward)
     return model_forward
+
+
+def _blocks_with(apply_rope):
+    """A model_forward on chapter 11's block written with its own `apply_rope` (as a learner's
+    block borrows chapter 08's): Q and K go through it, V does not, so every parameter still
+    gets a gradient and only the function that drops them tells."""
+    def attention_sublayer(x, layer, cfg, positions):
+        h = ref.rms_norm(x, layer["attn_norm"], cfg.norm_eps)
+        q, k, v = ref.split_qkv(h @ layer["wqkv"], cfg.n_heads, cfg.n_kv_heads, cfg.head_dim)
+        q = apply_rope(q, positions, base=cfg.rope_base, rotary_dim=cfg.rotary_dim)
+        k = apply_rope(k, positions, base=cfg.rope_base, rotary_dim=cfg.rotary_dim)
+        s = q.shape[-2]
+        mask = ref.causal_mask(s, s)
+        return ref.merge_heads(ref.grouped_query_attention(q, k, v, mask)) @ layer["wo"]
+
+    def decoder_block(x, layer, cfg, positions):
+        u = x + attention_sublayer(x, layer, cfg, positions)
+        return u + ref.swiglu_ffn(ref.rms_norm(u, layer["ffn_norm"], cfg.norm_eps),
+                                  layer["w_gate"], layer["w_up"], layer["w_down"])
+
+    def model_forward(token_ids, params, cfg, positions=None):
+        if positions is None:
+            positions = torch.arange(token_ids.shape[1])
+        x = params["embed"][token_ids]
+        for layer in params["layers"]:
+            x = decoder_block(x, layer, cfg, positions)
+        return ref.rms_norm(x, params["final_norm"], cfg.norm_eps) @ params["lm_head"]
+    return model_forward
+
+
+@torch.no_grad()
+def _rope_without_grad(x, positions, **kwargs):
+    return ref.apply_rope(x, positions, **kwargs)
+
+
+def _rope_detached(x, positions, **kwargs):
+    return ref.apply_rope(x.detach(), positions, **kwargs)
+
+
+_forward_rope_without_grad = _blocks_with(_rope_without_grad)
+_forward_q_detached = _blocks_with(_rope_detached)
 
 
 def _init_one_ones(cfg, generator=None, dtype=torch.float32):
@@ -597,6 +644,14 @@ WRONG = {
               "12.model_forward.gradient_cut"),
         Wrong("lm_head.mul_ in place", _forward_untrainable("head_in_place"),
               "12.model_forward.parameter_changed_in_place"),
+        Wrong("x.mul_ after the LM head read it", _forward_untrainable("saved_in_place"),
+              "12.model_forward.in_place_breaks_backward"),
+        Wrong("sqrt at zero in the logits", _forward_untrainable("nan_gradient"),
+              "12.model_forward.gradient_not_finite"),
+        Wrong("block from chapter 11 with RoPE under no_grad", _forward_rope_without_grad,
+              "12.model_forward.forward_under_no_grad"),
+        Wrong("block from chapter 11 with q.detach()", _forward_q_detached,
+              "12.model_forward.gradient_cut"),
     ],
     nb12.check_next_token_loss: [
         Wrong("no shift", _loss_with(shift="none"), "12.next_token_loss.no_shift"),
@@ -734,6 +789,8 @@ WRONG = {
               "12.sample_next_token.temperature_after_softmax"),
         Wrong("temperature applied twice", _sampler_variant(temp="twice"),
               "12.sample_next_token.temperature_applied_twice"),
+        Wrong("logits divided by sqrt(T)", _sampler_variant(temp="sqrt"),
+              "12.sample_next_token.temperature_square_root"),
         Wrong("temperature only without top_k", _sampler_variant(temp="only_without_top_k"),
               "12.sample_next_token.temperature_ignored"),
         Wrong("new torch.Generator() when None", _sampler_variant(none="fresh"),

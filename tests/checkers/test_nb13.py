@@ -601,6 +601,9 @@ def _generate(params, cfg, prompt_ids, max_new_tokens, *, use_cache=True, temper
     use_cache = use_cache or mistake == "uncached uses cache"
     b, p = prompt_ids.shape
     tokens = prompt_ids.clone()
+    seed = generator.initial_seed() if generator is not None else None
+    if mistake == "fresh generator per call" and generator is not None:
+        generator = torch.Generator().manual_seed(seed)
     n = max_new_tokens + (mistake == "one too many") - (mistake == "one too few")
     cache = ref.KVCache(cfg, b, p + 2 * n + 2)
     with torch.no_grad():
@@ -618,6 +621,7 @@ def _generate(params, cfg, prompt_ids, max_new_tokens, *, use_cache=True, temper
                 last = tokens[:, -1] if mistake == "1-D decode tokens" else tokens[:, -1:]
                 logits = forward(last, params, cfg, cache, start)
             row = logits[:, 0] if mistake == "first position" and step == 0 else logits[:, -1]
+            generator = _reseeded(generator, mistake, seed)
             nxt = sample_next_token(
                 row, temperature=0.0 if mistake == "greedy always" else temperature,
                 generator=None if mistake == "global rng" else generator)
@@ -629,6 +633,15 @@ def _generate(params, cfg, prompt_ids, max_new_tokens, *, use_cache=True, temper
         if not n and mistake == "prefill anyway" and use_cache:
             forward(prompt_ids, params, cfg, cache, 0)
     return tokens[:, p:] if mistake == "new only" else tokens
+
+
+def _reseeded(generator, mistake, seed):
+    """The generator a re-seeding generate draws with at this step."""
+    if generator is None or mistake not in ("reseed every step", "new generator every step"):
+        return generator
+    if mistake == "reseed every step":
+        return generator.manual_seed(seed)
+    return torch.Generator().manual_seed(seed)
 
 
 def _gen(mistake=None, forward=None):
@@ -712,6 +725,12 @@ GENERATE_WRONG = [
           "13.generate.prefill_one_token_at_a_time"),
     Wrong("always greedy", _gen("greedy always"), "13.generate.temperature_not_passed_on"),
     Wrong("global RNG", _gen("global rng"), "13.generate.generator_not_passed_on"),
+    Wrong("re-seeds the generator every step", _gen("reseed every step"),
+          "13.generate.generator_reseeded"),
+    Wrong("a new generator from its seed every step", _gen("new generator every step"),
+          "13.generate.generator_reseeded"),
+    Wrong("a new generator from its seed every call", _gen("fresh generator per call"),
+          "13.generate.generator_reseeded"),
     Wrong("forward without offset", _gen(forward=_fwd(offset=False)),
           "13.generate.decode_positions_not_offset"),
     Wrong("forward with top-left mask", _gen(forward=_fwd(mask="top_left")),
@@ -1184,3 +1203,79 @@ def test_chapter_13_reads_in_chinese(monkeypatch):
         nb13.check_generate(failure.fn, seed=1)
     assert info.value.mistake == "13.generate.start_pos_not_advanced"
     assert "缓存没有前进" in str(info.value), str(info.value)
+
+
+# ------------------------------------------------------------------------------------------------
+# Knock-on failures in the self-check (issue 33): generate built, as the notebook builds it, on
+# the learner's own KVCache and forward_with_cache names a broken one "fix it first" (KVCache,
+# the earlier exercise, when both are broken), never its mistake a second time under generate.
+
+_LEARNER_GENERATE = '''
+class KVCache(_Cache):
+    def update(self, layer_idx, k, v, start_pos):
+        return super().update(layer_idx, k, v, start_pos)
+
+def forward_with_cache(token_ids, params, cfg, cache, start_pos):
+    return _forward_with_cache(token_ids, params, cfg, cache, start_pos)
+
+def generate(params, cfg, prompt_ids, max_new_tokens, *, use_cache=True, temperature=0.0,
+             generator=None):
+    tokens = prompt_ids.clone()
+    if max_new_tokens == 0:
+        return tokens
+    with torch.no_grad():
+        if use_cache:
+            cache = KVCache(cfg, tokens.shape[0], tokens.shape[1] + max_new_tokens)
+            logits = forward_with_cache(tokens, params, cfg, cache, 0)
+        else:
+            logits = model_forward(tokens, params, cfg)
+        for step in range(max_new_tokens):
+            nxt = sample_next_token(logits[:, -1], temperature=temperature, generator=generator)
+            tokens = torch.cat([tokens, nxt[:, None]], 1)
+            if step + 1 == max_new_tokens:
+                break
+            if use_cache:
+                logits = forward_with_cache(tokens[:, -1:], params, cfg, cache,
+                                            tokens.shape[1] - 1)
+            else:
+                logits = model_forward(tokens, params, cfg)
+    return tokens
+'''
+
+
+def _learner_generate(cache=ListCache, forward=None):
+    from ..support.cells import learner_cell
+    ns = learner_cell(_LEARNER_GENERATE, _Cache=cache, _forward_with_cache=forward or _fwd(),
+                      model_forward=model_forward, sample_next_token=sample_next_token)
+    return ns["generate"]
+
+
+def _generate_mistake(cache=ListCache, forward=None, seed=0) -> str | None:
+    import contextlib
+    import io
+
+    from checks.engine import CheckFailure
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            nb13.check_generate(_learner_generate(cache, forward), seed=seed)
+    except CheckFailure as failure:
+        return failure.mistake
+    return None
+
+
+def test_generate_on_the_learners_own_right_pieces_passes():
+    assert _generate_mistake() is None
+
+
+def test_generate_on_a_broken_kv_cache_is_named_fix_it_first():
+    assert _generate_mistake(cache=OffByOneWriteCache) == "13.generate.fix_kvcache_first"
+
+
+def test_generate_on_a_broken_forward_with_cache_is_named_fix_it_first():
+    assert _generate_mistake(forward=_fwd(offset=False)) == \
+        "13.generate.fix_forward_with_cache_first"
+
+
+def test_generate_on_two_broken_pieces_names_the_earlier_exercise():
+    assert _generate_mistake(cache=AtZeroCache, forward=_fwd(offset=False)) == \
+        "13.generate.fix_kvcache_first"

@@ -323,15 +323,35 @@ TRAIN_WRONG = [
 # evaluate
 
 def evaluate_solution(params, cfg, data, *, batch_size, context_len, n_batches, generator=None,
-                      forward=None):
+                      forward=None, move=True):
     forward = forward or model_forward
+    device = params["embed"].device
     losses = []
     with torch.no_grad():
         for _n in range(n_batches):
             x, y = batch_solution(data, batch_size, context_len, generator=generator)
+            if move:
+                x, y = x.to(device), y.to(device)
             logits = forward(x, params, cfg)
             losses.append(F.cross_entropy(logits.flatten(0, 1), y.flatten()).item())
     return sum(losses) / len(losses)
+
+
+def evaluate_on_the_data_device(params, cfg, data, **kwargs):
+    """Right on a CPU, and what the chapter's run on a GPU stops at."""
+    return evaluate_solution(params, cfg, data, move=False, **kwargs)
+
+
+def evaluate_moves_only_x(params, cfg, data, *, batch_size, context_len, n_batches,
+                          generator=None, forward=None):
+    forward = forward or model_forward
+    total = 0.0
+    with torch.no_grad():
+        for _n in range(n_batches):
+            x, y = batch_solution(data, batch_size, context_len, generator=generator)
+            logits = forward(x.to(params["embed"].device), params, cfg)
+            total += float(F.cross_entropy(logits.flatten(0, 1), y.flatten()))
+    return total / n_batches
 
 
 def _evaluate(kind):
@@ -374,6 +394,10 @@ EVALUATE_WRONG = [
     Wrong("ignored forward", _evaluate("ignored_forward"), "14.evaluate.ignored_forward"),
     Wrong("changes the parameters", _evaluate("train"), "14.evaluate.changed_parameters"),
     Wrong("returns a tensor", _evaluate("tensor"), "14.evaluate.returned_tensor"),
+    Wrong("batches left on the data's device", evaluate_on_the_data_device,
+          "14.evaluate.batches_not_on_the_model_device"),
+    Wrong("only x moved to the model's device", evaluate_moves_only_x,
+          "14.evaluate.batches_not_on_the_model_device"),
 ]
 
 
@@ -567,6 +591,12 @@ def _adam_kind(kind):
         if kind == "t_after":
             t = state["t"] + 1 + 1
             state["t"] += 1
+        elif kind == "t_before_increment":      # t = 0 on the first call: 1 - beta**0 = 0
+            t = state["t"]
+            state["t"] += 1
+        elif kind in ("m_from_t_plus_one", "v_from_t_plus_one"):
+            state["t"] += 1
+            t = state["t"]
         elif kind != "per_tensor_t":
             state["t"] += 1
             t = state["t"]
@@ -590,8 +620,9 @@ def _adam_kind(kind):
             else:
                 m.mul_(b1).add_((1 - b1) * g)
                 v.mul_(b2).add_((1 - b2) * g * g)
-            m_hat = m / (1 - b1 ** t)
-            v_hat = v if kind == "only_m_corrected" else v / (1 - b2 ** t)
+            m_hat = m / (1 - b1 ** (t + 1 if kind == "m_from_t_plus_one" else t))
+            v_hat = v if kind == "only_m_corrected" else \
+                v / (1 - b2 ** (t + 1 if kind == "v_from_t_plus_one" else t))
             if kind == "only_v_corrected":
                 m_hat = m
             step = m_hat / (v_hat.sqrt() + eps)
@@ -659,6 +690,7 @@ def _eval_kind(kind):
                                      for j in range(batch_size)])
                 else:
                     x, y = batch_solution(data, batch_size, context_len, generator=generator)
+                x, y = x.to(tensors[0].device), y.to(tensors[0].device)
                 logits = forward(x, params, cfg)
                 total += F.cross_entropy(logits.flatten(0, 1), y.flatten(),
                                          reduction="sum" if kind == "token_sum" else "mean").item()
@@ -671,8 +703,10 @@ def _eval_kind(kind):
 def eval_inference_mode(params, cfg, data, *, batch_size, context_len, n_batches,
                         generator=None, forward=None):
     forward = forward or model_forward
+    device = params["lm_head"].device
     with torch.inference_mode():
-        losses = [F.cross_entropy(forward(x, params, cfg).flatten(0, 1), y.flatten())
+        losses = [F.cross_entropy(forward(x.to(device), params, cfg).flatten(0, 1),
+                                  y.to(device).flatten())
                   for x, y in (batch_solution(data, batch_size, context_len,
                                               generator=generator) for _ in range(n_batches))]
     return float(sum(losses) / n_batches)
@@ -732,6 +766,9 @@ FRESH_WRONG = {
   ("fresh_torch", "14.adamw_step.moments_not_kept"),
   ("t_from_one", "14.adamw_step.bias_correction_step_off_by_one"),
   ("t_after", "14.adamw_step.bias_correction_step_off_by_one"),
+  ("t_before_increment", "14.adamw_step.bias_correction_wrong_step"),
+  ("m_from_t_plus_one", "14.adamw_step.bias_correction_wrong_step"),
+  ("v_from_t_plus_one", "14.adamw_step.bias_correction_wrong_step"),
   ("per_tensor_t", "14.adamw_step.step_counted_per_tensor"),
   ("no_decay", "14.adamw_step.no_weight_decay"),
   ("decay_sign", "14.adamw_step.decay_wrong_sign"),

@@ -14,6 +14,7 @@ from checks import borrow
 from checks import reference as ref
 from checks.borrow import own_functions, own_or_reference
 from checks.environment import GRADING_ENV, NOTEBOOKS_ENV
+from checks.gradients import TINY
 from checks.install import CELL_ID
 
 COURSE = Path(__file__).resolve().parents[2]
@@ -438,3 +439,60 @@ def test_the_newest_colab_copy_counts(tmp_path, capsys, monkeypatch):
 def test_the_variable_is_in_the_environment_table():
     from checks.environment import ENV
     assert "notebooks" in ENV[NOTEBOOKS_ENV].meaning
+
+
+# Chapter 14 trains through what it borrows: gradients must flow through each function.
+FOR_TRAINING = {"apply_rope": "08_rope", "rms_norm": "10_norm_residual",
+                "model_forward": "12_lm_head_logits", "init_model_params": "12_lm_head_logits"}
+UP_TO_12 = ("02", "03", "04", "05", "06", "08", "09", "10", "11", "12")
+
+
+def _decorated(number: str, grade_id: str, decorator: str) -> str:
+    source = _solution(number, grade_id)
+    return source.replace(f"def {grade_id}(", f"{decorator}\ndef {grade_id}(", 1)
+
+
+def _trains(model_forward, init_model_params) -> bool:
+    params = ref.training.trainable(init_model_params(TINY, generator=torch.Generator()
+                                                      .manual_seed(0)))
+    ids = torch.randint(0, TINY.vocab_size, (2, 5), generator=torch.Generator().manual_seed(1))
+    model_forward(ids, params, TINY).square().mean().backward()
+    return all(t.grad is not None and bool(t.grad.abs().sum() > 0)
+               for t in ref.training.param_list(params))
+
+
+def test_a_forward_under_no_grad_is_not_borrowed_for_training(tmp_path, capsys):
+    """The issue's case: chapter 12's model_forward under @torch.no_grad() stays the learner's
+    nowhere; chapter 14 trains the reference, and one line says why, naming the chapter."""
+    root = _chapters(SOLUTIONS, tmp_path, *UP_TO_12)
+    _answer(root, "12", "model_forward", _decorated("12", "model_forward", "@torch.no_grad()"))
+    borrowed = own_functions(FOR_TRAINING, root=root)
+    out = capsys.readouterr().out
+    assert borrowed.whose["model_forward"] == "reference"
+    assert borrowed.whose["apply_rope"] == borrowed.whose["rms_norm"] == "yours"
+    assert "model_forward (12: no gradients)" in out.splitlines()[0]
+    assert "Not for training: `model_forward` (chapter 12) runs with gradient tracking off " \
+        "(`torch.no_grad()`)" in out
+    assert borrowed.mistakes["model_forward"] == "14.train_step.borrowed_without_gradients"
+    assert _trains(borrowed.model_forward, borrowed.init_model_params)
+
+
+@pytest.mark.parametrize("number,name,body,cause,mistake", [
+    ("08", "apply_rope", "@torch.no_grad()", "runs with gradient tracking off (`torch.no_grad()`)",
+     "14.train_step.borrowed_without_gradients"),
+    ("08", "apply_rope", "@torch.inference_mode()", "runs with gradient tracking off",
+     "14.train_step.borrowed_without_gradients"),
+])
+def test_a_piece_that_cuts_gradients_is_named_with_its_chapter(tmp_path, capsys, number, name,
+                                                               body, cause, mistake):
+    """A piece of chapter 08 under no_grad passes its own check; chapter 14 (and the chapters
+    between, through nested borrowing) take the reference for it, and say which and why."""
+    root = _chapters(SOLUTIONS, tmp_path, *UP_TO_12)
+    _answer(root, number, name, _decorated(number, name, body))
+    borrowed = own_functions(FOR_TRAINING, root=root)
+    out = capsys.readouterr().out
+    assert borrowed.whose[name] == "reference" and f"{name} ({number}: no gradients)" in out
+    assert f"Not for training: `{name}` (chapter {number}) {cause}" in out
+    assert borrowed.whose["model_forward"] == "yours"   # its block took the reference RoPE
+    assert _trains(borrowed.model_forward, borrowed.init_model_params)
+    assert borrowed.mistakes[name] == mistake and borrowed.mistakes["model_forward"] is None

@@ -149,3 +149,72 @@ def test_a_real_gpu_is_described_as_torch_sees_it():
 def test_an_unknown_kind_is_refused():
     with pytest.raises(ValueError, match="expected 'cuda', 'mps' or 'cpu'"):
         timing.describe_device("tpu")
+
+
+# Chapter 14 on any device: the data stay on the CPU, the model may be elsewhere. PyTorch's meta
+# device stands in for a GPU on a machine without one: tensors there have shapes and devices but
+# no values, so a run that puts every batch where the model is gets as far as reading the loss's
+# value (which a meta tensor does not have), while one that leaves a batch on the CPU stops
+# earlier, on the devices' mismatch.
+
+META_VALUE = "cannot be called on meta tensors"
+
+
+def _meta_model():
+    from checks.reference import training as tr
+    from checks.training_run import settings, to_device
+
+    cfg = settings("grading").config()
+    params = to_device(tr.init_training_params(cfg, generator=torch.Generator().manual_seed(0)),
+                       "meta")
+    return tr, cfg, params
+
+
+def test_meta_stands_in_for_another_device():
+    """What the tests below rely on: a batch left on the CPU fails on the mismatch."""
+    logits = torch.zeros(4, 256, device="meta")
+    with pytest.raises(RuntimeError, match="device"):
+        torch.nn.functional.cross_entropy(logits, torch.zeros(4, dtype=torch.long))
+    with pytest.raises(RuntimeError, match=META_VALUE):
+        float(torch.nn.functional.cross_entropy(logits, torch.zeros(4, dtype=torch.long,
+                                                                     device="meta")))
+
+
+def test_the_reference_evaluate_moves_batches_to_the_parameters_device():
+    tr, cfg, params = _meta_model()
+    data = torch.arange(500) % 256
+    seen = []
+
+    def forward(x, params, cfg):
+        seen.append(x.device)
+        return tr.model_forward(x, params, cfg)
+
+    with pytest.raises(RuntimeError, match=META_VALUE):
+        tr.evaluate(params, cfg, data, batch_size=2, context_len=8, n_batches=2,
+                    generator=torch.Generator().manual_seed(0), forward=forward)
+    assert seen == [torch.device("meta")]
+
+
+def test_an_evaluate_that_leaves_batches_on_the_cpu_is_caught():
+    """The test above can fail: the same evaluation without moving the batches stops on the
+    devices' mismatch, not on the loss's value."""
+    tr, cfg, params = _meta_model()
+    data = torch.arange(500) % 256
+
+    def evaluate_on_the_cpu(params, cfg, data, *, batch_size, context_len, n_batches,
+                            generator=None):
+        with torch.no_grad():
+            x, y = tr.get_batch(data, batch_size, context_len, generator=generator)
+            return float(tr.batch_loss(tr.model_forward(x, params, cfg), y))
+
+    with pytest.raises(RuntimeError) as raised:
+        evaluate_on_the_cpu(params, cfg, data, batch_size=2, context_len=8, n_batches=1)
+    assert META_VALUE not in str(raised.value)
+
+
+def test_get_batch_returns_batches_on_the_datas_device():
+    from checks.reference import training as tr
+
+    data = (torch.arange(300) % 256).to("meta")
+    x, y = tr.get_batch(data, 3, 7, generator=torch.Generator().manual_seed(0))
+    assert x.device == y.device == data.device and x.shape == y.shape == (3, 7)

@@ -28,7 +28,7 @@ def _notebook(folder: str, chapter: str) -> dict:
 
 @pytest.mark.parametrize("folder", ["solutions", "notebooks"])
 def test_every_notebook_starts_with_the_install_cell(folder):
-    assert len(CHAPTERS) == 14
+    assert len(CHAPTERS) == 15
     for chapter in CHAPTERS:
         first = _notebook(folder, chapter)["cells"][0]
         assert first["id"] == install.CELL_ID, chapter

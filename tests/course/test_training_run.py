@@ -66,8 +66,30 @@ def test_gpu_check_plans():
     assert cpu.training == "cpu" and cpu.steps == training_run.settings("cpu").steps
     quick = gpu_check.plan("cpu", quick=True, steps=2)
     assert quick.training == "grading" and quick.steps == 2 and quick.timing_size == "tiny"
+    # chapter 14's notebook runs where a device is present, on the CPU only when asked
+    assert gpu.notebook and gpu_check.plan("mps").notebook and not cpu.notebook
+    assert gpu_check.plan("cpu", notebook=True).notebook
+    assert not gpu_check.plan("cuda", notebook=False).notebook
+    assert quick.serving_tokens < gpu.serving_tokens == cpu.serving_tokens
     with pytest.raises(ValueError):
         gpu_check.plan("tpu")
+
+
+def test_gpu_check_without_solutions_says_the_chapter_was_not_run(tmp_path):
+    result = gpu_check.run_notebook(solutions=tmp_path)
+    assert result["ran"] is False and "no " in result["why"]
+    report = {"notebook": result}
+    assert "Not run: no " in "\n".join(gpu_check._notebook_section(report["notebook"], "cuda"))
+
+
+def test_gpu_check_serving_section():
+    """Chapter 15's part of the report: a table of both runs, or why it was skipped."""
+    skipped = gpu_check.format_serving({"missing": "SmolLM2 is not installed"})
+    assert skipped[-2] == "skipped: SmolLM2 is not installed"
+    run = {"tokens": 8, "seconds": 2.0, "tokens_per_s": 4.0, "ttft": 0.5, "tpot": 0.1}
+    text = "\n".join(gpu_check.format_serving({"runs": {"one after another": run, "together": run},
+                                               "ratio": 1.0, "same_tokens": 8}))
+    assert "| together | 8 | 2.00 | 4.0 | 0.500 s | 100.0 ms |" in text and "1.0x" in text
 
 
 def test_to_device_keeps_leaves_trainable():

@@ -21,6 +21,7 @@ and its table's formatter side by side; each module's docstring says what it mea
     load.py         `load`: notebooks and grading quiet and with CPU hogs alongside, table (e)
     classroom.py    `class`: a class graded with --jobs 1 and --jobs 2, table (e)
     smollm.py       `smollm`: `generate` on the real model, SmolLM2-135M-Instruct, table (g)
+    serving.py      `serving`: chapter 15's server, eight chats alone and together, table (h)
     common.py       the plans (FULL, QUICK), random weights, timing a call, the CPU hogs
     suite.py        `run` (every section, in order) and `format_table` (every table, in order)
     __main__.py     the command line

@@ -16,7 +16,7 @@ from ...config import ModelConfig, block_shapes, model_shapes
 REPO = Path(__file__).resolve().parents[3]
 SOLUTIONS = REPO / "solutions"
 SECTIONS = ("bandwidth", "generate", "no_cache", "decode_path", "timing", "notebooks", "grading",
-            "load", "class", "smollm", "training")
+            "load", "class", "smollm", "training", "serving")
 MiB, GiB = 2**20, 2**30
 
 
@@ -40,6 +40,8 @@ class Plan:
     load_hogs: int = 2                  # CPU hogs alongside the loaded runs of `load`
     class_size: int = 20                # complete submissions graded by `class`
     smollm_lengths: tuple[int, ...] = (128, 512)   # new tokens of the real model's generations
+    serving_chats: int = 8              # chapter 15's chats served (section `serving`)
+    serving_tokens: int = 48            # new tokens at most per chat
 
 
 FULL = Plan(
@@ -60,7 +62,7 @@ QUICK = Plan(
     no_cache_full_max=8, no_cache_samples=3, decode_contexts=(16,), decode_rounds=1,
     decode_steps=3,
     check_tokens=6, timing_size="tiny", timing_repeats=1, notebooks=("01",), load_hogs=1,
-    class_size=2, smollm_lengths=(4,))
+    class_size=2, smollm_lengths=(4,), serving_chats=3, serving_tokens=3)
 
 
 def best(fn, *, warmup: int = 1, repeats: int = 5) -> float:

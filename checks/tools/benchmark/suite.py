@@ -25,6 +25,7 @@ from .grading import format_grading, run_grading
 from .load import format_load, run_under_load
 from .no_cache import format_no_cache, run_no_cache
 from .notebooks import format_notebooks, run_notebooks
+from .serving import format_serving, run_serving
 from .smollm import format_smollm, run_smollm
 from .timing import format_timing, run_timing
 from .training import format_training, run_training
@@ -93,6 +94,8 @@ def _model_sections(result: dict, params: dict, plan: Plan, skip, say, sample) -
         result["decode_path"] = run_decode_path(params, cfg, plan, say, after_each=sample)
     if "smollm" not in skip:   # compared with the best bandwidth sample of the other sections
         result["smollm"] = run_smollm(plan, say)
+    if "serving" not in skip:
+        result["serving"] = run_serving(plan, say)
 
 
 def _course_sections(result: dict, plan: Plan, skip, say) -> None:
@@ -114,8 +117,8 @@ def _course_sections(result: dict, plan: Plan, skip, say) -> None:
 
 # The tables in the order they print; each formatter returns no lines for a skipped section.
 FORMATTERS = (format_bandwidth, format_generate, format_decode_bandwidth, format_smollm,
-              format_no_cache, format_timing, format_notebooks, format_grading, format_load,
-              format_class, format_decode_path, format_training)
+              format_serving, format_no_cache, format_timing, format_notebooks, format_grading,
+              format_load, format_class, format_decode_path, format_training)
 
 
 def format_header(result: dict) -> list[str]:
