@@ -170,10 +170,11 @@ def _grade(paths: list[Path], options: GradeOptions, outputs: OutputOptions,
            echo: bool) -> GradeRun:
     if outputs.feedback is not None:  # the feedback folder is out of the workers' reach too
         options = dataclasses.replace(options, hide=[*options.hide, Path(outputs.feedback)])
-    found = find_submissions(paths, options.caps(), options.source)  # links, special files,
-    #                                                                  caps: one line each, here
+    # links, special files, caps, second notebooks (and copies): one line each, here
+    found = find_submissions(paths, options.caps(), options.source, options.use_copies)
     # unwritable outputs are refused here, before grading
-    writer = GradeOutputs(outputs, found.paths)
+    writer = GradeOutputs(outputs, found.paths, [s.student for s in found.submissions
+                                                 if s.student])
     for refusal in found.refused:
         report_problem(refusal)
     todo = writer.to_grade(found.paths)

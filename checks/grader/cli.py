@@ -168,11 +168,13 @@ def _parser() -> argparse.ArgumentParser:
                        help="also write one row per student, a column per exercise, with each "
                             "chapter's total, submission time and lateness")
     grade.add_argument("--feedback", type=Path, metavar="DIR",
-                       help="also write feedback for students: DIR/<student>/<chapter>.html")
+                       help="also write feedback for students: DIR/<student>/<chapter>.html, "
+                            "and DIR/index.html naming each student's pages")
     grade.add_argument("--report", type=Path, metavar="FILE",
                        help="also write the class report: one HTML page with each exercise's "
                             "pass rate, the mistakes most students made (and who), the score "
-                            "distribution and lateness, with charts")
+                            "distribution and lateness, with charts, and a table of every "
+                            "student (every --roster student too) in a needs-help order")
     grade.add_argument("--due", type=due_argument, metavar="TIME",
                        help="deadline (ISO 8601; no zone: UTC): submissions whose nbgrader "
                             "timestamp.txt is later are marked late in every output (for the "
@@ -188,6 +190,11 @@ def _parser() -> argparse.ArgumentParser:
     grade.add_argument("--roster", type=roster_argument, metavar="FILE",
                        help="a CSV naming the students (columns folder, id, name, login, "
                             "section): the gradebook gets their LMS ids and a row each")
+    grade.add_argument("--use-copies", action="store_true",
+                       help="where a student's notebook at its place (<chapter>.ipynb) is the "
+                            "untouched release and exactly one other notebook of that chapter "
+                            "(a '-Copy1.ipynb') holds work, grade that one instead (without "
+                            "this flag the copy is refused and flagged in every output)")
     grade.add_argument("--lang", choices=tuple(LANGUAGES), default=None,
                        help="your language: the lines printed, the class summary and the "
                             "class report, with the mistakes' messages in them (default: "

@@ -16,6 +16,10 @@ Before a class is graded, `find_submissions` decides what is graded and whose it
 - A second notebook for one (student, chapter) is not a second record: the one at the standard
   place (its file named after the chapter, not nested) is graded and each other one refused in one
   line; when there is no single such notebook, none of them is graded (each refused, saying why).
+  The one graded names the others (`Submission.copies`; the record's `copies`, each with whether
+  it holds work, checks.grader.copies), so that work in `<chapter>-Copy1.ipynb` beside an
+  untouched stub is flagged; with `use_copies` (`--use-copies`, the instructor's word) the one
+  notebook of the group with work is graded when the one at the standard place has none.
 - Caps: more than `Caps.max_notebooks` notebooks for one student are cut to that many (those
   named after a chapter first), larger files and notebooks with more cells are refused.
 - A notebook graded as another chapter than its file or folder name says is graded and shown,
@@ -30,6 +34,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from ..i18n import _
+from .copies import has_work
 from .read import Caps, grade_id, notebooks_in, read_notebook, too_big
 from .results import CHAPTER_NAME, GradingError, NotebookResult, Refused, printable
 
@@ -182,6 +187,8 @@ class Submission:
     student: str | None  # printable (see results.printable)
     chapter: str | None  # None: it could not be read or identified (grading will say why)
     warnings: list[str] = field(default_factory=list)
+    # the other notebooks of this student's chapter (refused): {"path", "has_work"}
+    copies: list[dict] = field(default_factory=list)
 
 
 @dataclass
@@ -204,6 +211,7 @@ class Found:
             return result
         result.student = submission.student
         result.warnings += [w for w in submission.warnings if w not in result.warnings]
+        result.copies = [dict(c) for c in submission.copies]
         if name_warnings(submission.path, result.chapter, self.source_dir):
             result.not_counted = _("graded as {chapter}, but its name says another chapter: not "
                                    "counted in the totals").format(chapter=result.chapter)
@@ -213,11 +221,12 @@ class Found:
         return {printable(os.fsdecode(s.path)): s for s in self.submissions}
 
 
-def find_submissions(paths, caps: Caps = Caps(), source_dir: str | os.PathLike = SOURCE_DIR
-                     ) -> Found:
+def find_submissions(paths, caps: Caps = Caps(), source_dir: str | os.PathLike = SOURCE_DIR,
+                     use_copies: bool = False) -> Found:
     """The notebooks under `paths` (files named, or folders searched) that are graded, each with
-    its student, and those refused: links and special files, past the caps, second notebooks of
-    one student's chapter. Bad input (a missing path, a folder with no notebooks) raises
+    its student, and those refused (each with its student where known): links and special
+    files, past the caps, second notebooks of one student's chapter (`use_copies`: see the
+    module's docstring). Bad input (a missing path, a folder with no notebooks) raises
     GradingError before anything runs."""
     submissions: list[Submission] = []
     refused: list[GradingError] = []
@@ -226,21 +235,29 @@ def find_submissions(paths, caps: Caps = Caps(), source_dir: str | os.PathLike =
         root = students_root(given) if given.is_dir() else None
         search = root if root == given / "submitted" else given  # a course folder: submitted/
         found, skipped = notebooks_in([search], caps.max_depth)
-        refused += skipped
         found, over = _within_student_cap(found, root, caps.max_notebooks)
-        refused += over
+        refused += _owned([*skipped, *over], root)
         for path in found:
             problem, chapter = _examine(path, caps, source_dir)
             if problem is not None:
-                refused.append(problem)
+                refused += _owned([problem], root)
                 continue
             submissions.append(Submission(path, student_of(path, root), chapter,
                                           layout_warnings(path, root)))
     unique = {}
     for s in submissions:
         unique.setdefault(s.path, s)
-    kept, doubles = _one_per_student_chapter(list(unique.values()))
+    kept, doubles = _one_per_student_chapter(list(unique.values()), caps, use_copies)
     return Found(kept, refused + doubles, Path(source_dir))
+
+
+def _owned(refusals: list[GradingError], root: Path | None) -> list[GradingError]:
+    """The refusals, each with the student whose file it is (where the layout says one)."""
+    for refusal in refusals:
+        if refusal.student is None:
+            student = student_of(refusal.path, root)
+            refusal.student = None if student is None else printable(student)
+    return refusals
 
 
 def _examine(path: Path, caps: Caps, source_dir) -> tuple[Refused | None, str | None]:
@@ -283,10 +300,13 @@ def _within_student_cap(found: list[Path], root: Path | None, cap: int
     return [p for p in found if p not in dropped], refused
 
 
-def _one_per_student_chapter(submissions: list[Submission]
+def _one_per_student_chapter(submissions: list[Submission], caps: Caps = Caps(),
+                             use_copies: bool = False
                              ) -> tuple[list[Submission], list[GradingError]]:
     """One record per (student, chapter): the notebook at the standard place (named after the
-    chapter, not nested) is graded, the others refused; with no single such notebook, none."""
+    chapter, not nested) is graded, the others refused; with no single such notebook, none.
+    With `use_copies`, when the standard one holds no work and exactly one other does, that one
+    is graded instead. The one graded names the others (`copies`)."""
     groups: dict[tuple[str, str], list[Submission]] = {}
     for s in submissions:
         if s.student is not None and s.chapter is not None:
@@ -295,10 +315,16 @@ def _one_per_student_chapter(submissions: list[Submission]
     for (student, chapter), group in groups.items():
         if len(group) < 2:
             continue
+        work = {s.path: has_work(s.path, caps) for s in group}
         standard = [s for s in group if s.path.stem == chapter and not s.warnings]
+        chosen = _chosen_copy(group, standard, work) if use_copies else None
+        if chosen is not None:
+            standard = [chosen]
         names = ", ".join(printable(os.fsdecode(s.path.name)) for s in group)
         for s in group:
             if len(standard) == 1 and s is standard[0]:
+                s.copies = [{"path": printable(os.fsdecode(o.path)), "has_work": work[o.path]}
+                            for o in group if o is not s]
                 continue
             why = (_("a second notebook for {student}'s {chapter} (graded: {graded}): not "
                      "graded").format(student=student, chapter=chapter,
@@ -307,5 +333,17 @@ def _one_per_student_chapter(submissions: list[Submission]
                    _("one of {count} notebooks for {student}'s {chapter} ({names}), none of them "
                      "{chapter}.ipynb at its place: none graded (leave one)").format(
                        count=len(group), student=student, chapter=chapter, names=names))
-            refused[s.path] = Refused(s.path, why)
+            if work[s.path] and len(standard) == 1 and not work[standard[0].path]:
+                why += _("; it has work and the one graded has none: --use-copies grades it")
+            refused[s.path] = Refused(s.path, why, student)
     return [s for s in submissions if s.path not in refused], list(refused.values())
+
+
+def _chosen_copy(group: list[Submission], standard: list[Submission],
+                 work: dict[Path, bool]) -> Submission | None:
+    """With --use-copies: the one notebook of the group with work, when the one at the standard
+    place (if any) has none."""
+    if len(standard) == 1 and work[standard[0].path]:
+        return None
+    with_work = [s for s in group if work[s.path]]
+    return with_work[0] if len(with_work) == 1 else None

@@ -40,6 +40,9 @@ class GradeOptions:
     max_size: int = Caps.max_bytes  # largest notebook file graded (checked before it is read)
     max_cells: int = Caps.max_cells  # most cells a notebook may have
     max_notebooks: int = Caps.max_notebooks  # most notebooks graded for one student
+    # grade a student's one copy with work where their notebook at its place is the untouched
+    # release (identify.find_submissions); without it the copy is refused and flagged
+    use_copies: bool = False
 
     def caps(self) -> Caps:
         """The caps on what one submission may be (`identify.find_submissions`)."""

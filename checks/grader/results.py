@@ -44,9 +44,11 @@ def _escaped(ch: str) -> str:
 class GradingError(Exception):
     """A notebook that cannot be graded at all (bad input). `str()` is one readable line."""
 
-    def __init__(self, path: str | os.PathLike, problem: str):
+    def __init__(self, path: str | os.PathLike, problem: str, student: str | None = None):
         self.path = printable(os.fsdecode(path))
         self.problem = printable(problem)
+        # whose file it is (their folder's name), where known: the class report's student view
+        self.student = None if student is None else printable(student)
         super().__init__(f"{self.path}: {self.problem}")
 
 
@@ -152,6 +154,9 @@ class NotebookResult:
     # The submission's language (its metadata.course.lang, checks.i18n.notebook_language): the
     # language of its diagnoses and of its feedback page.
     lang: str = "en"
+    # The other notebooks of this student's chapter, not graded (identify.find_submissions):
+    # [{"path": ..., "has_work": bool}]; work beside an untouched notebook is flagged.
+    copies: list[dict] = field(default_factory=list)
 
     def __post_init__(self):  # names from the disk and messages from the worker: escaped
         self.path, self.chapter = printable(self.path), printable(self.chapter)

@@ -49,3 +49,21 @@ def test_the_golden_files_diagnose_every_planted_mistake():
                if student == "dee")
     langs = {r["student"]: r["lang"] for r in data["notebooks"]}
     assert langs == {s: lang for s, (lang, _chapters) in make_class.STUDENTS.items()}
+
+
+def test_the_golden_report_lists_every_roster_student_and_counts_not_started_apart():
+    """The golden report's student view has a row per roster student, fay (no notebook) among
+    them, in its needs-help order first; "not started" is a line apart, after the ranked
+    misconceptions, and each mistake id shows its short title."""
+    page = (golden.EXPECTED / "class.html").read_text(encoding="utf-8")
+    view = page.split('<h2 id="students">')[1].split("<h2")[0]
+    shown = view.split('class="default"')[1].split("</section>")[0]
+    for student in [*make_class.STUDENTS, "fay"]:
+        assert f"<code>{student}</code>" in shown, student
+    assert "6 students; 1 submitted nothing" in view
+    first = shown.split("<tbody>")[1].split("</tr>")[0]
+    assert "<code>fay</code>" in first and "submitted nothing" in first
+    evaluate = page.split("<h3>bits_per_byte")[1].split("<h3>")[0]
+    assert "Not started by 1: eve" in evaluate and "not started</td>" not in evaluate
+    assert ('<code>14.lr_at.warmup_off_by_one</code><br><span class="title">warmup off by one'
+            '</span>') in page

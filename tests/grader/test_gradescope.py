@@ -24,7 +24,8 @@ from ..support import submissions as sub
 pytestmark = [pytest.mark.slow, pytest.mark.grader_workers]
 
 CHAPTER = "01_notation"
-RESULT_FIELDS = {"name", "number", "score", "max_score", "status", "output", "visibility"}
+RESULT_FIELDS = {"name", "number", "score", "max_score", "status", "output", "visibility",
+                 "extra_data"}
 # The checks draw random inputs, and their diagnoses name them: one seed for both graders.
 SEEDED = {"OMP_NUM_THREADS": "1", "CHECKS_SEED": "1234"}
 
@@ -101,9 +102,17 @@ def check_results(results: dict, record: dict | None) -> None:
             assert test["score"] == exercise["points"]
             replay = replay_text(exercise)  # how to see the failing inputs again, if any
             told = headline(exercise["mistake"]) if exercise["status"] != "passed" else None
+            failed = exercise["status"] != "passed"
+            mistake = exercise["mistake"] if failed else None
             assert test["output"] == (f"{told}\n" if told else "") + (
-                exercise["message"] or exercise["status"]) + ("\n" + replay if replay else "")
+                exercise["message"] or exercise["status"]) + (
+                f"\nmistake: {mistake}" if mistake else "") + ("\n" + replay if replay else "")
+            assert test["extra_data"] == {"mistake": mistake,
+                                          "seed": exercise["seed"] if failed else None}
     assert results["score"] == sum(t["score"] for t in tests)
+    assert results["extra_data"] == {"failures": {
+        t["name"]: t["extra_data"] for t in tests
+        if t["status"] == "failed" and any(v is not None for v in t["extra_data"].values())}}
 
 
 def wrong_notebook():
@@ -310,6 +319,30 @@ def test_the_output_starts_with_the_points_and_visibility_is_the_instructor_s():
     alone = gradescope_results({"notebooks": [record], "errors": []}, "", 0, sub.REPO,
                                {"chapters": [CHAPTER]})
     assert alone["output"] == "1 / 6 points" and alone["visibility"] == "visible"
+
+
+def test_each_failure_carries_its_mistake_id_and_replay_seed():
+    """Gradescope's results.json, per its specification: each test's `extra_data` holds the
+    failure's mistake id and replay seed (null when passed or unknown), its output names the id
+    under the registry's message, and the top level's `extra_data` gathers them by test name."""
+    from checks.grader.gradescope.autograde import gradescope_results
+
+    wrong = {"name": "head_dim", "points": 0.0, "status": "failed", "message": "3.5 != 3",
+             "mistake": "01.head_dim.float_division", "seed": 1234}
+    other = {"name": "kv_group_size", "points": 0.0, "status": "failed", "message": "boom",
+             "mistake": None, "seed": None}
+    record = {"chapter": CHAPTER, "lang": "en", "points": 0.0, "error": None,
+              "exercises": [wrong, other]}
+    results = gradescope_results({"notebooks": [record], "errors": []}, "", 0, sub.REPO,
+                                 {"chapters": [CHAPTER]})
+    tests = {t["name"].split(": ")[1]: t for t in results["tests"]}
+    assert tests["head_dim"]["extra_data"] == {"mistake": wrong["mistake"], "seed": 1234}
+    assert "mistake: 01.head_dim.float_division" in tests["head_dim"]["output"]
+    assert "seed=1234" in tests["head_dim"]["output"]
+    assert tests["kv_group_size"]["extra_data"] == {"mistake": None, "seed": None}
+    assert results["extra_data"] == {"failures": {
+        f"{CHAPTER}: head_dim": {"mistake": wrong["mistake"], "seed": 1234}}}
+    json.dumps(results)  # what Gradescope reads
 
 
 def test_visibility_goes_into_the_zip(tmp_path):

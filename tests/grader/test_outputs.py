@@ -27,7 +27,7 @@ import pytest
 from checks.environment import LANG_ENV
 from checks.grader import report
 from checks.grader.outputs import gradebook, late
-from checks.grader.outputs.feedback import feedback_html, safe_name
+from checks.grader.outputs.feedback import feedback_html, folder_names, safe_name
 from checks.grader.outputs.store import atomic_write
 from checks.grader.outputs.summary import class_summary, summary_text
 
@@ -131,7 +131,8 @@ def test_json_has_every_student_lateness_and_the_summary(graded):
     assert diagnoses[0]["count"] == 2 and "has no attribute 'dim'" in diagnoses[0]["message"]
     assert diagnoses[0]["students"] == sorted(["wrong", HOSTILE])
     assert diagnoses[1] == {"mistake": None, "status": "not started", "count": 1,
-                            "students": ["blank"], "message": "still raises NotImplementedError"}
+                            "students": ["blank"], "message": "still raises NotImplementedError",
+                            "title": "", "knock_on": []}
     # every exercise has the two new fields; a failure without a declared mistake has none
     assert all({"mistake", "seed"} <= set(e) for r in data["notebooks"] for e in r["exercises"])
     assert by_student["wrong"]["exercises"][0]["mistake"] is None
@@ -700,7 +701,7 @@ def test_feedback_escapes_every_field():
     for raw in ("<b>x", "<script>", "<i>c", "<u>w", "<s>", "<n>", "\"'<&>"):
         assert raw not in page
     assert "&quot;&#x27;&lt;&amp;&gt;" in page
-    assert safe_name("../../etc").startswith("etc-") and safe_name("..").startswith("unnamed-")
+    assert safe_name("../../etc") == "etc" and safe_name("..") == "unnamed"
     assert "/" not in safe_name("../../etc") and safe_name("alice") == "alice"
 
 
@@ -718,15 +719,17 @@ def test_a_skipped_cell_is_named_once_in_the_feedback():
 
 
 def test_feedback_paths_never_collide():
-    """Names that differ only where the page's name escapes them get a page each; a plain name
-    keeps its own; a name shaped like an escaped one is escaped too."""
+    """Names that differ only where the folder's name escapes them get a folder each (a hash of
+    the name added only then); a plain name keeps its own; a name shaped like another's hashed
+    folder is hashed in its turn."""
     names = ["alice@uni.edu", "alice_uni.edu", "alice uni.edu", "alice/uni.edu", ".alice_uni.edu",
-             "x" * 121, "x" * 120 + "y", "..", "unnamed", "",
-             "alice_uni.edu-" + safe_name("alice@uni.edu").rsplit("-", 1)[1]]
-    pages = [safe_name(n) for n in names]
-    assert len(set(pages)) == len(names), pages
-    assert safe_name("alice_uni.edu") == "alice_uni.edu"
-    assert all(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", p) and len(p) <= 120 for p in pages)
+             "x" * 121, "x" * 120 + "y", "..", "unnamed", ""]
+    names.append(folder_names(names)["alice@uni.edu"])
+    folders = folder_names(names)
+    assert len({f.casefold() for f in folders.values()}) == len(names), folders
+    assert folders["alice_uni.edu"] == "alice_uni.edu" and folders["unnamed"] == "unnamed"
+    assert all(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", f) and len(f) <= 113
+               for f in folders.values())
 
 
 def test_csv_cells_that_a_spreadsheet_would_run_are_defused():

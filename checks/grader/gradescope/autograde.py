@@ -2,8 +2,11 @@
 `python -m checks grade` (the sandboxed grader, in its own process), and write
 `<root>/results/results.json` in Gradescope's format: one test per exercise of the chapters this
 autograder was built for (`score`, `max_score`, `name`, `number`, `output`: the grader's
-diagnosis, under the registry's message for its mistake when one was diagnosed, `status`,
-`visibility`), the overall `score`, and the grader's table as `output`.
+diagnosis, under the registry's message for its mistake when one was diagnosed, then the
+mistake's id and the line that replays the failing case, `status`, `visibility`, and
+`extra_data`: {"mistake": the id, "seed": the replay seed}, each null when there is none), the
+overall `score`, and the grader's table as `output`; the top level's `extra_data` gathers each
+failed test's mistake id and seed by test name, for an instructor's export.
 
 A chapter whose notebook is missing from the submission scores zero with a test per exercise
 saying so; a submission that cannot be graded at all (an incident) scores zero and says why.
@@ -152,11 +155,14 @@ def _results(report: dict, status: int, course: Path, config: dict, best: dict) 
         for test in tests:
             test.update(score=0.0, status="failed")
     score = sum(t["score"] for t in tests)
+    failures = {t["name"]: t["extra_data"] for t in tests
+                if t["status"] != PASSED and any(v is not None for v in t["extra_data"].values())}
     visibility = config.get("visibility", "visible")
     for test in tests:
         test["visibility"] = visibility
     return {"score": score, "output": "\n".join([points_summary(tests, config), *notes]),
-            "visibility": visibility, "stdout_visibility": "hidden", "tests": tests}
+            "visibility": visibility, "stdout_visibility": "hidden",
+            "extra_data": {"failures": failures}, "tests": tests}
 
 
 def points_summary(tests: list[dict], config: dict) -> str:
@@ -196,6 +202,7 @@ def _chapter_tests(chapter: str, record: dict | None, course: Path, before: int)
     tests = []
     for number, (name, max_points) in enumerate(chapter_exercises(chapter, course), 1):
         exercise = graded.get(name)
+        mistake = seed = None
         if exercise is None:
             why = _(NO_NOTEBOOK) if record is None else _("not graded")
             score, status, output = 0.0, "failed", why
@@ -206,11 +213,16 @@ def _chapter_tests(chapter: str, record: dict | None, course: Path, before: int)
             told = headline(exercise.get("mistake")) if status != PASSED else None
             if told:  # the registry's message over the student's own diagnosis
                 output = f"{told}\n{output}"
+            if status != PASSED:
+                mistake, seed = exercise.get("mistake"), exercise.get("seed")
+            if mistake:
+                output += "\n" + _("mistake: {id}").format(id=mistake)
             if replay_text(exercise):
                 output += "\n" + replay_text(exercise)
         tests.append({"name": f"{chapter}: {name}", "number": f"{chapter[:2]}.{number}",
                       "score": score, "max_score": float(max_points), "status": status,
-                      "output": output, "visibility": "visible"})
+                      "output": output, "visibility": "visible",
+                      "extra_data": {"mistake": mistake, "seed": seed}})
     return tests
 
 

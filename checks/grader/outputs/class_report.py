@@ -1,12 +1,17 @@
 """The class report (`checks grade ... --report FILE.html`): one static page for the instructor.
 
-Per chapter: the distribution of scores, how many were late, and per exercise the pass rate and
-the mistakes made most often, each counted once per student, with its id, its message and which
-students made it (the registry's message for the id, `headlines.headline`, never a student's
-words). The charts are SVG drawn with matplotlib and put inline: the page needs no JavaScript and
-no other file, so it can be mailed or archived as it is. Every piece of text from a submission
-(student names, messages) is escaped. The page is in the instructor's language (`checks grade
---lang`, else LLAMA_COURSE_LANG), like the terminal's summary."""
+First the student view (outputs/students.py): every roster student, those who submitted nothing
+too, with their points per assignment, lateness, exercises not started, crashed or timed-out
+cells, refused files and copies beside the notebook graded, in a "needs help" order and others.
+Then per chapter: the distribution of scores, how many were late, and per exercise the pass rate
+and the real misconceptions made most often, each counted once per student, with its id, its
+short title, its message and which students made it (the registry's message for the id,
+`headlines.headline`, never a student's words); knock-on failures of other exercises beneath
+their root mistake, and "not started" listed apart, after them. The charts are SVG drawn with
+matplotlib and put inline, the student view's orderings are CSS (`:target`): the page needs no
+JavaScript and no other file, so it can be mailed or archived as it is. Every piece of text
+from a submission (student names, messages) is escaped. The page is in the instructor's
+language (`checks grade --lang`, else LLAMA_COURSE_LANG), like the terminal's summary."""
 
 from __future__ import annotations
 
@@ -17,7 +22,8 @@ from collections import defaultdict
 from ...i18n import _, language, using
 from ..report import status_word
 from .gradebook import counted, score, student_label
-from .late import late_text
+from .late import late_text, local_time
+from .students import STYLE as STUDENTS_STYLE, students_html
 from .summary import class_summary
 
 SHOWN_STUDENTS = 12  # names listed under one mistake before "and N more"
@@ -33,18 +39,23 @@ td.num { white-space: nowrap; font-variant-numeric: tabular-nums; text-align: ri
 code { font-size: .85em; color: #444; } .note { color: #555; } .ok { color: #176117; }
 .charts { display: flex; flex-wrap: wrap; gap: 1rem; } .charts figure { margin: 0; }
 figcaption { color: #555; font-size: .9rem; }
-"""
+tr.knock-on td { color: #555; font-size: .9em; } .title { color: #444; }
+caption { text-align: left; }
+""" + STUDENTS_STYLE
 
 
-def class_report_html(records: list[dict], lang: str | None = None) -> str:
-    """The page for these records (the JSON report's), in `lang` (None: the language of the
-    moment; LLAMA_COURSE_LANG, when set, still decides the page's own words, and `lang` the
-    mistakes' messages)."""
+def class_report_html(records: list[dict], lang: str | None = None, *,
+                      roster: dict | None = None, problems: list = ()) -> str:
+    """The page for these records (the JSON report's), with every student of `roster` (--roster)
+    and the files refused (`problems`: the JSON report's errors, {path, error, student}), in
+    `lang` (None: the language of the moment; LLAMA_COURSE_LANG, when set, still decides the
+    page's own words, and `lang` the mistakes' messages)."""
     with using(lang):
-        return _page(records, lang)
+        return _page(records, lang, roster, list(problems))
 
 
-def _page(records: list[dict], lang: str | None) -> str:
+def _page(records: list[dict], lang: str | None, roster: dict | None = None,
+          problems: list[dict] = ()) -> str:
     graded = counted(records)
     summary = class_summary(records, lang)
     title = _("Class report: {count} notebooks, {students} students").format(
@@ -52,6 +63,7 @@ def _page(records: list[dict], lang: str | None) -> str:
     parts = ["<!DOCTYPE html>", f'<html lang="{language()}"><head><meta charset="utf-8">',
              f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>",
              f"<h1>{html.escape(title)}</h1>"]
+    parts += students_html(records, roster, problems)
     by_chapter: dict[str, list[dict]] = defaultdict(list)
     for row in summary:
         by_chapter[row["chapter"]].append(row)
@@ -89,8 +101,8 @@ def _lateness_block(records: list[dict]) -> list[str]:
     dues = sorted({r["due"] for r in records if r.get("due")})
     parts = []
     if dues:
-        parts.append(f'<p class="note">{e(_("due: {times}").format(times=", ".join(dues)))}'
-                     "</p>")
+        shown = ", ".join(local_time(d) for d in dues)
+        parts.append(f'<p class="note">{e(_("due: {times}").format(times=shown))}</p>')
     late = sorted((r for r in records if r.get("late")), key=student_label)
     if not late:
         return parts
@@ -103,7 +115,7 @@ def _lateness_block(records: list[dict]) -> list[str]:
                  + "".join(f"<th>{e(h)}</th>" for h in headings) + "</tr></thead><tbody>")
     for r in late:
         parts.append(f"<tr><td>{e(late_text(r))}</td><td>{e(student_label(r))}</td>"
-                     f"<td>{e(str(r.get('due') or ''))}</td>"
+                     f"<td>{e(local_time(r.get('due')))}</td>"
                      f'<td class="num">{e(_pts(r.get("penalty")))}</td>'
                      f'<td class="num">{score(r):g} / {r["max_points"]:g}</td></tr>')
     parts.append("</tbody></table>")
@@ -115,26 +127,59 @@ def _pts(value) -> str:
 
 
 def _exercise_block(row: dict) -> list[str]:
+    """The exercise's pass rate; its real misconceptions ranked, each with its knock-on failures
+    of other exercises beneath it; its own failures counted under another exercise's mistake;
+    then who has not started it."""
     e = html.escape
     rate = row["passed"] / row["graded"] if row["graded"] else 0.0
     head = _("{exercise}: {passed} of {graded} passed ({rate:.0%})").format(
         exercise=row["exercise"], passed=row["passed"], graded=row["graded"], rate=rate)
     parts = [f"<h3>{e(head)}</h3>"]
-    if not row["diagnoses"]:
+    ranked = [d for d in row["diagnoses"] if d["status"] != "not started"]
+    apart = [d for d in row["diagnoses"] if d["status"] == "not started"]
+    if not row["diagnoses"] and not row.get("knock_on"):
         return parts + [f'<p class="ok">{e(_("Every student passed."))}</p>']
-    headings = (_("students"), _("mistake"), _("what the checks said"), _("who"))
-    parts.append("<table><thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in headings)
-                 + "</tr></thead><tbody>")
-    for d in row["diagnoses"]:
-        named = (f"<code>{e(d['mistake'])}</code>" if d["mistake"]
-                 else e(status_word(d["status"])))
-        who = d["students"][:SHOWN_STUDENTS]
-        more = len(d["students"]) - len(who)
-        names = ", ".join(who) + (_(" and {count} more").format(count=more) if more else "")
-        parts.append(f'<tr><td class="num">{d["count"]}</td><td>{named}</td>'
-                     f"<td>{e(d['message'])}</td><td>{e(names)}</td></tr>")
-    parts.append("</tbody></table>")
+    if ranked:
+        headings = (_("students"), _("mistake"), _("what the checks said"), _("who"))
+        parts.append("<table><thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in headings)
+                     + "</tr></thead><tbody>")
+        for d in ranked:
+            parts.append(f'<tr><td class="num">{d["count"]}</td><td>{_named(d)}</td>'
+                         f"<td>{e(d['message'])}</td><td>{e(_names(d['students']))}</td></tr>")
+            for k in d.get("knock_on", []):
+                told = _("↳ also fails {exercise} (counted here)").format(exercise=k["exercise"])
+                mistake = "".join(f" <code>{e(m)}</code>" for m in k["mistakes"])
+                parts.append(f'<tr class="knock-on"><td class="num">{k["count"]}</td>'
+                             f'<td colspan="2">{e(told)}{mistake}</td>'
+                             f"<td>{e(_names(k['students']))}</td></tr>")
+        parts.append("</tbody></table>")
+    for k in row.get("knock_on", []):
+        told = _("{count} failed because {root} fails: counted under {root}'s mistake "
+                 "({names})").format(count=k["count"], root=k["root"],
+                                     names=_names(k["students"]))
+        parts.append(f'<p class="note knock-on">{e(told)}</p>')
+    for d in apart:
+        told = _("Not started by {count}: {names}").format(count=d["count"],
+                                                           names=_names(d["students"]))
+        parts.append(f'<p class="note not-started">{e(told)}</p>')
     return parts
+
+
+def _named(diagnosis: dict) -> str:
+    """A mistake's id and short title, or the status of a diagnosis with no id."""
+    e = html.escape
+    if not diagnosis["mistake"]:
+        return e(status_word(diagnosis["status"]))
+    title = diagnosis.get("title")
+    shown = title and title != diagnosis.get("message")  # a short message is its own title
+    return f"<code>{e(diagnosis['mistake'])}</code>" + (
+        f'<br><span class="title">{e(title)}</span>' if shown else "")
+
+
+def _names(students: list[str]) -> str:
+    who = students[:SHOWN_STUDENTS]
+    more = len(students) - len(who)
+    return ", ".join(who) + (_(" and {count} more").format(count=more) if more else "")
 
 
 def _figure(svg: str, caption: str) -> str:

@@ -24,6 +24,15 @@ def student_label(record: dict) -> str:
     return record.get("student") or record["path"]
 
 
+def flagged_copies(record: dict | None) -> list[str]:
+    """The paths of the other notebooks of the record's chapter that hold work while the one
+    graded holds none (every exercise not started): work in a copy the grader did not grade
+    (`--use-copies` grades it)."""
+    if not record or any(e["status"] != "not started" for e in record["exercises"]):
+        return []
+    return [c["path"] for c in record.get("copies") or [] if c.get("has_work")]
+
+
 def counted(records: list[dict]) -> list[dict]:
     return [r for r in records if r.get("counted", True)]
 
@@ -76,6 +85,7 @@ def gradebook_csv(records: list[dict], roster: dict | None = None) -> str:
 
 
 PENALTY_COLUMN = "late penalty"
+GRADED_FILE, COPY_WITH_WORK = "graded file", "copy with work"
 
 
 def score(record: dict) -> float:
@@ -96,16 +106,21 @@ def exercises_csv(records: list[dict]) -> str:
     """student, then per chapter: one column per exercise ('<chapter>/<exercise>'), its total,
     when it was submitted and whether that was late ('yes', 'no', or empty when unknown); for
     a chapter with a late penalty (--assignments), also its due time (the student's), the
-    points deducted and the score after them."""
+    points deducted and the score after them; for a chapter where a student has another
+    notebook with work beside an untouched one graded (`flagged_copies`), the file graded and
+    that copy (`<chapter> graded file`, `<chapter> copy with work`)."""
     chapters = chapters_of(records)
     names = _exercise_names(records)
     penalised = _penalised(records)
+    copied = {r["chapter"] for r in counted(records) if flagged_copies(r)}
     header = ["student"]
     for chapter in chapters:
         header += [f"{chapter}/{name}" for name in names[chapter]]
         header += [f"{chapter} total", f"{chapter} submitted", f"{chapter} late"]
         if chapter in penalised:
             header += [f"{chapter} due", f"{chapter} {PENALTY_COLUMN}", f"{chapter} score"]
+        if chapter in copied:
+            header += [f"{chapter} {GRADED_FILE}", f"{chapter} {COPY_WITH_WORK}"]
     rows = [header]
     for student, mine in by_student(records).items():
         row = [student]
@@ -118,6 +133,9 @@ def exercises_csv(records: list[dict]) -> str:
             if chapter in penalised:
                 row += [record.get("due") or "", _number(record.get("penalty") or 0),
                         _number(score(record))] if record else ["", "", ""]
+            if chapter in copied:
+                flagged = flagged_copies(record)
+                row += [record["path"], "; ".join(flagged)] if flagged else ["", ""]
         rows.append(row)
     return _csv(rows)
 

@@ -43,3 +43,29 @@ def headline(mistake: str | None, lang: str | None = None) -> str | None:
     code = normalise(lang)
     text = catalogue(code).gettext(str(known)) if code else _(known)
     return filled(text, known.values)
+
+
+TITLE_LENGTH = 70  # characters of a short title, at most
+
+
+def short_title(mistake: str | None, lang: str | None = None) -> str | None:
+    """The headline's first clause, the mistake's short title beside its id ("summed instead of
+    averaged" for "summed instead of averaged: the loss is the MEAN ..."): the text before the
+    first ':' or ';' outside brackets, cut at `TITLE_LENGTH` characters. None as `headline`."""
+    told = headline(mistake, lang)
+    if told is None:
+        return None
+    title = _first_clause(told).strip()
+    return title if len(title) <= TITLE_LENGTH else title[:TITLE_LENGTH - 1].rstrip() + "…"
+
+
+def _first_clause(text: str) -> str:
+    depth = 0
+    for index, ch in enumerate(text):
+        if ch in "([{（【":
+            depth += 1
+        elif ch in ")]}）】":
+            depth = max(depth - 1, 0)
+        elif ch in ":;：；" and depth == 0:
+            return text[:index]
+    return text

@@ -422,3 +422,20 @@ def late_text(record: dict) -> str:
     parts = [_("{n} d").format(n=days)] * bool(days) + [_("{n} h").format(n=hours)] * bool(hours)
     parts += [_("{n} min").format(n=minutes)] * bool(minutes or not parts)
     return _("late by {duration}").format(duration=" ".join(parts))
+
+
+def local_time(text: str | None) -> str:
+    """A stored time (ISO 8601, UTC) as a reader reads it: in the grading machine's local zone
+    (TZ), to the minute, with the zone's name and offset: '2026-03-02 11:05 CET (UTC+01:00)'.
+    '' for None; a text that is no time, as it is."""
+    if not text:
+        return ""
+    try:
+        moment = parse_time(str(text)).astimezone()
+    except (ValueError, OverflowError):
+        return str(text)
+    offset = moment.strftime("%z")
+    offset = f"UTC{offset[:3]}:{offset[3:]}" if offset else "UTC"
+    name = moment.tzname() or ""
+    shown = moment.strftime("%Y-%m-%d %H:%M")
+    return f"{shown} {name} ({offset})" if name and name != offset else f"{shown} ({offset})"

@@ -18,8 +18,8 @@ from ..identify import SOURCE_DIR
 from ..results import GradingError, GradingIncident, NotebookResult
 from ..options import OutputOptions
 from .class_report import class_report_html
-from .feedback import write_feedback
-from .gradebook import counted, exercises_csv, gradebook_csv
+from .feedback import folder_names, write_feedback, write_index
+from .gradebook import counted, exercises_csv, gradebook_csv, student_label
 from .late import Deadlines, apply_deadlines, lateness, not_a_chapter, refresh_lateness
 from .store import (atomic_write, check_writable_file, check_writable_folder, file_hash,
                     grader_fingerprint, load_records, record_key, unchanged)
@@ -35,8 +35,9 @@ class FileOutput:
     what: str
     render: Callable[[list[dict]], str]
     as_each_finishes: bool = True  # else only once grading ends (drawing charts takes a while)
-    with_roster: bool = False  # render(records, roster): the --roster table as well
+    with_roster: bool = False  # render(records, roster=...): the --roster table as well
     with_lang: bool = False  # render(records, lang=...): in the instructor's language (--lang)
+    with_problems: bool = False  # render(records, problems=...): the files refused, not graded
 
 
 # Every output that is one file made from the records, in the order they are written. The JSON
@@ -45,12 +46,15 @@ class FileOutput:
 FILE_OUTPUTS = (
     FileOutput("csv", "CSV", gradebook_csv, with_roster=True),
     FileOutput("csv_exercises", "CSV", exercises_csv),
-    FileOutput("report", "HTML", class_report_html, as_each_finishes=False, with_lang=True),
+    FileOutput("report", "HTML", class_report_html, as_each_finishes=False, with_roster=True,
+               with_lang=True, with_problems=True),
 )
 
 
 class GradeOutputs:
-    def __init__(self, options: OutputOptions, paths: list[Path]):
+    def __init__(self, options: OutputOptions, paths: list[Path], students=()):
+        """`students`: the names of the students whose notebooks are given (their feedback
+        folders are named knowing every name, `feedback.folder_names`)."""
         self.options = options
         self.json = options.json
         self.feedback = options.feedback
@@ -74,6 +78,15 @@ class GradeOutputs:
         # arrive in the order they finish)
         self._order = [*self.records, *(record_key(p) for p in paths)]
         self._given = {record_key(p) for p in paths}
+        self._students = [*(self.roster or {}), *students]
+        self.folders: dict[str, str] = {}
+        self._name_folders()
+
+    def _name_folders(self) -> None:
+        """Each student's feedback folder, knowing every student so far (`folder_names`)."""
+        names = [*self._students, *(student_label(r) for r in self.records.values())]
+        if set(names) - set(self.folders):
+            self.folders = folder_names(names)
 
     @property
     def _merging(self) -> bool:
@@ -146,9 +159,10 @@ class GradeOutputs:
             result.student = earlier["student"]
         record = self.record(result)
         self.records[record_key(result.path)] = record
-        self.write(final=False)
+        self._name_folders()
         if self.feedback is not None:
-            write_feedback(self.feedback, record)
+            write_feedback(self.feedback, record, self.folders)
+        self.write(final=False)
         return record
 
     def record_of(self, result: NotebookResult) -> dict:
@@ -175,12 +189,17 @@ class GradeOutputs:
                 sys.stdout.write(text)
             else:
                 atomic_write(self.json, text)
+        if self.feedback is not None:
+            write_index(self.feedback, records, self.folders, self.roster)
         for output in FILE_OUTPUTS:
             target = getattr(self.options, output.option)
             if target is not None and (final or every_output or output.as_each_finishes):
                 extras = {"lang": self.lang} if output.with_lang else {}
-                atomic_write(target, output.render(records, self.roster, **extras)
-                             if output.with_roster else output.render(records, **extras))
+                if output.with_problems:
+                    extras["problems"] = problem_data(problems)
+                if output.with_roster:
+                    extras["roster"] = self.roster
+                atomic_write(target, output.render(records, **extras))
 
     def write_interrupted(self, problems: list[GradingError] = ()) -> None:
         """Grading was stopped (Ctrl-C, SIGTERM): every output of the notebooks finished, the
@@ -200,7 +219,15 @@ class GradeOutputs:
             others = [record for key, record in self.records.items()
                       if key not in self._given] if self.deadlines else []
             for record in [*self.kept, *others]:
-                write_feedback(self.feedback, record)
+                write_feedback(self.feedback, record, self.folders)
+
+
+def problem_data(problems) -> list[dict]:
+    """The JSON report's errors: each file refused or not graded, {path, error}, and `student`
+    where the file is known to be a student's (their folder's name)."""
+    return [{"path": p.path, "error": p.problem,
+             **({"student": p.student} if getattr(p, "student", None) else {})}
+            for p in problems]
 
 
 def report_data(records: list[dict], problems, incident: GradingIncident | None, *,
@@ -213,7 +240,7 @@ def report_data(records: list[dict], problems, incident: GradingIncident | None,
         "max_points": sum(r["max_points"] for r in mine),
         "complete": complete,
         "notebooks": records,
-        "errors": [{"path": p.path, "error": p.problem} for p in problems],
+        "errors": problem_data(problems),
         "summary": class_summary(records, lang),
         "grader_memory_mib": round(max([peak_memory_mib()]
                                        + [r.get("grader_memory_mib", 0) for r in records]), 1),

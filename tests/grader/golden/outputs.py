@@ -16,7 +16,10 @@ What is pinned (the same on every machine, so nothing to normalise):
   whatever the machine's cores (sums in another order could change a printed digit);
 - the language: LLAMA_COURSE_LANG is removed, so the instructor's outputs are in English and each
   submission's diagnoses in its own release's language;
-- lateness: the submissions' nbgrader timestamp.txt and `--due` are fixed.
+- lateness: the submissions' nbgrader timestamp.txt and `--due` are fixed, and the time zone the
+  pages show times in (TZ=UTC);
+- the students: a roster (`--roster`) names the five and a sixth, fay, who submitted nothing (the
+  gradebook has her row, the report's student view lists her).
 
 What legitimately varies, and is normalised (see VARYING and normalise_*):
 - the class's temporary folder in every path (`<class>`);
@@ -61,6 +64,10 @@ OUTPUTS = ("class.json", "gradebook.csv", "class.html", "terminal.txt")
 VARYING = {"seconds": "<seconds>", "grader_memory_mib": "<MiB>", "isolation": "<isolation>",
            "worker_uid": "<uid>", "grader": "<fingerprint>"}
 CLASS_ROOT = "<class>"
+# the five students of the class, and fay, who submitted nothing
+ROSTER = ("folder,id,name,section\n" + "".join(
+    f"{s},{i},{s.capitalize()} (roster),{'AB'[i % 2]}\n"
+    for i, s in enumerate([*make_class.STUDENTS, "fay"], 1)))
 
 
 def _two_cpus() -> None:  # the grader's preexec_fn
@@ -75,11 +82,13 @@ def grade(workdir: Path) -> tuple[dict[str, str], subprocess.CompletedProcess]:
     out = workdir / "out"
     out.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("LLAMA_COURSE_LANG", "CHECKS_SEED")}
-    env.update(CHECKS_SEED=SEED, OMP_NUM_THREADS="1")
+    env.update(CHECKS_SEED=SEED, OMP_NUM_THREADS="1", TZ="UTC")
+    roster = workdir / "roster.csv"
+    roster.write_text(ROSTER, encoding="utf-8")
     done = subprocess.run(
         [sys.executable, "-m", "checks", "grade", str(root), "--json", str(out / "class.json"),
          "--report", str(out / "class.html"), "--csv", str(out / "gradebook.csv"),
-         "--due", make_class.DUE, "--jobs", str(JOBS)],
+         "--due", make_class.DUE, "--roster", str(roster), "--jobs", str(JOBS)],
         capture_output=True, text=True, timeout=TIMEOUT, env=env, cwd=workdir,
         preexec_fn=_two_cpus if hasattr(os, "sched_setaffinity") else None)
     if done.returncode != 0:
