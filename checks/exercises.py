@@ -56,6 +56,8 @@ SYLLABUS: tuple[Chapter, ...] = (
                                              "arithmetic_intensity")),
     Chapter("14", "14_training", ("get_batch", "lr_at", "clip_grad_norm", "adamw_step",
                                   "train_step", "evaluate", "bits_per_byte")),
+    Chapter("16", "16_speculative", ("lookup_draft", "early_exit_draft", "verify_draft",
+                                     "speculative_generate", "accept_sampled")),
 )
 
 _BY_NUMBER = {chapter.number: chapter for chapter in SYLLABUS}
