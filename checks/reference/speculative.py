@@ -63,7 +63,7 @@ def shallow_model(params: dict, cfg, n_layers: int) -> tuple[dict, object]:
 
 def early_exit_draft(params: dict, cfg, tokens: torch.Tensor, k: int, *,
                      n_layers: int) -> torch.Tensor:
-    """LongTensor [k]: k greedy tokens of the first n_layers blocks, then the final norm and head."""
+    """LongTensor [k]: k greedy tokens of the first n_layers blocks, the final norm and head."""
     small_params, small_cfg = shallow_model(params, cfg, n_layers)
     tokens = torch.as_tensor(tokens).reshape(1, -1)
     return generate(small_params, small_cfg, tokens, k)[0, tokens.shape[1]:]
