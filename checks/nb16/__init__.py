@@ -375,12 +375,12 @@ def _distributions(c: Check, vocab: int, rows: int) -> torch.Tensor:
 
 
 def _rounds(c: Check, f_call, p, q, n: int, seed: int) -> list[torch.Tensor]:
-    """n rounds of the learner's sampler, the guesses drawn from q by the check."""
+    """n rounds of the learner's sampler, the guesses drawn from q by the check, round r with a
+    generator seeded seed + r."""
     k = q.shape[0]
     draws = torch.stack([torch.multinomial(q[i], n, replacement=True, generator=c.gen)
                          for i in range(k)], dim=1) if k else torch.zeros(n, 0, dtype=torch.long)
-    generator = torch.Generator().manual_seed(seed)
-    return [f_call(p, q, draws[r], generator) for r in range(n)]
+    return [f_call(p, q, draws[r], seed + r) for r in range(n)]
 
 
 def _expect_round(c: Check, got, draft: torch.Tensor, call: str) -> None:
@@ -428,17 +428,19 @@ def check_accept_sampled(f, *, seed: int | None = None, thorough: bool = False) 
             out[:, perm] = rows
             return out
 
-        def run(p, q, draft, generator):
-            return c.call(p, q, draft, generator=generator)
+        def run(p, q, draft, seed):
+            # A generator of its own for every call: under a grader the learner's code runs in a
+            # worker, which gets a copy of the generator, so one shared generator would repeat
+            # its first numbers in every call.
+            return c.call(p, q, draft, generator=torch.Generator().manual_seed(seed))
 
         # 1. p >= q at every guess: all k accepted, then the bonus.
         k = 3
         p = _distributions(c, vocab, k + 1)
         q = torch.full((k, vocab), 1.0 / vocab, dtype=torch.float64)
         draft = p[:k].argmax(-1)
-        generator = torch.Generator().manual_seed(c.seed)
         call = f"accept_sampled(p, q, draft={draft.tolist()}) with p >= q at every guess"
-        outs = [run(p, q, draft.clone(), generator) for _n in range(10)]
+        outs = [run(p, q, draft.clone(), c.seed + i) for i in range(10)]
         for got in outs:
             _expect_round(c, got, draft, call)
         short = [got for got in outs if got.numel() < k + 1]
@@ -454,8 +456,8 @@ def check_accept_sampled(f, *, seed: int | None = None, thorough: bool = False) 
                                  dtype=torch.float64))
         q = relabel(torch.tensor([[0.0, 0.5, 0.5, 0.0, 0.0]], dtype=torch.float64))
         draft = perm[:1].clone()
-        for _n in range(5):
-            got = run(p, q, draft.clone(), generator)
+        for i in range(5):
+            got = run(p, q, draft.clone(), c.seed + 100 + i)
             call = "accept_sampled(p, q, draft) with q = 0 and p = 0.3 at the guess"
             _expect_round(c, got, draft, call)
             if got.numel() != 2:
@@ -470,8 +472,8 @@ def check_accept_sampled(f, *, seed: int | None = None, thorough: bool = False) 
         draft = perm[:2].clone()
         residual = (p[0] - q[0]).clamp(min=0) > 0
         call = "accept_sampled(p, q, draft) with p = 0 at the first guess"
-        for _n in range(80):
-            got = run(p, q, draft.clone(), generator)
+        for i in range(80):
+            got = run(p, q, draft.clone(), c.seed + 200 + i)
             _expect_round(c, got, draft, call)
             if got.numel() != 1:
                 c.fail(_("{call} returned {got}: it accepted a guess the model gives probability "
@@ -491,8 +493,7 @@ def check_accept_sampled(f, *, seed: int | None = None, thorough: bool = False) 
         drafts = [torch.multinomial(q, 1, generator=c.gen)[:, 0] for _n in range(12)]
         runs = []
         for _twice in range(2):
-            generator = torch.Generator().manual_seed(c.seed + 1)
-            runs.append([run(p, q, d.clone(), generator) for d in drafts])
+            runs.append([run(p, q, d.clone(), c.seed + 300 + i) for i, d in enumerate(drafts)])
         for a, b in zip(*runs):
             if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
                     and torch.equal(a, b)):
@@ -505,7 +506,7 @@ def check_accept_sampled(f, *, seed: int | None = None, thorough: bool = False) 
         template_q = torch.tensor([0.1, 0.3, 0.5, 0.0, 0.1], dtype=torch.float64)
         p = torch.cat([relabel(template_p[None]), _distributions(c, vocab, 1)])
         q = relabel(template_q[None])
-        outs = _rounds(c, run, p, q, rounds, c.seed + 2)
+        outs = _rounds(c, run, p, q, rounds, c.seed + 1000)
         firsts = torch.bincount(torch.stack([o[0] for o in outs]), minlength=vocab)
         laws = first_token_law(p[0], q[0])
         _test_law(c, firsts, laws["right"],
@@ -524,7 +525,7 @@ def check_accept_sampled(f, *, seed: int | None = None, thorough: bool = False) 
         p[2] = relabel(torch.tensor([[0.05, 0.05, 0.1, 0.2, 0.6]], dtype=torch.float64))[0]
         q = torch.zeros(k, vocab, dtype=torch.float64)
         q[0, a] = q[1, b] = 1.0
-        outs = _rounds(c, run, p, q, rounds, c.seed + 3)
+        outs = _rounds(c, run, p, q, rounds, c.seed + 2000)
         laws = first_token_law(p[0], q[0])
         _test_law(c, torch.bincount(torch.stack([o[0] for o in outs]), minlength=vocab),
                   laws["right"], _("the first token of {n} rounds with a deterministic draft "
