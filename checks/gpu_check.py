@@ -1,5 +1,6 @@
-"""`python -m checks.gpu_check`: chapter 13's prefill/decode timing and chapter 14's training run
-on this machine's accelerator (CUDA, else MPS, else the CPU), in one report.
+"""`python -m checks.gpu_check`: chapter 13's prefill/decode timing, chapter 14's training run and
+chapter 16's speculative decoding on SmolLM2 on this machine's accelerator (CUDA, else MPS, else
+the CPU), in one report.
 
     python -m checks.gpu_check [--out gpu-report.md] [--json gpu-report.json] [--quick]
                                [--device cuda|mps|cpu] [--steps N]
@@ -80,7 +81,19 @@ def run_report(p: Plan, say=print) -> dict:
         "final_val": out["final_val"], "train_flops_per_token": per_token,
         "achieved_flop_per_s": per_token * tokens_per_s, "matmul_peak_fp32": peak,
         "mfu_vs_fp32_peak": per_token * tokens_per_s / peak}
+    say(f"chapter 16: speculative decoding on SmolLM2 on {p.device}")
+    report["speculative"] = _speculative(p, say)
     return report
+
+
+def _speculative(p: Plan, say) -> dict:
+    """Chapter 16's table (the benchmark's section `speculative`) on this device; the quick
+    plan's smallest run with --quick. Skipped with a note when the model is not installed."""
+    from .tools.benchmark.common import FULL, QUICK
+    from .tools.benchmark.speculative import run_speculative
+
+    quick = p.timing_budget < 0.05 or p.training == "grading"
+    return run_speculative(QUICK if quick else FULL, say, p.device)
 
 
 def format_report(report: dict) -> str:
@@ -108,7 +121,16 @@ def format_report(report: dict) -> str:
         f"{t['achieved_flop_per_s'] / 1e12:.2f} TFLOP/s achieved |\n"
         f"| MFU | {100 * t['mfu_vs_fp32_peak']:.1f} % of the measured fp32 matmul peak "
         f"({t['matmul_peak_fp32'] / 1e12:.1f} TFLOP/s) |",
-        ""])
+        ""] + _speculative_lines(report.get("speculative")))
+
+
+def _speculative_lines(section: dict | None) -> list[str]:
+    from .tools.benchmark.speculative import format_speculative
+
+    lines = format_speculative({"speculative": section})
+    if not lines:
+        return []
+    return ["## Chapter 16: speculative decoding", "", "```", *lines[2:], "```", ""]
 
 
 def main(argv: list[str] | None = None) -> int:
