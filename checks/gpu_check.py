@@ -89,11 +89,9 @@ def run_report(p: Plan, say=print) -> dict:
 def _speculative(p: Plan, say) -> dict:
     """Chapter 16's table (the benchmark's section `speculative`) on this device; the quick
     plan's smallest run with --quick. Skipped with a note when the model is not installed."""
-    from .tools.benchmark.common import FULL, QUICK
-    from .tools.benchmark.speculative import run_speculative
+    from . import speculation
 
-    quick = p.timing_budget < 0.05 or p.training == "grading"
-    return run_speculative(QUICK if quick else FULL, say, p.device)
+    return speculation.run_smollm(quick=p.training == "grading", device=p.device, say=say)
 
 
 def format_report(report: dict) -> str:
@@ -125,12 +123,12 @@ def format_report(report: dict) -> str:
 
 
 def _speculative_lines(section: dict | None) -> list[str]:
-    from .tools.benchmark.speculative import format_speculative
+    from . import speculation
 
-    lines = format_speculative({"speculative": section})
-    if not lines:
+    if not section:
         return []
-    return ["## Chapter 16: speculative decoding", "", "```", *lines[2:], "```", ""]
+    return ["## Chapter 16: speculative decoding", "", "```",
+            *speculation.format_section(section), "```", ""]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -108,3 +108,44 @@ def early_exit(early_exit_draft: Callable, params: dict, cfg, n_layers: int) -> 
         return early_exit_draft(params, cfg, tokens.to(params["embed"].device), k,
                                 n_layers=n_layers)
     return draft
+
+
+def run_smollm(*, quick: bool = False, device: str = "cpu", say=lambda text: None) -> dict:
+    """The chapter's table with the course's functions (the reference's `generate` and
+    `speculative_generate`) on SmolLM2-135M-Instruct: every task with prompt lookup at
+    k = 2, 4, 8 and 64 new tokens (`quick`: k = 2, 4 tokens), and the first 8 blocks as an
+    early-exit draft on the quote task. {"missing": why} when the model is not installed.
+    The benchmark's section `speculative` and `python -m checks.gpu_check` print it."""
+    from . import smollm
+    from .reference import generation as gen
+    from .reference import speculative as spec
+
+    if not smollm.available():
+        return {"missing": str(smollm.ModelUnavailable())}
+    new_tokens, ks = (4, (2,)) if quick else (64, (2, 4, 8))
+    say("SmolLM2-135M-Instruct: speculative decoding")
+    params, cfg = smollm.load(device=device)
+    tok = smollm.tokenizer()
+    sync = torch.cuda.synchronize if device == "cuda" else None
+    common = {"generate": gen.generate, "speculative_generate": spec.speculative_generate,
+              "sync": sync}
+    rows = []
+    for task, (message, _copies) in TASKS.items():
+        say(f"speculative decoding: {task}")
+        prompt = torch.tensor([tok.chat_prompt(message)], device=device)
+        rows += measure(params, cfg, prompt, new_tokens, ks=ks, task=task,
+                        drafts={"lookup": lookup(spec.lookup_draft)}, **common)
+    first = min(8, cfg.n_layers - 1)
+    prompt = torch.tensor([tok.chat_prompt(TASKS["quote"][0])], device=device)
+    rows += measure(params, cfg, prompt, min(new_tokens, 16), ks=(2,), task="quote",
+                    drafts={f"first {first}": early_exit(spec.early_exit_draft, params, cfg,
+                                                         first)}, **common)
+    return {"device": device, "new_tokens": new_tokens, "rows": rows}
+
+
+def format_section(section: dict) -> list[str]:
+    """`run_smollm`'s result as lines."""
+    if "missing" in section:
+        return [f"skipped: {section['missing']}"]
+    return [f"{section['new_tokens']} new tokens on {section['device']}",
+            format_table(section["rows"])]

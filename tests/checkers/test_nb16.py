@@ -415,3 +415,15 @@ def test_calling_the_reference_is_a_forbidden_call():
         nb16.check_verify_draft(spec.verify_draft, seed=0)
     with pytest.raises(ForbiddenCall):
         nb16.check_lookup_draft(functools.partial(spec.lookup_draft), seed=0)
+
+
+def test_chapter_16_reads_in_chinese(monkeypatch):
+    from checks.engine import CheckFailure
+    from checks.environment import LANG_ENV
+    monkeypatch.setenv(LANG_ENV, "zh")
+    wrong = {w.name: w for w in VERIFY_WRONG}["forgets the bonus token"]
+    with pytest.raises(CheckFailure) as info:
+        nb16.check_verify_draft(wrong.fn, seed=1)
+    text = str(info.value)
+    assert info.value.mistake == "16.verify_draft.no_bonus_token"
+    assert "忘了额外的 token" in text and "likely mistake" not in text, text

@@ -1,10 +1,11 @@
-"""Section `speculative`: chapter 16's measurement with the course's functions (the reference's
-`generate` and `speculative_generate`): SmolLM2-135M-Instruct (fp32, batch 1) on the tasks of
-`checks.speculation` (quote and edit a passage, where prompt lookup pays; open chat, where it does
-not), prompt lookup at several k and the first 8 blocks as an early-exit draft; acceptance rate,
-new tokens per forward pass, the speed-up over `generate`, and whether the tokens are identical.
-Skipped with a note when the model is not installed. On a GPU, `python -m checks.gpu_check`
-prints the same table.
+"""Section `speculative`: chapter 16's measurement with the course's functions
+(`checks.speculation.run_smollm`): SmolLM2-135M-Instruct (fp32, batch 1) on quote and edit a
+passage (where prompt lookup pays) and open chat (where it does not), prompt lookup at several k
+and the first 8 blocks as an early-exit draft; acceptance rate, new tokens per forward pass, the
+speed-up over `generate`, and whether the tokens are identical. Skipped with a note when the
+model is not installed. On a GPU, `python -m checks.gpu_check` prints the same table.
+
+    python -m checks.tools.benchmark.speculative [--quick] [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -12,40 +13,11 @@ from __future__ import annotations
 import torch
 
 from ... import speculation
-from ...reference import generation as gen
-from ...reference import speculative as spec
 from .common import Plan
 
 
 def run_speculative(plan: Plan, say, device: str = "cpu") -> dict:
-    from ... import smollm
-
-    if not smollm.available():
-        return {"missing": str(smollm.ModelUnavailable())}
-    quick = plan.cfg.hidden_size <= 64
-    new_tokens, ks = (4, (2,)) if quick else (64, (2, 4, 8))
-    say("SmolLM2-135M-Instruct: speculative decoding")
-    params, cfg = smollm.load(device=device)
-    tok = smollm.tokenizer()
-    sync = torch.cuda.synchronize if device == "cuda" else None
-    rows = []
-    for task, (message, _copies) in speculation.TASKS.items():
-        say(f"speculative decoding: {task}")
-        prompt = torch.tensor([tok.chat_prompt(message)], device=device)
-        rows += speculation.measure(params, cfg, prompt, new_tokens,
-                                    drafts={"lookup": speculation.lookup(spec.lookup_draft)},
-                                    ks=ks, generate=gen.generate,
-                                    speculative_generate=spec.speculative_generate, task=task,
-                                    sync=sync)
-    first = min(8, cfg.n_layers - 1)
-    prompt = torch.tensor([tok.chat_prompt(speculation.TASKS["quote"][0])], device=device)
-    rows += speculation.measure(params, cfg, prompt, min(new_tokens, 16),
-                                drafts={f"first {first}": speculation.early_exit(
-                                    spec.early_exit_draft, params, cfg, first)},
-                                ks=(2,), generate=gen.generate,
-                                speculative_generate=spec.speculative_generate, task="quote",
-                                sync=sync)
-    return {"device": device, "new_tokens": new_tokens, "rows": rows}
+    return speculation.run_smollm(quick=plan.cfg.hidden_size <= 64, device=device, say=say)
 
 
 def format_speculative(result: dict) -> list[str]:
@@ -53,28 +25,21 @@ def format_speculative(result: dict) -> list[str]:
     section = result.get("speculative")
     if not section:
         return []
-    head = ["", "(g) chapter 16: speculative decoding on SmolLM2-135M-Instruct, batch 1, "
-            "against generate (greedy)"]
-    if "missing" in section:
-        return head + [f"skipped: {section['missing']}"]
-    return head + [f"{section['new_tokens']} new tokens on {section['device']}",
-                   speculation.format_table(section["rows"])]
+    return ["", "(g) chapter 16: speculative decoding on SmolLM2-135M-Instruct, batch 1, "
+            "against generate (greedy)"] + speculation.format_section(section)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """python -m checks.tools.benchmark.speculative [--quick] [--device cpu|cuda]"""
     import argparse
-
-    from .common import FULL, QUICK
 
     parser = argparse.ArgumentParser(prog="python -m checks.tools.benchmark.speculative",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="4 new tokens, k = 2 only")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
-    result = {"speculative": run_speculative(QUICK if args.quick else FULL,
-                                             lambda text: print(text, flush=True), args.device)}
-    print("\n".join(format_speculative(result)))
+    section = speculation.run_smollm(quick=args.quick, device=args.device,
+                                     say=lambda text: print(text, flush=True))
+    print("\n".join(format_speculative({"speculative": section})))
     return 0
 
 
