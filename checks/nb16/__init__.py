@@ -26,7 +26,7 @@ How the checks look inside:
 - `accept_sampled`: certain cases first (p >= q at every guess: all accepted plus a bonus; q = 0
   at a guess with p > 0: accepted, no division by zero; p = 0 at the guess: rejected, and the
   replacement is in the residual's support, which tells resampling from p or from q - p at once;
-  the generator makes runs repeat). Then a statistical test: 600 rounds with guesses drawn from
+  the generator makes runs repeat). Then a statistical test: 400 rounds with guesses drawn from
   q; the first output token must follow p[0], the second (after an acceptance) p[1] and the bonus
   (after all k accepted) p[k], each by Pearson's chi-square test at a p-value of 1e-6 (four tests:
   a correct sampler fails the check about 4 times in a million seeds; the seeds are fixed, so a
@@ -501,7 +501,7 @@ def check_accept_sampled(f, *, seed: int | None = None, thorough: bool = False) 
                        _m.GENERATOR_IGNORED)
         c.headline(_("reproducible with a generator"))
         # 5. The distribution: a general draft, and a deterministic one (q one-hot).
-        rounds = 600
+        rounds = 400
         template_p = torch.tensor([0.5, 0.3, 0.1, 0.1, 0.0], dtype=torch.float64)
         template_q = torch.tensor([0.1, 0.3, 0.5, 0.0, 0.1], dtype=torch.float64)
         p = torch.cat([relabel(template_p[None]), _distributions(c, vocab, 1)])
