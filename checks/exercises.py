@@ -58,6 +58,8 @@ SYLLABUS: tuple[Chapter, ...] = (
                                   "train_step", "evaluate", "bits_per_byte")),
     Chapter("15", "15_serving", ("pad_left", "batched_prefill", "BlockAllocator", "PagedKVCache",
                                  "paged_attention", "serve")),
+    Chapter("16", "16_speculative", ("lookup_draft", "early_exit_draft", "verify_draft",
+                                     "speculative_generate", "accept_sampled")),
 )
 
 _BY_NUMBER = {chapter.number: chapter for chapter in SYLLABUS}

@@ -1,6 +1,7 @@
 """`python -m checks.gpu_check`: chapter 13's prefill/decode timing, chapter 14's training run and
-chapter 15's serving (eight SmolLM2 chats one after another and together) on this machine's
-accelerator (CUDA, else MPS, else the CPU), in one report.
+chapter 15's serving (eight SmolLM2 chats one after another and together) and chapter 16's
+speculative decoding on SmolLM2 on this machine's accelerator (CUDA, else MPS, else the CPU), in
+one report.
 
     python -m checks.gpu_check [--out gpu-report.md] [--json gpu-report.json] [--quick]
                                [--device cuda|mps|cpu] [--steps N] [--notebook | --no-notebook]
@@ -104,6 +105,8 @@ def run_report(p: Plan, say=print) -> dict:
         report["notebook"] = run_notebook(quick=p.timing_size == "tiny")
     say(f"chapter 15: eight chats served one after another and together on {p.device}")
     report["serving"] = run_serving(p.device, p.serving_tokens)
+    say(f"chapter 16: speculative decoding on SmolLM2 on {p.device}")
+    report["speculative"] = _speculative(p, say)
     return report
 
 
@@ -199,6 +202,14 @@ def format_serving(serving: dict) -> list[str]:
     return lines
 
 
+def _speculative(p: Plan, say) -> dict:
+    """Chapter 16's table (the benchmark's section `speculative`) on this device; the quick
+    plan's smallest run with --quick. Skipped with a note when the model is not installed."""
+    from . import speculation
+
+    return speculation.run_smollm(quick=p.training == "grading", device=p.device, say=say)
+
+
 def format_report(report: dict) -> str:
     """The report as Markdown."""
     t = report["training"]
@@ -225,7 +236,8 @@ def format_report(report: dict) -> str:
         f"| MFU | {100 * t['mfu_vs_fp32_peak']:.1f} % of the measured fp32 matmul peak "
         f"({t['matmul_peak_fp32'] / 1e12:.1f} TFLOP/s) |",
         "", *_notebook_section(report.get("notebook"), p["device"]),
-        *format_serving(report.get("serving") or {"missing": "not run"})])
+        *format_serving(report.get("serving") or {"missing": "not run"}),
+        *_speculative_lines(report.get("speculative"))])
 
 
 def _notebook_section(notebook: dict | None, device: str) -> list[str]:
@@ -239,6 +251,15 @@ def _notebook_section(notebook: dict | None, device: str) -> list[str]:
                        notebook["error"], "```", ""]
     return head + [f"Ran to the end in {notebook['seconds']:.0f} s.", "", "```",
                    *notebook["lines"], "```", ""]
+
+
+def _speculative_lines(section: dict | None) -> list[str]:
+    from . import speculation
+
+    if not section:
+        return []
+    return ["## Chapter 16: speculative decoding", "", "```",
+            *speculation.format_section(section), "```", ""]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,13 +18,13 @@ import functools
 from collections.abc import Iterable, Mapping
 
 from . import (nb01, nb02, nb03, nb04, nb05, nb06, nb07, nb08, nb09, nb10, nb11, nb12, nb13, nb14,
-               nb15)
+               nb15, nb16)
 from .exercises import SYLLABUS
 from .mistakes import ID_PATTERN, Mistake
 
 _CHAPTERS = {"01": nb01, "02": nb02, "03": nb03, "04": nb04, "05": nb05, "06": nb06,
              "07": nb07, "08": nb08, "09": nb09, "10": nb10, "11": nb11, "12": nb12,
-             "13": nb13, "14": nb14, "15": nb15}
+             "13": nb13, "14": nb14, "15": nb15, "16": nb16}
 
 
 class ConflictingMistakes(ValueError):

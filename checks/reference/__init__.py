@@ -27,6 +27,8 @@ from .model import (init_model_params, model_forward, model_param_count, next_to
                     sample_next_token)
 from .generation import (KVCache, arithmetic_intensity, decode_step_bytes, forward_with_cache,
                          full_forward, generate, prefill_flops)
+from .speculative import (accept_sampled, early_exit_draft, lookup_draft, speculative_generate,
+                          verify_draft)
 from .training import (adamw_step, bits_per_byte, clip_grad_norm, evaluate, get_batch, lr_at,
                        train_step)
 from .serving import (BlockAllocator, PagedKVCache, batched_prefill, pad_left, paged_attention,

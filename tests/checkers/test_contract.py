@@ -3,9 +3,10 @@ passes, plain at every seed and thorough, with nothing on stderr; each wrong imp
 chapter's catalogue is rejected (as a mistake, not as "not started") with its diagnosis; the stub
 a released notebook starts with reads as not started.
 
-The catalogues are data in the chapter files (`EXERCISES` in test_nb01.py .. test_nb15.py), which
-also hold the tests that are their chapter's alone. Each case is a test of its own, named
-`nbNN-exercise-implementation` (and the seed): `-k nb04-attention` runs one exercise.
+The catalogues are data in the chapter files (`EXERCISES` in test_nbNN.py, one per chapter of the
+syllabus, checks.exercises.SYLLABUS), which also hold the tests that are their chapter's alone.
+Each case is a test of its own, named `nbNN-exercise-implementation` (and the seed):
+`-k nb04-attention` runs one exercise.
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ import re
 
 import pytest
 
+from checks.exercises import SYLLABUS
+
 from ..support.catalogue import (SEEDS, Exercise, assert_not_started, assert_passes,
                                  assert_passes_thorough, assert_rejects)
 
-CHAPTERS = [f"nb{n:02d}" for n in range(1, 16)]
+CHAPTERS = [f"nb{chapter.number}" for chapter in SYLLABUS]
 EXERCISES: dict[str, list[Exercise]] = {
     chapter: importlib.import_module(f"{__package__}.test_{chapter}").EXERCISES
     for chapter in CHAPTERS}

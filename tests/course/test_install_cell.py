@@ -17,6 +17,7 @@ import pytest
 
 from checks import install
 from checks.environment import ENV, PIP_ENV
+from checks.exercises import SYLLABUS
 
 ROOT = Path(__file__).resolve().parents[2]
 CHAPTERS = install.chapters(ROOT)
@@ -28,7 +29,7 @@ def _notebook(folder: str, chapter: str) -> dict:
 
 @pytest.mark.parametrize("folder", ["solutions", "notebooks"])
 def test_every_notebook_starts_with_the_install_cell(folder):
-    assert len(CHAPTERS) == 15
+    assert CHAPTERS == [chapter.folder for chapter in SYLLABUS]  # every chapter, none left out
     for chapter in CHAPTERS:
         first = _notebook(folder, chapter)["cells"][0]
         assert first["id"] == install.CELL_ID, chapter

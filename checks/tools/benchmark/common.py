@@ -16,7 +16,7 @@ from ...config import ModelConfig, block_shapes, model_shapes
 REPO = Path(__file__).resolve().parents[3]
 SOLUTIONS = REPO / "solutions"
 SECTIONS = ("bandwidth", "generate", "no_cache", "decode_path", "timing", "notebooks", "grading",
-            "load", "class", "smollm", "training", "serving")
+            "load", "class", "smollm", "training", "serving", "speculative")
 MiB, GiB = 2**20, 2**30
 
 

@@ -27,6 +27,7 @@ from .no_cache import format_no_cache, run_no_cache
 from .notebooks import format_notebooks, run_notebooks
 from .serving import format_serving, run_serving
 from .smollm import format_smollm, run_smollm
+from .speculative import format_speculative, run_speculative
 from .timing import format_timing, run_timing
 from .training import format_training, run_training
 
@@ -55,6 +56,8 @@ def run(plan: Plan = FULL, *, skip: tuple[str, ...] = (), progress=None) -> dict
         quick = plan.cfg.hidden_size <= 64
         result["training"] = run_training("grading" if quick else "ablation",
                                           4 if quick else 40, say)
+    if "speculative" not in skip:   # chapter 16 on the real model
+        result["speculative"] = run_speculative(plan, say)
     _course_sections(result, plan, skip, say)
     result["machine"]["load_average_end"] = os.getloadavg()
     result["seconds_total"] = time.perf_counter() - started
@@ -118,7 +121,7 @@ def _course_sections(result: dict, plan: Plan, skip, say) -> None:
 # The tables in the order they print; each formatter returns no lines for a skipped section.
 FORMATTERS = (format_bandwidth, format_generate, format_decode_bandwidth, format_smollm,
               format_serving, format_no_cache, format_timing, format_notebooks, format_grading,
-              format_load, format_class, format_decode_path, format_training)
+              format_load, format_class, format_decode_path, format_training, format_speculative)
 
 
 def format_header(result: dict) -> list[str]:
