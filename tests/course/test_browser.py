@@ -8,6 +8,9 @@ unstarted exercise must show its yellow "not started" block and the run must rea
 Then a wrong `project_qkv` goes into its answer cell: its self-check shows the red ✗ with the
 diagnosis the checker gives for that mistake; a right one shows the green ✓.
 
+The newest chapters, 15 (English) and 16 (Chinese), get Run All alone: every cell runs, none fails,
+and each unstarted exercise shows its block.
+
 Screenshots go to build/test-artifacts/browser/ (the Chinese run's to its zh/ folder). Needs the
 `playwright` Python package (the `test` extra) and Debian's `chromium` (`make test` installs it
 with apt-get when run as root); without them the test is skipped and says why.
@@ -51,6 +54,10 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 CHAPTER = "04_self_attention"
 SERVER_START_TIMEOUT = 90  # seconds for jupyter lab to answer
 RUN_ALL_TIMEOUT = 300  # seconds for Run All on chapter 04 (about 30 s on 2 cores, more under load)
+# The newest chapters, Run All only: 15 in English, 16 in Chinese (their learner-mode runs on
+# SmolLM2 take one to two minutes each on 2 cores, more while other tests run).
+NEWEST = [("15_serving", "en"), ("16_speculative", "zh")]
+NEWEST_RUN_ALL_TIMEOUT = 900
 CELL_TIMEOUT = 60  # seconds for one cell and its rendered output
 
 # The answers typed into the answer cell (the indentation is the cell's own).
@@ -85,9 +92,9 @@ def _expected_diagnosis(lang: str) -> str:
     raise AssertionError("the wrong answer passed its check")
 
 
-def _exercises(lang: str) -> list[str]:
+def _exercises(lang: str, chapter: str = CHAPTER) -> list[str]:
     """The chapter's exercises (its answer cells' grade ids), in notebook order."""
-    release = RELEASES[lang] / CHAPTER / f"{CHAPTER}.ipynb"
+    release = RELEASES[lang] / chapter / f"{chapter}.ipynb"
     nb = json.loads(release.read_text(encoding="utf-8"))
     meta = [cell["metadata"].get("nbgrader", {}) for cell in nb["cells"]]
     return [m["grade_id"] for m in meta if m.get("solution") and not m.get("grade")]
@@ -127,9 +134,17 @@ def lang(request) -> str:
 
 
 @pytest.fixture
-def artifacts(lang) -> Path:
+def served_chapter() -> str:
+    """The chapter jupyter lab serves (a test parametrized by this name serves another)."""
+    return CHAPTER
+
+
+@pytest.fixture
+def artifacts(lang, served_chapter) -> Path:
     """Where this run's screenshots go (pictures of an earlier run of it are removed)."""
     folder = ARTIFACTS if lang == "en" else ARTIFACTS / lang
+    if served_chapter != CHAPTER:
+        folder = folder / served_chapter
     folder.mkdir(parents=True, exist_ok=True)
     for old in folder.glob("*.png"):
         old.unlink()
@@ -137,11 +152,12 @@ def artifacts(lang) -> Path:
 
 
 @pytest.fixture
-def lab_url(tmp_path, lang):
-    """A running `jupyter lab` on a temporary copy of chapter 04's release in `lang`; its base
-    URL. The kernel inherits no LLAMA_COURSE_LANG: the notebook chooses its language itself."""
+def lab_url(tmp_path, lang, served_chapter):
+    """A running `jupyter lab` on a temporary copy of a chapter's release (04 unless the test
+    says) in `lang`; its base URL. The kernel inherits no LLAMA_COURSE_LANG: the notebook
+    chooses its language itself."""
     served = tmp_path / "course"
-    shutil.copytree(RELEASES[lang] / CHAPTER, served / CHAPTER,
+    shutil.copytree(RELEASES[lang] / served_chapter, served / served_chapter,
                     ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
     port = _free_port()
     env = kernel_env(JUPYTER_CONFIG_DIR=str(tmp_path / "jupyter-config"),
@@ -220,16 +236,16 @@ PROMPTS_JS = ("() => [...document.querySelectorAll('.jp-Notebook .jp-CodeCell .j
               ".map(p => p.textContent.trim())")
 
 
-def _run_all_done(page, artifacts: Path) -> None:
+def _run_all_done(page, artifacts: Path, timeout: float = RUN_ALL_TIMEOUT) -> None:
     """Wait until every code cell shows an execution count ([n]:, not [*]: or [ ]:). The first
     cell, the install cell, starts with its input collapsed: it shows no prompt at all."""
     done = "() => { const p = (" + PROMPTS_JS + ")().slice(1); " \
            r"return p.length > 0 && p.every(t => /^\[\d+\]:$/.test(t)); }"
     try:
-        page.wait_for_function(done, timeout=RUN_ALL_TIMEOUT * 1000, polling=500)
+        page.wait_for_function(done, timeout=timeout * 1000, polling=500)
     except sync_api.TimeoutError:
         page.screenshot(path=str(artifacts / "failed-run-all.png"))
-        pytest.fail(f"Run All did not finish in {RUN_ALL_TIMEOUT} s; the prompts read "
+        pytest.fail(f"Run All did not finish in {timeout} s; the prompts read "
                     f"{page.evaluate(PROMPTS_JS)}")
 
 
@@ -251,14 +267,14 @@ def _answer(page, answer_cell, test_cell, code: str, expected: str) -> None:
     test_cell.locator(".jp-OutputArea-output", has_text=expected).wait_for()
 
 
-def _wait_for_kernel(page, lab_url: str) -> None:
+def _wait_for_kernel(page, lab_url: str, chapter: str = CHAPTER) -> None:
     """Until the notebook's kernel is up: the server has an idle kernel for the notebook, and the
     status bar says so (Run All before that opens JupyterLab's "Select Kernel" dialog)."""
     deadline = time.monotonic() + SERVER_START_TIMEOUT
     while True:
         with urllib.request.urlopen(f"{lab_url}/api/sessions", timeout=5) as reply:
             sessions = json.load(reply)
-        if any(s["path"].endswith(f"{CHAPTER}.ipynb") and s.get("kernel")
+        if any(s["path"].endswith(f"{chapter}.ipynb") and s.get("kernel")
                and s["kernel"].get("execution_state") == "idle" for s in sessions):
             break
         if time.monotonic() > deadline:
@@ -306,3 +322,32 @@ def test_run_all_then_a_wrong_and_a_right_answer(lab_url, page, lang, artifacts)
     _answer(page, answer_cell, test_cell, RIGHT, "✓ project_qkv")
     _screenshot(test_cell, artifacts, "05-right-answer.png")
     assert words["passed"] in test_cell.locator(".jp-OutputArea-output").last.text_content()
+
+
+def _run_all(page, lab_url: str, chapter: str, artifacts: Path, timeout: float) -> None:
+    """Open `chapter`, wait for its kernel, choose Run > Run All Cells and wait for the end."""
+    page.goto(f"{lab_url}/lab/tree/{chapter}/{chapter}.ipynb")
+    page.locator(".jp-Notebook .jp-CodeCell").first.wait_for()
+    _wait_for_kernel(page, lab_url, chapter)
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+    _run_all_done(page, artifacts, timeout)
+
+
+@pytest.mark.parametrize("served_chapter, lang", NEWEST)
+def test_run_all_reaches_the_end_of_the_newest_chapters(lab_url, page, lang, artifacts,
+                                                         served_chapter):
+    """A learner's Run All on a fresh release of chapter 15 or 16: every cell runs, none fails
+    (no stderr output), and each unstarted exercise shows its "not started" block, in order,
+    in the release's language; the later cells use the course's reference instead."""
+    _run_all(page, lab_url, served_chapter, artifacts, NEWEST_RUN_ALL_TIMEOUT)
+    page.screenshot(path=str(artifacts / "01-run-all-done.png"))
+    code_cells = page.locator(".jp-Notebook .jp-CodeCell")
+    last = code_cells.nth(code_cells.count() - 1)
+    _screenshot(last, artifacts, "02-last-cell.png")
+    assert page.locator(".jp-Notebook .jp-OutputArea-output[data-mime-type="
+                        "'application/vnd.jupyter.stderr']").count() == 0, "a cell failed"
+    not_started = page.locator(".jp-Notebook .llama-course-not-started")
+    names = [text.split(":")[0].lstrip("… ").strip() for text in not_started.all_text_contents()]
+    assert names == _exercises(lang, served_chapter), "one 'not started' block per exercise"
+    assert all(WORDS[lang]["not_started"] in text for text in not_started.all_text_contents())
