@@ -270,3 +270,40 @@ def test_a_chinese_submission_reads_its_diagnosis_in_chinese(course):
     assert "可能的错误：返回了浮点数" in text, text[-1500:]
     assert "likely mistake" not in text
     assert "尚未开始" in _cell_report(course, "half_zh")  # its unsolved exercises
+
+
+# The newest chapters, on the same path: generate_assignment, a complete submission (the
+# solution's answers typed into the release) and an untouched one, one autograde, export.
+NEWEST = ["15_serving", "16_speculative"]
+
+
+@pytest.mark.parametrize("chapter", NEWEST)
+def test_the_newest_chapters_round_trip(tmp_path, chapter):
+    root = tmp_path / "course"
+    release.write_course_config(root)
+    shutil.copytree(release.SOLUTIONS / chapter, root / "solutions" / chapter,
+                    ignore=shutil.ignore_patterns(*release.JUNK))
+    release.run_nbgrader(root, "generate_assignment", chapter, timeout=600)
+    released = nbformat.read(root / "notebooks" / chapter / f"{chapter}.ipynb", as_version=4)
+    solutions = nbformat.read(root / "solutions" / chapter / f"{chapter}.ipynb", as_version=4)
+    exercises = _exercises(solutions)
+    total = sum(ex["points"] for ex in exercises)
+    students = {"complete": ({"solve": [ex["name"] for ex in exercises]}, total),
+                "untouched": ({}, 0.0)}
+    roster = root / "students.csv"
+    roster.write_text("id,last_name,first_name,email\n" + "".join(
+        f"{sid},{sid.title()},Learner,{sid}@example.org\n" for sid in students), encoding="utf-8")
+    release.run_nbgrader(root, "db", "student", "import", str(roster))
+    for sid, (how, _points) in students.items():
+        folder = root / "grading" / "submitted" / sid / chapter
+        folder.mkdir(parents=True)
+        nbformat.write(_submission(released, solutions, **how), folder / f"{chapter}.ipynb")
+    log = release.run_nbgrader(root, "autograde", chapter, timeout=900)
+    csv_path = root / "grades.csv"
+    release.run_nbgrader(root, "export", f"--to={csv_path}")
+    with open(csv_path, newline="", encoding="utf-8") as fh:
+        rows = {row["student_id"]: row for row in csv.DictReader(fh)}
+    for sid, (_how, points) in students.items():
+        assert float(rows[sid]["score"]) == points, \
+            f"{sid}: {rows[sid]['score']} of {rows[sid]['max_score']}, expected {points}\n{log[-3000:]}"
+    assert total > 0
