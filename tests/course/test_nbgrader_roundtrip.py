@@ -304,6 +304,7 @@ def test_the_newest_chapters_round_trip(tmp_path, chapter):
     with open(csv_path, newline="", encoding="utf-8") as fh:
         rows = {row["student_id"]: row for row in csv.DictReader(fh)}
     for sid, (_how, points) in students.items():
-        assert float(rows[sid]["score"]) == points, \
-            f"{sid}: {rows[sid]['score']} of {rows[sid]['max_score']}, expected {points}\n{log[-3000:]}"
+        row = rows[sid]
+        assert float(row["score"]) == points, \
+            f"{sid}: {row['score']} of {row['max_score']}, expected {points}\n{log[-3000:]}"
     assert total > 0
