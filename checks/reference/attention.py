@@ -23,8 +23,11 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None = None) -> to
         dead = (scores == float("-inf")).all(-1, keepdim=True)
         return torch.softmax(scores, dim=-1).masked_fill(dead, 0.0)
     mask = mask.bool()
-    weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
-    return weights.nan_to_num(0.0).masked_fill(~mask, 0.0)
+    weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)   # 0 where masked
+    dead = ~mask.any(-1, keepdim=True)          # rows that see no key: softmax gave NaN there
+    if dead.device.type != "meta" and not dead.any():
+        return weights                          # the usual case (a causal mask): no extra pass
+    return weights.masked_fill(dead, 0.0)
 
 
 def attention(q, k, v, mask=None):
