@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 import torch
 
 from . import timing
-from .environment import _NBGRADER_ENV, GRADING_ENV, THREADS_ENV
+from .environment import _NBGRADER_ENV, GRADING_ENV, QUICK_DEMOS_ENV, THREADS_ENV
 from .timing import Timing
 
 T = TypeVar("T")
@@ -37,14 +37,24 @@ T = TypeVar("T")
 
 def grading() -> bool:
     """True when a grader, a status run, the test suite or nbgrader runs this notebook."""
-    flag = os.environ.get(GRADING_ENV, "").strip().lower()
-    return flag not in ("", "0", "false", "no") or bool(os.environ.get(_NBGRADER_ENV))
+    return _flag(GRADING_ENV) or bool(os.environ.get(_NBGRADER_ENV))
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def quick_demos() -> bool:
+    """True under a grader, and where `LLAMA_COURSE_QUICK_DEMOS` asks for a learner's run with
+    the grader's demonstration sizes (a quick look through a release: chapter 14's training
+    takes seconds instead of minutes)."""
+    return grading() or _flag(QUICK_DEMOS_ENV)
 
 
 def demo_size(full: T, quick: T) -> T:
     """`full` for a learner in JupyterLab, `quick` (the smallest run that still exercises the
-    code) under a grader."""
-    return quick if grading() else full
+    code) under a grader or with `LLAMA_COURSE_QUICK_DEMOS`."""
+    return quick if quick_demos() else full
 
 
 def demo_file(name: str) -> Path | io.BytesIO:

@@ -21,6 +21,10 @@ class EnvVar:
 ENVIRONMENT = (
     EnvVar("LLAMA_COURSE_GRADING", "a machine runs this notebook: demonstrations run their "
            "smallest size, borrowing uses the reference", "checks status|grade, the test suite"),
+    EnvVar("LLAMA_COURSE_QUICK_DEMOS", "a learner's run (unstarted exercises show their line and "
+           "Run All goes on) with every demonstration at the grader's smallest size: a quick "
+           "look through a release", "the test that runs every release notebook; an instructor "
+           "previewing a release"),
     EnvVar("NBGRADER_EXECUTION", "nbgrader is executing the notebook (counts as grading)",
            "nbgrader autograde/validate"),
     EnvVar("LLAMA_COURSE_THREADS", "torch threads for this process (a grader's share of the "
@@ -51,6 +55,7 @@ ENV = {var.name: var for var in ENVIRONMENT}
 
 GRADING_ENV = ENV["LLAMA_COURSE_GRADING"].name
 THREADS_ENV = ENV["LLAMA_COURSE_THREADS"].name
+QUICK_DEMOS_ENV = ENV["LLAMA_COURSE_QUICK_DEMOS"].name
 CACHE_ENV = ENV["LLAMA_COURSE_CACHE"].name
 LANG_ENV = ENV["LLAMA_COURSE_LANG"].name
 PIP_ENV = ENV["LLAMA_COURSE_PIP"].name

@@ -47,7 +47,7 @@ NOTEBOOK_TIMEOUT = 1500
 def kernel_env(**flags: str) -> dict[str, str]:
     """This process's environment without any grading flag, plus `flags`."""
     env = {k: v for k, v in os.environ.items()
-           if k not in (*GRADER_FLAGS, "NBGRADER_VALIDATING")}
+           if k not in (*GRADER_FLAGS, "NBGRADER_VALIDATING", context.QUICK_DEMOS_ENV)}
     env["OMP_NUM_THREADS"] = "1"  # kernels run side by side, one core each
     env["JUPYTER_PREFER_ENV_PATH"] = "1"  # the kernel of this environment, which imports checks
     env["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"  # no debugger warning on stderr
@@ -101,6 +101,12 @@ def _is_test_cell(cell: dict) -> bool:
 # Every release notebook, as a learner runs it
 
 
+# Chapter 14 runs at the grader's demonstration sizes (still a learner's run: unstarted exercises
+# show their line and Run All goes on). Its full size is minutes of training and 21 ablation runs
+# on the one thread a kernel gets here, most of this file's time; the full default run is
+# tests/course/test_training_run.py's, held to the loss the chapter states.
+QUICK = {"14_training": {context.QUICK_DEMOS_ENV: "1"}}
+
 # The grader's runs use the chapter whose first exercise comes early (they stop there).
 GRADER_CHAPTER = "04_self_attention" if "04_self_attention" in CHAPTERS else CHAPTERS[0]
 
@@ -110,7 +116,7 @@ def runs(tmp_path_factory) -> dict[str, Run]:
     """Run All on every chapter as a learner, and on one chapter under each grader flag, a few
     at a time (each kernel uses one thread). Keys: the chapter, or the flag's name."""
     workdir = tmp_path_factory.mktemp("run-all")
-    jobs = {chapter: (chapter, kernel_env()) for chapter in CHAPTERS}
+    jobs = {chapter: (chapter, kernel_env(**QUICK.get(chapter, {}))) for chapter in CHAPTERS}
     jobs |= {flag: (GRADER_CHAPTER, kernel_env(**{flag: value}))
              for flag, value in GRADER_FLAGS.items()}
     workers = max(2, min(4, os.cpu_count() or 2))

@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from checks import LLAMA2_7B, gpu_check, training_run
+from checks import LLAMA2_7B, context, gpu_check, training_run
 from checks.reference.model import model_param_count
 
 # The validation loss chapter 14 states for its default CPU run (seed 0, the course's reference
@@ -29,6 +29,20 @@ def test_device_and_autocast_choices():
     assert training_run.run_kind("mps", grading=False) == "gpu"
     assert training_run.run_kind("cpu", grading=False) == "cpu"
     assert training_run.run_kind("cuda", grading=True) == "grading"
+
+
+def test_quick_demos_run_the_graders_sizes_in_a_learners_run(monkeypatch):
+    for name in ("LLAMA_COURSE_GRADING", "NBGRADER_EXECUTION", "LLAMA_COURSE_QUICK_DEMOS"):
+        monkeypatch.delenv(name, raising=False)
+    assert training_run.run_kind("cpu", grading=False) == "cpu"
+    assert context.demo_size("full", "quick") == "full"
+    monkeypatch.setenv("LLAMA_COURSE_QUICK_DEMOS", "1")
+    assert training_run.run_kind("cpu", grading=False) == "grading"
+    assert training_run.run_kind("cuda", grading=False) == "grading"
+    assert context.demo_size("full", "quick") == "quick"
+    assert not context.grading()           # still a learner's run: not-started lines, borrowing
+    monkeypatch.setenv("LLAMA_COURSE_QUICK_DEMOS", "0")
+    assert context.demo_size("full", "quick") == "full"
 
 
 def test_settings_are_sized_as_the_chapter_says():
