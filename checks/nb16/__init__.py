@@ -429,9 +429,9 @@ def check_accept_sampled(f, *, seed: int | None = None, thorough: bool = False) 
             return out
 
         def run(p, q, draft, seed):
-            # A generator of its own for every call: under a grader the learner's code runs in a
-            # worker, which gets a copy of the generator, so one shared generator would repeat
-            # its first numbers in every call.
+            # A generator of its own for every call, seeded from the check's seed: each call's
+            # draws depend on nothing that ran before it (a failure replays from its seed alone,
+            # in a notebook or in the grader's worker).
             return c.call(p, q, draft, generator=torch.Generator().manual_seed(seed))
 
         # 1. p >= q at every guess: all k accepted, then the bonus.
