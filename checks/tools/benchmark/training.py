@@ -11,7 +11,7 @@ the settings the notebook uses, on every core (`checks.training_run.training_thr
 time, the seconds of its steps and its validation loss.
 
     python -m checks.tools.benchmark.training [--size cpu|ablation|grading|gpu] [--steps N]
-                                              [--threads N] [--run]
+                                              [--threads N] [--run [--forward solutions]]
 """
 
 from __future__ import annotations
@@ -19,8 +19,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import io
 import os
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -183,10 +185,27 @@ def format_training(result: dict) -> list[str]:
             f"{t['matmul_peak'] / 1e9:.1f} GFLOP/s"]
 
 
+def solutions_forward():
+    """The `model_forward` of the solution notebooks (chapter 12's, built on chapters 02-11's),
+    borrowed as chapter 14 borrows a learner's: what the chapter's stated time is for."""
+    from ...borrow import own_functions
+
+    solutions = Path(__file__).resolve().parents[3] / "solutions"
+    if not (solutions / "12_lm_head_logits").is_dir():
+        raise SystemExit(f"--forward solutions needs the course's solutions/ folder ({solutions})")
+    with contextlib.redirect_stdout(io.StringIO()):
+        borrowed = own_functions({"model_forward": "12_lm_head_logits"}, root=solutions)
+    if borrowed.whose["model_forward"] != "yours":
+        raise SystemExit("the solutions' model_forward did not pass its check: "
+                         f"{borrowed.why['model_forward']}")
+    return borrowed.functions["model_forward"]
+
+
 def run_default(kind: str = "cpu", *, threads: int | None = None, steps: int | None = None,
-                device: str = "cpu") -> dict:
-    """The chapter's run with the reference functions, timed whole: the wall time from the first
-    step to the final validation loss, the seconds of the steps alone, the loss, the threads."""
+                device: str = "cpu", forward: str = "reference") -> dict:
+    """The chapter's run, timed whole: the wall time from the first step to the final validation
+    loss, the seconds of the steps alone, the loss, the threads. `forward`: "reference" (the
+    course's functions) or "solutions" (the solution notebooks' own, as a learner's)."""
     from ... import shakespeare
 
     s = training_run.settings(kind)
@@ -195,10 +214,12 @@ def run_default(kind: str = "cpu", *, threads: int | None = None, steps: int | N
     train, valid = shakespeare.load()
     with _threads(threads):
         start = time.perf_counter()
-        out = training_run.run_reference(s, train, valid, device=device)
+        out = training_run.run_reference(
+            s, train, valid, device=device,
+            forward=solutions_forward() if forward == "solutions" else None)
         wall = time.perf_counter() - start
         used = torch.get_num_threads()
-    return {"kind": kind, "steps": s.steps, "device": device, "threads": used,
+    return {"kind": kind, "steps": s.steps, "device": device, "threads": used, "forward": forward,
             "wall_seconds": wall, "step_seconds": out["seconds"], "final_val": out["final_val"],
             "tokens": out["tokens"], "load_average": os.getloadavg()}
 
@@ -207,7 +228,9 @@ def format_default_run(t: dict | None) -> list[str]:
     """The default run's lines (none when it was not run)."""
     if not t:
         return []
-    return ["", f"the chapter's default run ({t['kind']} settings, reference functions, "
+    functions = {"reference": "reference functions",
+                 "solutions": "the solutions' functions"}[t.get("forward", "reference")]
+    return ["", f"the chapter's default run ({t['kind']} settings, {functions}, "
                 f"{t['device']}, {t['threads']} threads, load {t['load_average'][0]:.1f})",
             f"  {t['steps']} steps ({t['tokens']:,} tokens) in {t['step_seconds']:.1f} s, "
             f"{t['wall_seconds']:.1f} s with the final evaluation; validation "
@@ -225,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="torch threads (default: every available core, as the chapter)")
     parser.add_argument("--run", action="store_true",
                         help="also time the chapter's default run of that size, whole")
+    parser.add_argument("--forward", default="reference", choices=["reference", "solutions"],
+                        help="the run's model_forward: the course's reference, or the solution "
+                             "notebooks' own (as a learner's: what the chapter's time is for)")
     args = parser.parse_args(argv)
     device = args.device or training_run.choose_device()
     threads = args.threads or training_run.training_threads(grading=False)
@@ -232,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
                                                  threads=threads))), flush=True)
     if args.run:
         print("\n".join(format_default_run(run_default(args.size, threads=threads,
-                                                       device=device))))
+                                                       device=device, forward=args.forward))))
     return 0
 
 
