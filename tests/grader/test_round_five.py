@@ -371,6 +371,13 @@ def test_a_folder_named_like_a_classmate_s_login_cannot_take_their_grade(tmp_pat
     ("04_self_attention,2026-03-01,,,\"\x1b[2J\"", "lms_id must be an LMS's assignment id"),
     ("04_self_attention,2026-03-01,,,\"=HYPERLINK(\"\"x\"\")\"", "lms_id must be"),
     ("04_self_attention,2026-03-01,,," + "9" * 65, "at most 64 characters"),
+    # a quoted cell over several lines was joined (a name or time the file shows on no line)
+    ("\"04_self_\nattention\",2026-03-01,,,",
+     "row 2, column 'assignment': a quoted cell spans several lines"),
+    ("01_notation,2026-03-01,,,\n04_self_attention,\"2026-03-01\n23:59\",,,",
+     "row 3, column 'due': a quoted cell spans several lines"),
+    ("04_self_attention,2026-03-01,,,\"12\r\n34\"", "row 2, column 'lms_id': a quoted cell"),
+    ("04_self_attention,2026-03-01,\"0.1\n\",,", "row 2, column 'penalty_per_day'"),
 ])
 def test_an_assignments_file_that_would_mislead_is_refused_in_one_line(tmp_path, rows, words):
     import argparse
