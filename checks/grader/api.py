@@ -171,7 +171,8 @@ def _grade(paths: list[Path], options: GradeOptions, outputs: OutputOptions,
     if outputs.feedback is not None:  # the feedback folder is out of the workers' reach too
         options = dataclasses.replace(options, hide=[*options.hide, Path(outputs.feedback)])
     # links, special files, caps, second notebooks (and copies): one line each, here
-    found = find_submissions(paths, options.caps(), options.source, options.use_copies)
+    found = find_submissions(paths, options.caps(), options.source, options.use_copies,
+                             options.use_copy)
     # unwritable outputs are refused here, before grading
     writer = GradeOutputs(outputs, found.paths, [s.student for s in found.submissions
                                                  if s.student])

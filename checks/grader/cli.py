@@ -195,6 +195,11 @@ def _parser() -> argparse.ArgumentParser:
                             "untouched release and exactly one other notebook of that chapter "
                             "(a '-Copy1.ipynb') holds work, grade that one instead (without "
                             "this flag the copy is refused and flagged in every output)")
+    grade.add_argument("--use-copy", type=Path, action="append", default=[], metavar="PATH",
+                       help="the notebook that counts for its student's chapter (relative to "
+                            "the submissions folder, or absolute): graded instead of the one at "
+                            "its place, the others refused; repeatable, one per student and "
+                            "chapter")
     grade.add_argument("--lang", choices=tuple(LANGUAGES), default=None,
                        help="your language: the lines printed, the class summary and the "
                             "class report, with the mistakes' messages in them (default: "

@@ -19,7 +19,11 @@ Before a class is graded, `find_submissions` decides what is graded and whose it
   The one graded names the others (`Submission.copies`; the record's `copies`, each with whether
   it holds work, checks.grader.copies), so that work in `<chapter>-Copy1.ipynb` beside an
   untouched stub is flagged; with `use_copies` (`--use-copies`, the instructor's word) the one
-  notebook of the group with work is graded when the one at the standard place has none.
+  notebook of the group with work is graded when the one at the standard place has none. With
+  `use_copy` (`--use-copy PATH`, repeatable: the instructor's word for one file) the notebook
+  named is graded for its student's chapter, the others refused; a path that is not a student's
+  submitted notebook, or two for one student's chapter, is bad input (GradingError, before
+  anything runs).
 - Caps: more than `Caps.max_notebooks` notebooks for one student are cut to that many (those
   named after a chapter first), larger files and notebooks with more cells are refused.
 - A notebook graded as another chapter than its file or folder name says is graded and shown,
@@ -222,12 +226,13 @@ class Found:
 
 
 def find_submissions(paths, caps: Caps = Caps(), source_dir: str | os.PathLike = SOURCE_DIR,
-                     use_copies: bool = False) -> Found:
+                     use_copies: bool = False, use_copy=()) -> Found:
     """The notebooks under `paths` (files named, or folders searched) that are graded, each with
     its student, and those refused (each with its student where known): links and special
-    files, past the caps, second notebooks of one student's chapter (`use_copies`: see the
-    module's docstring). Bad input (a missing path, a folder with no notebooks) raises
-    GradingError before anything runs."""
+    files, past the caps, second notebooks of one student's chapter (`use_copies`, `use_copy`:
+    see the module's docstring). Bad input (a missing path, a folder with no notebooks, a
+    `use_copy` path that is not a student's submitted notebook or a second one for one
+    student's chapter) raises GradingError before anything runs."""
     submissions: list[Submission] = []
     refused: list[GradingError] = []
     for given in paths:
@@ -247,8 +252,53 @@ def find_submissions(paths, caps: Caps = Caps(), source_dir: str | os.PathLike =
     unique = {}
     for s in submissions:
         unique.setdefault(s.path, s)
-    kept, doubles = _one_per_student_chapter(list(unique.values()), caps, use_copies)
+    choices = _instructor_choices(use_copy, paths, list(unique.values()), refused)
+    kept, doubles = _one_per_student_chapter(list(unique.values()), caps, use_copies, choices)
     return Found(kept, refused + doubles, Path(source_dir))
+
+
+def _instructor_choices(use_copy, paths, submissions: list[Submission],
+                        refused: list[GradingError]) -> dict[tuple[str, str], Submission]:
+    """--use-copy: the notebook named for each (student, chapter), found among the submissions
+    by a path relative to a folder given (or to its students' root: `submitted/`), to the
+    working folder, or absolute. A path that is none of them, or a second choice for one
+    student's chapter, is bad input: one line, before anything is graded."""
+    by_file = {os.path.realpath(s.path): s for s in submissions}
+    refusals = {os.path.realpath(r.path): r for r in refused}
+    chosen: dict[tuple[str, str], Submission] = {}
+    for choice in use_copy:
+        places = [os.path.realpath(p) for p in _places(Path(choice), paths)]
+        submission = next((by_file[p] for p in places if p in by_file), None)
+        if submission is None:
+            refusal = next((refusals[p] for p in places if p in refusals), None)
+            raise GradingError(choice, _(
+                "--use-copy: not a notebook submitted in {folders}{why} (a path relative to the "
+                "submissions folder, or absolute)").format(
+                    folders=", ".join(printable(os.fsdecode(p)) for p in paths),
+                    why="" if refusal is None else _(" (refused: {why})").format(
+                        why=refusal.problem)))
+        if submission.student is None or submission.chapter is None:
+            raise GradingError(choice, _(
+                "--use-copy: this notebook belongs to no student's chapter (it is not in a "
+                "student's folder, or its chapter cannot be told): nothing to choose it for"))
+        key = (submission.student, submission.chapter)
+        first = chosen.setdefault(key, submission)
+        if first is not submission:
+            raise GradingError(choice, _(
+                "--use-copy: a second choice for {student}'s {chapter} (the first: {first}): "
+                "name one notebook per student and chapter").format(
+                    student=key[0], chapter=key[1], first=printable(os.fsdecode(first.path))))
+    return chosen
+
+
+def _places(choice: Path, paths) -> list[Path]:
+    """Where a --use-copy path may point: itself when absolute; else below each folder given or
+    its students' root, then below the working folder."""
+    if choice.is_absolute():
+        return [choice]
+    folders = [Path(p) for p in paths if Path(p).is_dir()]
+    return [*(f / choice for f in folders), *(students_root(f) / choice for f in folders),
+            choice]
 
 
 def _owned(refusals: list[GradingError], root: Path | None) -> list[GradingError]:
@@ -301,12 +351,15 @@ def _within_student_cap(found: list[Path], root: Path | None, cap: int
 
 
 def _one_per_student_chapter(submissions: list[Submission], caps: Caps = Caps(),
-                             use_copies: bool = False
+                             use_copies: bool = False,
+                             choices: dict[tuple[str, str], Submission] | None = None
                              ) -> tuple[list[Submission], list[GradingError]]:
     """One record per (student, chapter): the notebook at the standard place (named after the
     chapter, not nested) is graded, the others refused; with no single such notebook, none.
-    With `use_copies`, when the standard one holds no work and exactly one other does, that one
-    is graded instead. The one graded names the others (`copies`)."""
+    The instructor's choice for the group (`choices`, --use-copy) is graded instead; else with
+    `use_copies`, when the standard one holds no work and exactly one other does, that one.
+    The one graded names the others (`copies`)."""
+    choices = choices or {}
     groups: dict[tuple[str, str], list[Submission]] = {}
     for s in submissions:
         if s.student is not None and s.chapter is not None:
@@ -317,26 +370,38 @@ def _one_per_student_chapter(submissions: list[Submission], caps: Caps = Caps(),
             continue
         work = {s.path: has_work(s.path, caps) for s in group}
         standard = [s for s in group if s.path.stem == chapter and not s.warnings]
-        chosen = _chosen_copy(group, standard, work) if use_copies else None
+        by_word = choices.get((student, chapter))
+        chosen = by_word or (_chosen_copy(group, standard, work) if use_copies else None)
         if chosen is not None:
             standard = [chosen]
-        names = ", ".join(printable(os.fsdecode(s.path.name)) for s in group)
         for s in group:
             if len(standard) == 1 and s is standard[0]:
                 s.copies = [{"path": printable(os.fsdecode(o.path)), "has_work": work[o.path]}
                             for o in group if o is not s]
                 continue
-            why = (_("a second notebook for {student}'s {chapter} (graded: {graded}): not "
-                     "graded").format(student=student, chapter=chapter,
-                                      graded=printable(os.fsdecode(standard[0].path)))
-                   if len(standard) == 1 else
-                   _("one of {count} notebooks for {student}'s {chapter} ({names}), none of them "
-                     "{chapter}.ipynb at its place: none graded (leave one)").format(
-                       count=len(group), student=student, chapter=chapter, names=names))
-            if work[s.path] and len(standard) == 1 and not work[standard[0].path]:
+            why = _why_not_graded(student, chapter, group, standard, by_word is not None)
+            if work[s.path] and by_word is None and len(standard) == 1 and \
+                    not work[standard[0].path]:
                 why += _("; it has work and the one graded has none: --use-copies grades it")
             refused[s.path] = Refused(s.path, why, student)
     return [s for s in submissions if s.path not in refused], list(refused.values())
+
+
+def _why_not_graded(student: str, chapter: str, group: list[Submission],
+                    graded: list[Submission], by_word: bool) -> str:
+    """The refusal of a notebook of a (student, chapter) group that is not the one graded."""
+    if len(graded) != 1:
+        return _("one of {count} notebooks for {student}'s {chapter} ({names}), none of them "
+                 "{chapter}.ipynb at its place: none graded (leave one)").format(
+                   count=len(group), student=student, chapter=chapter,
+                   names=", ".join(printable(os.fsdecode(s.path.name)) for s in group))
+    path = printable(os.fsdecode(graded[0].path))
+    if by_word:
+        return _("a second notebook for {student}'s {chapter} (graded on your word, "
+                 "--use-copy: {graded}): not graded").format(
+                   student=student, chapter=chapter, graded=path)
+    return _("a second notebook for {student}'s {chapter} (graded: {graded}): not "
+             "graded").format(student=student, chapter=chapter, graded=path)
 
 
 def _chosen_copy(group: list[Submission], standard: list[Submission],

@@ -43,6 +43,9 @@ class GradeOptions:
     # grade a student's one copy with work where their notebook at its place is the untouched
     # release (identify.find_submissions); without it the copy is refused and flagged
     use_copies: bool = False
+    # the instructor's word for single files (--use-copy): the notebook that counts for its
+    # student's chapter, relative to the submissions folder or absolute
+    use_copy: list[Path] = field(default_factory=list)
 
     def caps(self) -> Caps:
         """The caps on what one submission may be (`identify.find_submissions`)."""

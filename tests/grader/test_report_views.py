@@ -267,6 +267,55 @@ def test_use_copies_grades_the_copy_on_the_instructor_s_word(tmp_path):
     assert find_submissions([tmp_path / "submitted"], use_copies=True).paths == [stub]
 
 
+
+def test_use_copy_grades_the_file_named_on_the_instructor_s_word(tmp_path):
+    """--use-copy PATH: the notebook named counts for its student's chapter, whatever holds work
+    (here both do, where --use-copies changes nothing); the other is refused saying so, without
+    pointing to --use-copies; the record names the other as a copy, as --use-copies' does."""
+    stub, copy = _stub_and_copy(tmp_path)
+    relative = Path("chen") / CH04 / copy.name
+    chosen = find_submissions([tmp_path / "submitted"], use_copy=[relative])
+    assert chosen.paths == [copy]
+    assert chosen.submissions[0].copies == [{"path": str(stub), "has_work": False}]
+    (refusal,) = chosen.refused
+    assert refusal.path == str(stub) and refusal.student == "chen"
+    assert f"graded on your word, --use-copy: {copy}" in refusal.problem, refusal.problem
+    assert "--use-copies" not in refusal.problem
+    sub.write(sub.solution(sub.REPO / "solutions" / CH04 / f"{CH04}.ipynb"), stub)  # work too
+    assert find_submissions([tmp_path / "submitted"], use_copies=True).paths == [stub]
+    for given, choice in ((tmp_path / "submitted", relative),
+                          (tmp_path, relative),  # the course folder: relative to submitted/
+                          (tmp_path / "submitted", copy)):  # absolute
+        found = find_submissions([given], use_copy=[choice], use_copies=True)
+        assert found.paths == [copy], (given, choice)
+    assert find_submissions([tmp_path], use_copy=[stub]).paths == [stub]
+
+
+def test_a_use_copy_that_is_no_choice_is_refused_before_grading(tmp_path, capsys):
+    """A path that is not a student's submitted notebook, or a second choice for one student's
+    chapter: one line, exit status 2, nothing graded."""
+    from checks.grader.cli import main
+
+    stub, copy = _stub_and_copy(tmp_path)
+    loose = sub.write(sub.release(), tmp_path / "submitted" / "loose.ipynb")
+    (tmp_path / "submitted" / "chen" / "notes.txt").write_text("not a notebook")
+    cases = [(["nobody/x.ipynb"], "--use-copy: not a notebook submitted in"),
+             (["chen/notes.txt"], "--use-copy: not a notebook submitted in"),
+             ([str(loose)], "belongs to no student's chapter"),
+             ([str(stub), f"chen/{CH04}/{copy.name}"],
+              f"a second choice for chen's {CH04} (the first: {stub})")]
+    report = tmp_path / "grades.json"
+    for choices, words in cases:
+        argv = ["grade", str(tmp_path / "submitted"), "--json", str(report)]
+        for choice in choices:
+            argv += ["--use-copy", choice]
+        assert main(argv) == 2, choices
+        captured = capsys.readouterr()
+        lines = captured.err.splitlines()
+        assert len(lines) == 1 and words in lines[0], (choices, captured.err)
+        assert not report.exists()  # nothing graded
+
+
 def test_what_counts_as_work():
     from checks.grader.copies import is_stub
 

@@ -21,6 +21,7 @@ called_again, and a_hidden_inputs_read_back (not guaranteed: trust.md says so).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from checks.grader import report
 from checks.grader.grading import grade_notebook
 from checks.grader.limits import Limits
 
-from ..support import adversarial
+from ..support import adversarial, other_users
 from ..support import submissions as sub
 
 pytestmark = pytest.mark.grader_workers
@@ -123,50 +124,63 @@ def _escape_writes(timestamp: Path, feedback: Path) -> str:
         "    page.write_text('<p>10/10, well done</p>')\n")
 
 
-def _normal_user() -> str | None:
-    """A normal user to grade as: made here when the tests run as root (CI); None where it
-    cannot be (not root, no useradd), or where that user could not run this Python (one
-    installed under /root, closed to other users)."""
+def _normal_user() -> str:
+    """A normal user to grade as, made here when the tests run as root (CI); the test is skipped,
+    saying why, where none can be made (not root, no useradd or runuser) or where that user could
+    not read the course."""
     import os
     import pwd
     import shutil
     import subprocess
-    import sys
 
     from checks.grader.isolation import readable_by_others
 
     name = "checks-rt5"
     if os.geteuid() != 0 or not shutil.which("useradd") or not shutil.which("runuser"):
-        return None
+        pytest.skip("needs root with useradd and runuser (to grade as a normal user)")
+    closed = [p for p in (sub.REPO / "checks", sub.REPO / "solutions")
+              if not readable_by_others(p)]
+    if closed:
+        pytest.skip(f"a normal user could not read the course: {closed[0]} is in a folder "
+                    "other users cannot enter")
     try:
         pwd.getpwnam(name)
     except KeyError:
         subprocess.run(["useradd", "-m", "-s", "/bin/sh", name], check=True, capture_output=True)
-    paths = [os.path.realpath(sys.executable), str(sub.REPO / "checks"),
-             str(sub.REPO / "solutions")]
-    if not all(readable_by_others(p) for p in paths):
-        return None
     return name
 
 
-def test_without_root_a_notebook_leaves_nothing_that_lasts(tmp_path):
+@contextlib.contextmanager
+def _python_for_other_users():
+    """A Python other users may run with the course's packages (this one, or one built in a
+    temporary folder when this one is installed under /root: tests/support/other_users.py);
+    the test is skipped, saying why, where there can be none."""
+    try:
+        with other_users.python_for_other_users() as python:
+            yield python
+    except other_users.NoPythonForOtherUsers as why:
+        pytest.skip(f"the worker's user could not run a Python with the course's packages: {why}")
+
+
+def test_without_root_a_notebook_leaves_nothing_that_lasts():
     """Round five's attacks on a normal user's run: 400 MiB left in /dev/shm (past --memory
     300M: counted, the worker stopped, the file removed); a process started around the audit
     hook writes the grading user's matplotlibrc and an IPython start-up file (put back at once),
     the student's own timestamp.txt and a classmate's feedback page written earlier in the run
     (grading stops with an incident naming them)."""
+    user = _normal_user()
+    with _python_for_other_users() as python:
+        _grade_as_a_normal_user(user, python)
+
+
+def _grade_as_a_normal_user(user: str, python: str) -> None:
     import json
     import os
     import pwd
     import shutil
     import subprocess
-    import sys
     import uuid
 
-    user = _normal_user()
-    if user is None:
-        print("skipped: needs root with useradd/runuser, and a Python other users may run")
-        pytest.skip("needs root (to make a normal user) and a Python other users may run")
     home = Path(pwd.getpwnam(user).pw_dir)
     for leftover in (home / ".config", home / ".ipython"):
         shutil.rmtree(leftover, ignore_errors=True)
@@ -188,7 +202,7 @@ def test_without_root_a_notebook_leaves_nothing_that_lasts(tmp_path):
         timestamp.write_text("2026-12-24 00:00:00.000000 UTC\n")
         subprocess.run(["chown", "-R", f"{user}:{user}", str(work)], check=True)
         done = subprocess.run(
-            ["runuser", "-u", user, "--", sys.executable, "-m", "checks", "grade",
+            ["runuser", "-u", user, "--", python, "-m", "checks", "grade",
              str(work / "class"), "--jobs", "1", "--memory", "300M", "--timeout", "60",
              "--feedback", str(work / "feedback"), "--json", str(work / "grades.json")],
             capture_output=True, text=True, timeout=600, cwd=work,
@@ -250,30 +264,41 @@ def test_gradescope_without_cap_sys_admin_keeps_its_walls():
     rewrote results.json. Now the worker runs as a user of its own (isolation "user"), the
     zip's folder is closed to it, and every process below run_autograder is killed before
     results.json is written: the notebook scores 0, results.json stays the grader's."""
+    import os
+    import shutil
+    import tempfile
+
+    if os.geteuid() != 0 or not shutil.which("capsh"):
+        pytest.skip("needs root and capsh (to drop CAP_SYS_ADMIN)")
+    # As /autograder: a folder every user may enter (pytest's own is closed to other users);
+    # the autograder itself closes what the worker must not read.
+    folder = Path(tempfile.mkdtemp(prefix="checks-rt5-gradescope-", dir="/tmp"))
+    os.chmod(folder, 0o755)
+    try:
+        with _python_for_other_users() as python:
+            _grade_in_a_container_without_cap_sys_admin(folder, python)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _grade_in_a_container_without_cap_sys_admin(folder: Path, python: str) -> None:
+    """Build chapter 01's autograder zip, unpack it as Gradescope does, and run its
+    run_autograder under capsh --drop=cap_sys_admin with `python` (CHECKS_PYTHON) on the attack
+    notebook."""
     import json
     import os
     import shutil
     import stat
     import subprocess
     import sys
-    import tempfile
 
-    from checks.grader.isolation import private_folders, readable_by_others
+    from checks.grader.isolation import private_folders
 
-    if os.geteuid() != 0 or not shutil.which("capsh"):
-        pytest.skip("needs root and capsh (to drop CAP_SYS_ADMIN)")
-    if not readable_by_others(os.path.realpath(sys.executable)):
-        print(f"skipped: {sys.executable} is in a folder other users cannot enter")
-        pytest.skip("the worker's user could not run this Python (installed under /root)")
-    # As /autograder: a folder every user may enter (pytest's own is closed to other users);
-    # the autograder itself closes what the worker must not read.
-    tmp_path = Path(tempfile.mkdtemp(prefix="checks-rt5-gradescope-", dir="/tmp"))
-    os.chmod(tmp_path, 0o755)
-    zip_path = tmp_path / "autograder.zip"
+    zip_path = folder / "autograder.zip"
     made = subprocess.run([sys.executable, "-m", "checks", "gradescope", "01", "-o",
                            str(zip_path)], capture_output=True, text=True, timeout=600)
     assert made.returncode == 0, made.stderr
-    root = tmp_path / "ag"
+    root = folder / "ag"
     shutil.unpack_archive(zip_path, root / "source")
     for script in ("run_autograder", "setup.sh"):
         os.chmod(root / "source" / script, 0o755)
@@ -286,7 +311,7 @@ def test_gradescope_without_cap_sys_admin_keeps_its_walls():
             ["capsh", "--drop=cap_sys_admin", "--", "-c",
              f"exec {root / 'source' / 'run_autograder'}"], capture_output=True, text=True,
             timeout=600, env=dict(os.environ, AUTOGRADER_ROOT=str(root),
-                                  CHECKS_PYTHON=sys.executable, OMP_NUM_THREADS="1"))
+                                  CHECKS_PYTHON=python, OMP_NUM_THREADS="1"))
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         time.sleep(10)  # past the escaped process's write
     finally:
@@ -299,7 +324,6 @@ def test_gradescope_without_cap_sys_admin_keeps_its_walls():
     assert "isolation" not in done.stdout or "user" in done.stdout
     assert "closed to other users for grading" in done.stdout, done.stdout[-2000:]
     assert str(root / "source") in done.stdout
-    shutil.rmtree(tmp_path, ignore_errors=True)
 
 
 # ---- the roster ---------------------------------------------------------------------------------
@@ -347,6 +371,13 @@ def test_a_folder_named_like_a_classmate_s_login_cannot_take_their_grade(tmp_pat
     ("04_self_attention,2026-03-01,,,\"\x1b[2J\"", "lms_id must be an LMS's assignment id"),
     ("04_self_attention,2026-03-01,,,\"=HYPERLINK(\"\"x\"\")\"", "lms_id must be"),
     ("04_self_attention,2026-03-01,,," + "9" * 65, "at most 64 characters"),
+    # a quoted cell over several lines was joined (a name or time the file shows on no line)
+    ("\"04_self_\nattention\",2026-03-01,,,",
+     "row 2, column 'assignment': a quoted cell spans several lines"),
+    ("01_notation,2026-03-01,,,\n04_self_attention,\"2026-03-01\n23:59\",,,",
+     "row 3, column 'due': a quoted cell spans several lines"),
+    ("04_self_attention,2026-03-01,,,\"12\r\n34\"", "row 2, column 'lms_id': a quoted cell"),
+    ("04_self_attention,2026-03-01,\"0.1\n\",,", "row 2, column 'penalty_per_day'"),
 ])
 def test_an_assignments_file_that_would_mislead_is_refused_in_one_line(tmp_path, rows, words):
     import argparse

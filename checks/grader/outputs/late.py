@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import math
 import os
 import stat
@@ -264,11 +265,27 @@ def _due_time(text: str, number: int) -> datetime:
 
 
 def _rows(path: Path) -> list[tuple[int, list[str]]]:
-    """The CSV's rows with their numbers, cells stripped, empty rows left out."""
+    """The CSV's rows with their numbers, cells stripped, empty rows left out. A quoted cell
+    that spans several lines (CSV allows "a<newline>b") is refused, naming its row and column:
+    no assignment, due time, penalty, lms_id or student holds a line break, and joining its
+    lines would grade against a name or a time the file does not show on one line."""
     text = Path(path).read_text(encoding="utf-8-sig")
-    return [(number, [cell.strip() for cell in row])
-            for number, row in enumerate(csv.reader(text.splitlines()), 1)
+    rows = list(csv.reader(io.StringIO(text, newline="")))
+    for number, row in enumerate(rows, 1):
+        for index, cell in enumerate(row):
+            if "".join(cell.splitlines()) != cell:
+                raise ValueError(_("row {number}, column {column}: a quoted cell spans several "
+                                   "lines; every cell of this file is one line").format(
+                                       number=number, column=_column_name(rows[0], index)))
+    return [(number, [cell.strip() for cell in row]) for number, row in enumerate(rows, 1)
             if any(cell.strip() for cell in row)]
+
+
+def _column_name(first_row: list[str], index: int) -> str:
+    """A column as the header names it (`'due'`), else by its place (`2`)."""
+    known = (*ASSIGNMENT_COLUMNS, "student")
+    name = first_row[index].strip().lower() if index < len(first_row) else ""
+    return repr(name) if name in known else str(index + 1)
 
 
 def read_extensions(path: Path) -> dict:
