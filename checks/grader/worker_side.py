@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import gc
 import io
 import os
 import pickle
@@ -26,7 +27,7 @@ import torch
 from ..environment import AUDIT_ENV, PROTECT_ENV
 from ..engine import CheckFailure, _Forbid, changed_inputs, snapshot_inputs
 from . import wire
-from .audit import install_audit_hook
+from .audit import forking, install_audit_hook
 from .channel import receive_frame, send_frame
 from .tensors import attach_autograd, flat_tensors, generator_states
 
@@ -273,6 +274,45 @@ class _WorkerSide:
         except BaseException:  # noqa: BLE001
             value = None
         self.send(kind="vars", value=value)
+
+    def do_fork(self) -> None:
+        """Serve a block of hidden tests from a throwaway copy of this process: the child
+        answers every request until the grader's `join`, then exits, and with it whatever the
+        learner's code kept of the hidden tests' arguments (in memory: files it writes and
+        memory shared before the fork are another matter, docs/instructor/trust.md). This
+        process waits for it meanwhile, then says how it ended ("joined": exit status); a
+        "joined" that comes before the grader's `join` tells it the child died in mid-block.
+        A fork that fails is said so ("fork", ok False): the grader then refuses to run the
+        block, never runs it here."""
+        gc.freeze()  # the child's collections leave the parent's objects (and pages) alone
+        try:
+            with forking():  # let through by the audit hook of a worker without walls
+                child = os.fork()
+        except OSError as exc:
+            gc.unfreeze()
+            self.send(kind="fork", ok=False, why=f"{type(exc).__name__}: {exc}"[:300])
+            return
+        if child == 0:
+            self._serve_hidden_block()
+        gc.unfreeze()
+        try:
+            _pid, status = os.waitpid(child, 0)
+        except ChildProcessError:  # reaped already (the learner's code ignores SIGCHLD)
+            status = None
+        self.send(kind="joined", status=status)
+
+    def _serve_hidden_block(self) -> None:
+        """The forked child's whole life: serve until `join` (or `quit`), then end at once."""
+        try:
+            # Only this thread came through the fork: OpenMP's threads (the worker runs torch
+            # with `limits.threads` of them, every core by default) stayed in the parent, and a
+            # parallel region here would wait for them for ever. One thread, as in PyTorch's
+            # DataLoader workers.
+            torch.set_num_threads(1)
+            self.send(kind="fork", ok=True)
+            self.serve_until("join")
+        finally:
+            os._exit(0)
 
     def do_backward(self, gid: int, grads: list) -> None:
         try:
