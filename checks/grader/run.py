@@ -6,6 +6,15 @@ graded chapter's `check_*` functions echo this run's outcome (its `Echo`: passed
 so an honest notebook gets the same outcome, and one whose own run passes while the grader's
 failed has tampered with something (`tampering suspected` in the report).
 
+The worker never sees a hidden test's source (`worker_source`), but it does get the arguments a
+hidden test passes to the learner's functions. So the grader's run compiles the cell with each
+statement of a block of hidden tests inside `with __hidden_tests__():` (`grader_code`), which
+serves the block from a throwaway fork of the worker (`Worker.fork`, `Worker.join`): what the
+learner's code keeps of those arguments in its memory dies with the fork, and no later test can
+raise, print or return it. A worker that cannot fork does not run the block (the test fails,
+saying so). The fork is made by the worker's own loop, which the notebook can patch: like the
+guard below, advice (docs/instructor/trust.md).
+
 What the run learns besides the cells' outputs is returned beside the notebook, in `Execution`,
 by cell index: each failed test's `Verdict` (mistake, seed, message), the cells skipped and why,
 the tests tampered with. The score stage is handed them; none travels in the notebook's

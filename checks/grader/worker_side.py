@@ -6,6 +6,10 @@ kept (their calls go back to the grader); and `echo_check`, what the graded chap
 functions are in the worker's library: they echo the outcome of the grader's own run of the test
 (passed, or its error), never more of it.
 
+Blocks of hidden tests are served by a throwaway fork of this process (`do_fork`): the child
+answers every request of the block and exits at the grader's `join`, taking along whatever the
+learner's code kept of the block's arguments; this process waits, then says how the child ended.
+
 This module runs in the untrusted worker and is in its library (`library.WORKER_GRADER_MODULES`):
 it and everything it imports must hold nothing the worker may not have."""
 
@@ -304,10 +308,12 @@ class _WorkerSide:
     def _serve_hidden_block(self) -> None:
         """The forked child's whole life: serve until `join` (or `quit`), then end at once."""
         try:
-            # Only this thread came through the fork: OpenMP's threads (the worker runs torch
-            # with `limits.threads` of them, every core by default) stayed in the parent, and a
-            # parallel region here would wait for them for ever. One thread, as in PyTorch's
-            # DataLoader workers.
+            # Only this thread came through the fork. The worker runs torch with
+            # `limits.threads` threads (the grader's cores / --jobs: torch.get_num_threads() is 2
+            # in a worker of a one-job run on 2 cores), and OpenMP's pool, once used, stayed in
+            # the parent: the child's first parallel region would wait for it for ever (tried:
+            # it does). With one thread torch never enters one, as in PyTorch's DataLoader
+            # workers; the parent keeps its threads.
             torch.set_num_threads(1)
             self.send(kind="fork", ok=True)
             self.serve_until("join")

@@ -15,8 +15,15 @@ replayed against a real worker, with the line the grader answers it with.
 - the roster: a folder named like a classmate's login cannot take their grade;
 - the assignments file: what would mislead is refused in one line.
 
+- hidden tests' inputs read back: a function that keeps what a hidden test passed it and a later
+  test that raises it or writes it to stderr find nothing (the block ran in a throwaway fork of
+  the worker); a hang or an os._exit in the fork is reported as before, nothing is left behind; a
+  worker that cannot fork does not run the block; what a block made in the worker is gone after.
+
 The catalogue (tests/support/adversarial.py) holds the namespaced forms: c0_hung_function_not_
-called_again, and a_hidden_inputs_read_back (not guaranteed: trust.md says so).
+called_again, a_hidden_inputs_read_back, a_hidden_inputs_written_to_stderr, and
+a_hidden_fork_patched_away (the fork is made by the worker's own loop: not guaranteed, trust.md
+says so).
 """
 
 from __future__ import annotations
@@ -401,21 +408,20 @@ def test_what_a_hidden_test_passed_is_not_read_back(tmp_path, isolation):
     if isolation != "none" and _isolation_unavailable(isolation):
         pytest.skip(f"{isolation} isolation needs root (and namespaces)")
     nb = adversarial.answer(adversarial.sol("04_self_attention"), "project_qkv", RECORDS)
-    nb = adversarial.answer(nb, "masked_softmax", (
-        "import sys\n"
-        "def masked_softmax(scores, mask=None):\n"
-        "    print('seen: ' + ' | '.join(_seen), file=sys.stderr)\n"
-        "    if mask is not None:\n"
-        "        scores = scores.masked_fill(~mask, float('-inf'))\n"
-        "    w = torch.softmax(scores, dim=-1)\n"
-        "    return torch.nan_to_num(w, nan=0.0)"))
+    own = sub.cell(nb, "masked_softmax").source  # the reference's, writing what it finds
+    head = "def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None = None) -> " \
+           "torch.Tensor:\n"
+    assert head in own
+    nb = adversarial.answer(nb, "masked_softmax", "import sys\n" + own.replace(
+        head, head + "    print('seen: ' + ' | '.join(_seen), file=sys.stderr)\n", 1))
     nb = adversarial.answer(nb, "attention", (
         "def attention(q, k, v, mask=None):\n"
         "    raise ValueError('seen: ' + ' | '.join(_seen))"))
     result = graded(nb, tmp_path, isolation=isolation)
     by_name = {e.name: e for e in result.exercises}
     assert by_name["project_qkv"].status == "passed", by_name["project_qkv"].message
-    assert "raised ValueError: seen: " in by_name["attention"].message  # the attack ran
+    assert "wrote to stderr: seen:" in by_name["masked_softmax"].message  # the attacks ran
+    assert "raised ValueError: seen: " in by_name["attention"].message
     assert HIDDEN_X not in _everything_shown(result)
     assert result.error is None, result.error
 
@@ -510,3 +516,33 @@ def test_hidden_blocks_are_found_at_any_depth():
              if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
     assert calls["open_block"] == 18 and calls["after"] == 11
     run.grader_code(nbformat.v4.new_code_cell(source))  # compiles
+
+
+def test_what_a_hidden_block_made_in_the_worker_is_gone_after_it(tmp_path):
+    """An object made in a fork (an instance of the learner's class) is refused after its block,
+    saying so, even where its handle now names another object of the worker; one made after the
+    block works; and the block left the worker's state as it was."""
+    from checks.grader.library import WorkerLibrary
+    from checks.grader.remote import RemoteFunction
+    from checks.grader.worker import Worker
+
+    worker = Worker(tmp_path, Limits(threads=1), WorkerLibrary("04_self_attention",
+                                                              adversarial.SOLUTIONS))
+    try:
+        assert worker.run_cell(0, "class Box:\n    def __init__(self, n):\n        self.n = n\n"
+                                  "kept = []\n"
+                                  "def keep(x):\n    kept.append(x)\n    return len(kept)\n")["ok"]
+        worker.begin_test(worker.deadline())
+        box, keep = RemoteFunction(worker, "Box", worker.deadline()), \
+            RemoteFunction(worker, "keep", worker.deadline())
+        worker.fork()
+        inside = box(1)
+        assert inside.n == 1 and keep("hidden") == 1
+        worker.join()
+        outside = box(2)  # the same handle in the worker as `inside` had
+        assert outside.n == 2 and keep("visible") == 1
+        with pytest.raises(LookupError, match="made in the worker is gone after the block"):
+            _ = inside.n
+    finally:
+        worker.close()
+    assert worker.left_behind == []
