@@ -546,3 +546,30 @@ def test_what_a_hidden_block_made_in_the_worker_is_gone_after_it(tmp_path):
     finally:
         worker.close()
     assert worker.left_behind == []
+
+
+def test_the_memory_watch_counts_a_fork_s_shared_pages_once():
+    """Without a cgroup the watch sums resident memory, which counts a page that a fork shares
+    with its parent twice (a worker of 1 GiB that forks for a hidden block would read as 2 GiB);
+    above the limit it measures again by proportional share, which counts it once."""
+    import os
+
+    from checks.grader import memory
+
+    ballast = bytearray(b"x" * (64 * 2**20))  # resident, then shared with the fork
+    child = os.fork()
+    if child == 0:
+        time.sleep(30)
+        os._exit(0)
+    try:
+        time.sleep(0.2)
+        tree = [(p, r) for p, r in memory.process_tree(os.getpid(), None)
+                if p in (os.getpid(), child)]
+        assert len(tree) == 2
+        resident = sum(r for _p, r in tree)
+        proportional = sum(memory._proportional(p, r) for p, r in tree)
+        assert proportional < resident - 48 * 2**20, (proportional, resident)
+    finally:
+        os.kill(child, 9)
+        os.waitpid(child, 0)
+    del ballast
