@@ -573,3 +573,23 @@ def test_the_memory_watch_counts_a_fork_s_shared_pages_once():
         os.kill(child, 9)
         os.waitpid(child, 0)
     del ballast
+
+
+def test_without_walls_only_the_worker_s_own_loop_forks(tmp_path):
+    """The audit hook of a worker without walls refuses os.fork to the notebook and lets the
+    worker's own fork for a hidden block through; nothing is left behind."""
+    from checks.grader.library import WorkerLibrary
+    from checks.grader.worker import Worker
+
+    worker = Worker(tmp_path, Limits(threads=1, isolation="none"),
+                    WorkerLibrary("04_self_attention", adversarial.SOLUTIONS))
+    try:
+        done = worker.run_cell(0, "import os\nos.fork()\n")
+        assert not done["ok"] and "not allowed while grading: os.fork" in done["evalue"], done
+        worker.begin_test(worker.deadline())
+        worker.fork()
+        worker.join()
+        assert worker.run_cell(1, "import os\nos.fork()\n")["ok"] is False
+    finally:
+        worker.close()
+    assert worker.left_behind == []
