@@ -30,7 +30,8 @@ def grader_value(value: Any, worker: "Worker") -> Any:  # noqa: F821 - named, no
     """A decoded value with the worker's object references turned into `RemoteObject`s."""
     def leaf(x):
         if isinstance(x, RemoteRef):
-            return RemoteObject(worker, x.handle, x.type_name, worker.session.deadline)
+            return RemoteObject(worker, x.handle, x.type_name, worker.session.deadline,
+                                worker.scope)
         return x
 
     return map_leaves(value, leaf, wire.MAX_DEPTH + 2)
@@ -58,17 +59,20 @@ class RemoteObject:
     """An object that lives in the worker (an instance of the learner's class, a bound method):
     attribute reads and calls go to the worker; equal only to itself."""
 
-    __slots__ = ("_worker", "_handle", "_type", "_deadline")
+    __slots__ = ("_worker", "_handle", "_type", "_deadline", "_scope")
 
-    def __init__(self, worker: "Worker", handle: int, type_name: str, deadline: float):  # noqa: F821 - named, not imported
+    def __init__(self, worker: "Worker", handle: int, type_name: str, deadline: float,  # noqa: F821 - named, not imported
+                 scope: tuple[int, ...] = ()):
         object.__setattr__(self, "_worker", worker)
         object.__setattr__(self, "_handle", handle)
         object.__setattr__(self, "_type", type_name)
         object.__setattr__(self, "_deadline", deadline)
+        object.__setattr__(self, "_scope", scope)  # the blocks of hidden tests it was made in
 
     def __getattr__(self, name: str):
         if name.startswith("__"):
             raise AttributeError(name)
+        self._worker.check_scope(self._scope)
         return self._worker.getattr(self._handle, name, self._deadline)
 
     def __setattr__(self, name, value):
@@ -76,9 +80,11 @@ class RemoteObject:
 
     @property
     def __dict__(self):
+        self._worker.check_scope(self._scope)
         return self._worker.vars(self._handle, self._deadline)
 
     def __call__(self, *args, **kwargs):
+        self._worker.check_scope(self._scope)
         return self._worker.call(("object", self._handle), args, kwargs, self._deadline)
 
     def __repr__(self) -> str:

@@ -6,6 +6,15 @@ graded chapter's `check_*` functions echo this run's outcome (its `Echo`: passed
 so an honest notebook gets the same outcome, and one whose own run passes while the grader's
 failed has tampered with something (`tampering suspected` in the report).
 
+The worker never sees a hidden test's source (`worker_source`), but it does get the arguments a
+hidden test passes to the learner's functions. So the grader's run compiles the cell with each
+statement of a block of hidden tests inside `with __hidden_tests__():` (`grader_code`), which
+serves the block from a throwaway fork of the worker (`Worker.fork`, `Worker.join`): what the
+learner's code keeps of those arguments in its memory dies with the fork, and no later test can
+raise, print or return it. A worker that cannot fork does not run the block (the test fails,
+saying so). The fork is made by the worker's own loop, which the notebook can patch: like the
+guard below, advice (docs/instructor/trust.md).
+
 What the run learns besides the cells' outputs is returned beside the notebook, in `Execution`,
 by cell index: each failed test's `Verdict` (mistake, seed, message), the cells skipped and why,
 the tests tampered with. The score stage is handed them; none travels in the notebook's
@@ -41,7 +50,7 @@ from .read import Node, grade_id, is_test_cell
 from .remote import RemoteFunction
 from .results import OUTLIVED, GradingIncident, Verdict, WorkerCannotStart
 from .score import exercise_name, verdict_of
-from .worker import Echo, Worker
+from .worker import Echo, HiddenTestsRefused, Worker
 
 
 @dataclass
@@ -157,6 +166,112 @@ def worker_source(cell) -> str:
     return "\n".join(kept) + "\n"
 
 
+HIDDEN_BLOCK = "__hidden_tests__"  # the name the grader's copy of a test cell enters a block by
+
+
+def hidden_lines(source: str) -> list[tuple[int, int]]:
+    """(first, last) line of each block of hidden tests in a test cell, markers included,
+    numbered from 1; the same blocks `worker_source` leaves out (one left open runs to the end
+    of the cell)."""
+    blocks: list[tuple[int, int]] = []
+    start = None
+    lines = source.splitlines()
+    for number, line in enumerate(lines, 1):
+        if start is not None:
+            if HIDDEN_END in line:
+                blocks.append((start, number))
+                start = None
+        elif HIDDEN_BEGIN in line:
+            if HIDDEN_END in line.split(HIDDEN_BEGIN, 1)[1]:
+                blocks.append((number, number))
+            else:
+                start = number
+    if start is not None:
+        blocks.append((start, len(lines)))
+    return blocks
+
+
+class _HiddenBlocks(ast.NodeTransformer):
+    """Wraps each run of statements that start inside one block of hidden tests (at whatever
+    depth: in a loop, a branch, a function the cell defines) in `with __hidden_tests__():`.
+    Line numbers stay as they are, so tracebacks name the cell's own lines."""
+
+    def __init__(self, blocks: list[tuple[int, int]]):
+        self.blocks = blocks
+
+    def _block(self, node: ast.stmt) -> tuple[int, int] | None:
+        return next((b for b in self.blocks if b[0] <= node.lineno <= b[1]), None)
+
+    def generic_visit(self, node):
+        for name, value in ast.iter_fields(node):
+            if isinstance(value, list) and value and all(isinstance(v, ast.stmt) for v in value):
+                setattr(node, name, self._statements(value))
+            elif isinstance(value, list):
+                for item in value:
+                    if isinstance(item, ast.AST):
+                        self.visit(item)
+            elif isinstance(value, ast.AST):
+                self.visit(value)
+        return node
+
+    def _statements(self, body: list[ast.stmt]) -> list[ast.stmt]:
+        out: list[ast.stmt] = []
+        run: list[ast.stmt] = []
+        current = None
+        for stmt in body:
+            block = self._block(stmt)
+            if run and block != current:
+                out.append(self._wrapped(run))
+                run = []
+            current = block
+            if block is not None:
+                run.append(stmt)  # all of it runs in the block, what it nests included
+            else:
+                out.append(self.visit(stmt))
+        if run:
+            out.append(self._wrapped(run))
+        return out
+
+    @staticmethod
+    def _wrapped(run: list[ast.stmt]) -> ast.With:
+        call = ast.Call(func=ast.Name(id=HIDDEN_BLOCK, ctx=ast.Load()), args=[], keywords=[])
+        node = ast.With(items=[ast.withitem(context_expr=call)], body=run)
+        node.lineno, node.col_offset = run[0].lineno, run[0].col_offset
+        node.end_lineno, node.end_col_offset = run[-1].end_lineno, run[-1].end_col_offset
+        for part in (call, call.func):
+            ast.copy_location(part, node)
+        return node
+
+
+def grader_code(cell):
+    """The grader's run of a test cell, compiled: the cell as written, with each statement of a
+    block of hidden tests inside `with __hidden_tests__():`, which `_grader_side_test` binds to
+    a throwaway fork of the worker (`Worker.fork`, `Worker.join`)."""
+    name = f"<test {grade_id(cell)}>"
+    blocks = hidden_lines(cell.source)
+    if not blocks:
+        return compile(cell.source, name, "exec")
+    tree = _HiddenBlocks(blocks).visit(ast.parse(cell.source))
+    return compile(ast.fix_missing_locations(tree), name, "exec")
+
+
+def _hidden_block(worker):
+    """What `with __hidden_tests__():` does in the grader's run of a test cell: the block's
+    calls go to a throwaway fork of the worker, ended however the block ends (an error, a
+    failed check, a `return`); not when the worker itself is gone (a time limit, a crash: it
+    was killed, the fork with it)."""
+    @contextlib.contextmanager
+    def block():
+        worker.fork()
+        try:
+            yield
+        finally:
+            if not worker.dead:
+                worker.join()
+
+    return block
+
+
 def notebook_imports(source) -> list[str]:
     """The modules the chapter's source notebook imports at the top level of its cells that are
     neither answers nor tests (what the learner's notebook imports too)."""
@@ -220,16 +335,17 @@ def _grader_side_test(cell, worker, imports: dict[str, Any], kinds: dict[str, st
         elif found["found"] != "missing":
             namespace[name] = _CountedFunction(worker, name, deadline, called, hung,
                                                grade_id(cell) or "")
+    namespace[HIDDEN_BLOCK] = _hidden_block(worker)
     out, err = io.StringIO(), io.StringIO()
     result: dict[str, Any] = {"ok": True}
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
             warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            exec(compile(cell.source, f"<test {grade_id(cell)}>", "exec"), namespace)
+            exec(grader_code(cell), namespace)
         except Exception as exc:  # noqa: BLE001 - WorkerGone and KeyboardInterrupt are BaseExceptions
             exercise = exercise_name(grade_id(cell))
-            exc = knock_on(exc, exercise, called, namespace) or exc
+            exc = knock_on(exc, exercise, called, namespace, worker) or exc
             result.update(ok=False, ename=type(exc).__name__, evalue=str(exc),
                           verdict=verdict_of(exc, exercise))
     stderr = worker.stderr_text + err.getvalue() + "".join(
@@ -257,14 +373,16 @@ class _CountedFunction(RemoteFunction):
             raise
 
 
-def knock_on(exc: Exception, exercise: str, called: list[str], namespace: dict[str, Any]
-             ) -> CheckFailure | None:
+def knock_on(exc: Exception, exercise: str, called: list[str], namespace: dict[str, Any],
+             worker: Worker | None = None) -> CheckFailure | None:
     """A test cell of `exercise` failed with `exc` after calling the learner's other exercises
     (`called`: a hidden test that builds its input with another one, as bpe_decode's calls
     bpe_encode): when one of them does not pass its own check (the grader's checker, quietly,
     in the chapter's order), the failure says "fix <that> first" as the self-checks do (the
     mistake fix_<name>_first). None: the failure stands (a diagnosed mistake of the exercise
-    itself, a not-started exercise, or nothing else to blame)."""
+    itself, a not-started exercise, or nothing else to blame). With `worker`, those checks run
+    in a throwaway fork of it, as hidden tests do (their inputs are the grader's to know); when
+    it cannot fork, the failure stands."""
     if isinstance(exc, NotStarted) or (isinstance(exc, CheckFailure) and exc.mistake):
         return None
     chapter = chapter_of(exercise)
@@ -278,7 +396,11 @@ def knock_on(exc: Exception, exercise: str, called: list[str], namespace: dict[s
     seed = getattr(exc, "seed", None)
     earlier = {n: getattr(module, f"check_{n}") for n in others
                if callable(getattr(module, f"check_{n}", None))}
-    _passed, broken = earlier_failures({n: namespace[n] for n in earlier}, earlier, seed)
+    try:
+        with _hidden_block(worker)() if worker is not None else contextlib.nullcontext():
+            _passed, broken = earlier_failures({n: namespace[n] for n in earlier}, earlier, seed)
+    except HiddenTestsRefused:
+        return None
     if broken is None:
         return None
     if isinstance(exc, CheckFailure):

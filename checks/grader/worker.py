@@ -61,6 +61,19 @@ from .zygote import zygote_spawn
 Echo = Literal["passed"] | tuple[str, str]
 
 
+class HiddenTestsRefused(Exception):
+    """A block of hidden tests was not run: the worker could not fork a copy of itself to run it
+    in. An ordinary exception: the test fails, saying so in one line."""
+
+
+def _exit_code(status) -> int | None:
+    """A wait status (as os.waitpid gives it) as a return code; None if it is not one."""
+    try:
+        return os.waitstatus_to_exitcode(status) if type(status) is int else None
+    except ValueError:
+        return None
+
+
 class _Session:
     """What one test shares with the worker: storages received, grader objects lent, graphs."""
 
@@ -90,6 +103,7 @@ class _ArgPickler(pickle.Pickler):
 
     def persistent_id(self, obj):
         if isinstance(obj, RemoteObject):
+            self.worker.check_scope(obj._scope)
             return ("worker", obj._handle)
         if isinstance(obj, RemoteFunction):
             return ("name", obj._name)
@@ -139,6 +153,9 @@ class Worker:
         self.watch: MemoryWatch | None = None
         self.process = None
         self.session = _Session(time.monotonic() + limits.cell_timeout)
+        self._forks: list[int] = []  # the blocks of hidden tests open now (`fork`, `join`)
+        self._fork_count = 0
+        self._fork_storages: list[tuple[_Session, set[int]]] = []
         self.mode, self.uid = self._choose_isolation()
         # Without namespaces, what the worker may leave behind is found by difference: the
         # processes below this one (it inherits orphans: `become_subreaper`) and the files in
@@ -317,6 +334,9 @@ class Worker:
                 self._answer(lambda: self._grader_attribute(reply))
             elif kind == "cbackward":
                 self._answer(lambda: self._callback_backward(reply))
+            elif kind == "joined":  # the fork serving a block of hidden tests ended early
+                self._gone(_("the worker process died{exit}").format(
+                    exit=self._status_text(_exit_code(reply.get("status")))))
             else:
                 self._gone(_("broke the grading protocol ({why})").format(
                     why=_("a {kind} reply").format(kind=repr(kind[:40]))))
@@ -418,6 +438,12 @@ class Worker:
             code = self.process.wait(timeout=5)
         except subprocess.TimeoutExpired:
             return ""
+        return self._status_text(code)
+
+    def _status_text(self, code: int | None) -> str:
+        """How a worker's process ended, from its return code (negative: the signal)."""
+        if code is None:
+            return ""
         memory = (self.cgroup is not None and self.cgroup.oom_killed()) or (
             self.watch is not None and self.watch.exceeded)
         if memory:
@@ -509,6 +535,46 @@ class Worker:
         self.session = _Session(deadline)
         self.stderr_text = ""
 
+    @property
+    def scope(self) -> tuple[int, ...]:
+        """The forks open now, outermost first: what the worker sends back is valid while the
+        forks open when it was sent still are (`check_scope`)."""
+        return tuple(self._forks)
+
+    def check_scope(self, scope: tuple[int, ...]) -> None:
+        """An object of the worker, or a gradient graph, from a fork that has ended is gone
+        with it (its handle may name another object in the worker now): refused."""
+        if tuple(self._forks[:len(scope)]) != scope:
+            raise LookupError(_("an object that a block of hidden tests made in the worker is "
+                                "gone after the block"))
+
+    def fork(self) -> None:
+        """Go into a block of hidden tests: from now until `join`, a throwaway copy of the
+        worker serves every request (`worker_side._WorkerSide.do_fork`), so that what the
+        learner's code keeps of the block's arguments dies with it. HiddenTestsRefused when
+        the worker could not fork: the block is not run (never in the shared worker)."""
+        self._post(("fork",))
+        reply = self._serve("fork", self.session.deadline)
+        if reply.get("ok") is not True:
+            raise HiddenTestsRefused(_(
+                "the hidden tests were not run: the worker could not start a copy of itself to "
+                "run them in ({why})").format(why=capped_text(reply.get("why"), 200) or "?"))
+        self._fork_count += 1
+        self._forks.append(self._fork_count)
+        self._fork_storages.append((self.session, set(self.session.storages.live)))
+
+    def join(self) -> None:
+        """End the innermost block of hidden tests: its copy of the worker exits, the worker
+        goes on serving. The storages first received from the copy are forgotten (their ids
+        are memory that the worker may reuse for something else), as are its objects and
+        graphs (`check_scope`)."""
+        self._forks.pop()
+        session, before = self._fork_storages.pop()
+        for sid in set(session.storages.live) - before:
+            del session.storages.live[sid]
+        self._post(("join",))
+        self._serve("joined", self.session.deadline)
+
     def run_cell(self, index: int, source: str, echo: Echo | None = None) -> dict:
         """Execute one cell in the notebook's namespace: {"ok", "ename", "evalue", "stderr"}.
         `echo` (for a test cell: "passed" or (ename, evalue)) is what the graded chapter's
@@ -564,12 +630,14 @@ class Worker:
                     not all(type(f) is bool for f in flags):
                 self._gone(_("broke the grading protocol ({why})").format(
                     why=_("gradients that do not match")))
-            gid = reply["graph"]
+            gid, scope = reply["graph"], self.scope
             return attach_autograd(value, flags, leaves,
-                                    lambda grads: self._backward(gid, grads, deadline))
+                                    lambda grads: self._backward(gid, grads, deadline, scope))
         return value
 
-    def _backward(self, gid: int, grads: list, deadline: float) -> list:
+    def _backward(self, gid: int, grads: list, deadline: float,
+                  scope: tuple[int, ...] = ()) -> list:
+        self.check_scope(scope)
         self._post(("backward", gid, [None if g is None else g.detach() for g in grads]))
         reply = self._serve("backward", deadline)
         if "error" in reply:

@@ -6,6 +6,10 @@ kept (their calls go back to the grader); and `echo_check`, what the graded chap
 functions are in the worker's library: they echo the outcome of the grader's own run of the test
 (passed, or its error), never more of it.
 
+Blocks of hidden tests are served by a throwaway fork of this process (`do_fork`): the child
+answers every request of the block and exits at the grader's `join`, taking along whatever the
+learner's code kept of the block's arguments; this process waits, then says how the child ended.
+
 This module runs in the untrusted worker and is in its library (`library.WORKER_GRADER_MODULES`):
 it and everything it imports must hold nothing the worker may not have."""
 
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import gc
 import io
 import os
 import pickle
@@ -26,7 +31,7 @@ import torch
 from ..environment import AUDIT_ENV, PROTECT_ENV
 from ..engine import CheckFailure, _Forbid, changed_inputs, snapshot_inputs
 from . import wire
-from .audit import install_audit_hook
+from .audit import forking, install_audit_hook
 from .channel import receive_frame, send_frame
 from .tensors import attach_autograd, flat_tensors, generator_states
 
@@ -273,6 +278,47 @@ class _WorkerSide:
         except BaseException:  # noqa: BLE001
             value = None
         self.send(kind="vars", value=value)
+
+    def do_fork(self) -> None:
+        """Serve a block of hidden tests from a throwaway copy of this process: the child
+        answers every request until the grader's `join`, then exits, and with it whatever the
+        learner's code kept of the hidden tests' arguments (in memory: files it writes and
+        memory shared before the fork are another matter, docs/instructor/trust.md). This
+        process waits for it meanwhile, then says how it ended ("joined": exit status); a
+        "joined" that comes before the grader's `join` tells it the child died in mid-block.
+        A fork that fails is said so ("fork", ok False): the grader then refuses to run the
+        block, never runs it here."""
+        gc.freeze()  # the child's collections leave the parent's objects (and pages) alone
+        try:
+            with forking():  # let through by the audit hook of a worker without walls
+                child = os.fork()
+        except OSError as exc:
+            gc.unfreeze()
+            self.send(kind="fork", ok=False, why=f"{type(exc).__name__}: {exc}"[:300])
+            return
+        if child == 0:
+            self._serve_hidden_block()
+        gc.unfreeze()
+        try:
+            _pid, status = os.waitpid(child, 0)
+        except ChildProcessError:  # reaped already (the learner's code ignores SIGCHLD)
+            status = None
+        self.send(kind="joined", status=status)
+
+    def _serve_hidden_block(self) -> None:
+        """The forked child's whole life: serve until `join` (or `quit`), then end at once."""
+        try:
+            # Only this thread came through the fork. The worker runs torch with
+            # `limits.threads` threads (the grader's cores / --jobs: torch.get_num_threads() is 2
+            # in a worker of a one-job run on 2 cores), and OpenMP's pool, once used, stayed in
+            # the parent: the child's first parallel region would wait for it for ever (tried:
+            # it does). With one thread torch never enters one, as in PyTorch's DataLoader
+            # workers; the parent keeps its threads.
+            torch.set_num_threads(1)
+            self.send(kind="fork", ok=True)
+            self.serve_until("join")
+        finally:
+            os._exit(0)
 
     def do_backward(self, gid: int, grads: list) -> None:
         try:

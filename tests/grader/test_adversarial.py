@@ -116,6 +116,9 @@ def test_each_case_gets_what_its_row_says(graded, case):
         f"{case.why}: error={nb['error']!r} {[e['message'][:120] for e in nb['exercises']]}")
     assert case.error in (nb["error"] or ""), nb["error"]
     assert not case.warning or any(case.warning in w for w in nb["warnings"]), nb["warnings"]
+    messages = [e["message"] or "" for e in nb["exercises"]]
+    assert not case.shown or any(case.shown in m for m in messages), messages
+    assert not case.absent or case.absent not in json.dumps(nb), case.why
 
 
 @graded_run

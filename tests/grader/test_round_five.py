@@ -15,8 +15,15 @@ replayed against a real worker, with the line the grader answers it with.
 - the roster: a folder named like a classmate's login cannot take their grade;
 - the assignments file: what would mislead is refused in one line.
 
+- hidden tests' inputs read back: a function that keeps what a hidden test passed it and a later
+  test that raises it or writes it to stderr find nothing (the block ran in a throwaway fork of
+  the worker); a hang or an os._exit in the fork is reported as before, nothing is left behind; a
+  worker that cannot fork does not run the block; what a block made in the worker is gone after.
+
 The catalogue (tests/support/adversarial.py) holds the namespaced forms: c0_hung_function_not_
-called_again, and a_hidden_inputs_read_back (not guaranteed: trust.md says so).
+called_again, a_hidden_inputs_read_back, a_hidden_inputs_written_to_stderr, and
+a_hidden_fork_patched_away (the fork is made by the worker's own loop: not guaranteed, trust.md
+says so).
 """
 
 from __future__ import annotations
@@ -400,3 +407,220 @@ def test_an_assignment_that_is_no_chapter_is_refused(tmp_path):
                  "04_self_attention/../01_notation"):
         assert "is no chapter" in late.not_a_chapter([name], SOURCE_DIR), name
     assert late.not_a_chapter(["04_self_attention"], SOURCE_DIR) is None
+
+
+# ---- hidden tests run in a throwaway fork of the worker -----------------------------------------
+
+# Chapter 04's hidden test of project_qkv calls it with torch.arange(6.0).view(1, 2, 3): the only
+# call with that shape, and this is how it reads back.
+HIDDEN_X = "[[[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]]"
+RECORDS = ("_seen = []\n"
+           "def project_qkv(x, w_q, w_k, w_v):\n"
+           "    if tuple(x.shape) == (1, 2, 3):\n"
+           "        _seen.append(repr(x.tolist()))\n"
+           "    return x @ w_q, x @ w_k, x @ w_v")
+
+
+def _everything_shown(result) -> str:
+    """Every text of a graded notebook that reaches the student: messages, the error, and the
+    feedback's outputs as the report holds them."""
+    import dataclasses
+    import json
+
+    return json.dumps(dataclasses.asdict(result), default=str)
+
+
+@pytest.mark.parametrize("isolation", ["namespaces", "none"])
+def test_what_a_hidden_test_passed_is_not_read_back(tmp_path, isolation):
+    """project_qkv keeps what its hidden test passes it; masked_softmax's visible test writes it
+    to stderr, attention's raises it as its message (round five's attack, and its stderr twin).
+    The hidden block ran in a fork of the worker, gone with what it kept: neither finds it,
+    under every isolation (no process is left: grading would raise GradingIncident)."""
+    if isolation != "none" and _isolation_unavailable(isolation):
+        pytest.skip(f"{isolation} isolation needs root (and namespaces)")
+    nb = adversarial.answer(adversarial.sol("04_self_attention"), "project_qkv", RECORDS)
+    own = sub.cell(nb, "masked_softmax").source  # the reference's, writing what it finds
+    head = "def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None = None) -> " \
+           "torch.Tensor:\n"
+    assert head in own
+    nb = adversarial.answer(nb, "masked_softmax", "import sys\n" + own.replace(
+        head, head + "    print('seen: ' + ' | '.join(_seen), file=sys.stderr)\n", 1))
+    nb = adversarial.answer(nb, "attention", (
+        "def attention(q, k, v, mask=None):\n"
+        "    raise ValueError('seen: ' + ' | '.join(_seen))"))
+    result = graded(nb, tmp_path, isolation=isolation)
+    by_name = {e.name: e for e in result.exercises}
+    assert by_name["project_qkv"].status == "passed", by_name["project_qkv"].message
+    assert "wrote to stderr: seen:" in by_name["masked_softmax"].message  # the attacks ran
+    assert "raised ValueError: seen: " in by_name["attention"].message
+    assert HIDDEN_X not in _everything_shown(result)
+    assert result.error is None, result.error
+
+
+def _isolation_unavailable(mode: str) -> bool:
+    import os
+
+    from checks.grader.isolation import isolation_mode
+
+    return os.geteuid() != 0 or (mode == "namespaces" and isolation_mode() != "namespaces")
+
+
+@pytest.mark.parametrize("isolation", ["namespaces", "none"])
+def test_a_hidden_call_that_hangs_is_killed_with_its_fork(tmp_path, isolation):
+    """project_qkv loops for ever on its hidden test's input only: the cell costs one time limit,
+    reported as any hang; the fork and its parent are killed, nothing is left (GradingIncident
+    otherwise), the worker restarts and the later tests keep their points."""
+    if isolation != "none" and _isolation_unavailable(isolation):
+        pytest.skip(f"{isolation} isolation needs root (and namespaces)")
+    nb = adversarial.answer(adversarial.sol("04_self_attention"), "project_qkv", (
+        "def project_qkv(x, w_q, w_k, w_v):\n"
+        "    while tuple(x.shape) == (1, 2, 3):\n        pass\n"
+        "    return x @ w_q, x @ w_k, x @ w_v"))
+    result = graded(nb, tmp_path, cell_timeout=8, isolation=isolation)
+    by_name = {e.name: e for e in result.exercises}
+    assert by_name["project_qkv"].points == 0
+    assert "test cell check_project_qkv" in result.error and "8 s limit" in result.error, \
+        result.error
+    assert all(by_name[n].status == "passed"
+               for n in ("attention_scores", "masked_softmax", "attention")), result.error
+
+
+def test_a_fork_that_dies_in_a_hidden_block_is_the_worker_dying(tmp_path):
+    """os._exit in a hidden call ends the fork, not the worker: the grader hears it at once (not
+    at the time limit) and reports it as the worker's death; the later tests keep their
+    points."""
+    nb = adversarial.answer(adversarial.sol("04_self_attention"), "project_qkv", (
+        "import os\n"
+        "def project_qkv(x, w_q, w_k, w_v):\n"
+        "    if tuple(x.shape) == (1, 2, 3):\n        os._exit(3)\n"
+        "    return x @ w_q, x @ w_k, x @ w_v"))
+    started = time.monotonic()
+    result = graded(nb, tmp_path, cell_timeout=30)
+    assert time.monotonic() - started < 30
+    by_name = {e.name: e for e in result.exercises}
+    assert by_name["project_qkv"].points == 0
+    assert "the worker process died (exit status 3)" in result.error, result.error
+    assert by_name["attention"].status == "passed"
+
+
+def test_a_worker_that_cannot_fork_does_not_run_hidden_tests(tmp_path):
+    """A notebook that stops its own user from starting processes (RLIMIT_NPROC 0), so that the
+    hidden tests would run in the shared worker: they are not run, each test fails in one line
+    saying why (one torch thread: OpenMP could not start its threads either, and would end the
+    worker)."""
+    nb = adversarial.answer(adversarial.sol("04_self_attention"), "project_qkv",
+                            "import resource\nresource.setrlimit(resource.RLIMIT_NPROC, (0, 0))\n"
+                            + RECORDS)
+    result = graded(nb, tmp_path, threads=1)
+    assert result.error is None, result.error
+    for exercise in result.exercises:
+        assert exercise.points == 0 and "HiddenTestsRefused: the hidden tests were not run: the " \
+            "worker could not start a copy of itself to run them in (BlockingIOError" in \
+            exercise.message and "\n" not in exercise.message, exercise.message
+
+
+def test_hidden_blocks_are_found_at_any_depth():
+    """The grader's copy of a test cell: each statement that starts in a hidden block, in a loop,
+    a function or left open to the end, runs inside `with __hidden_tests__():`; the visible ones
+    do not, and the line numbers are the cell's."""
+    import ast
+
+    import nbformat
+
+    from checks.grader import run
+
+    source = ("check(f)\n"
+              "### BEGIN HIDDEN TESTS\ncheck(f, thorough=True)\nx = f(1)\n### END HIDDEN TESTS\n"
+              "for i in range(2):\n    visible(i)\n"
+              "    ### BEGIN HIDDEN TESTS\n    hidden(i)\n    ### END HIDDEN TESTS\n"
+              "    after(i)\n"
+              "def helper():\n    ### BEGIN HIDDEN TESTS\n    return secret()\n"
+              "    ### END HIDDEN TESTS\n"
+              "last(1)\n### BEGIN HIDDEN TESTS\nopen_block()\n")
+    assert run.hidden_lines(source) == [(2, 5), (8, 10), (13, 15), (17, 18)]
+    tree = run._HiddenBlocks(run.hidden_lines(source)).visit(ast.parse(source))
+    inside = {node.func.id for w in ast.walk(tree) if isinstance(w, ast.With)
+              for node in ast.walk(w) if isinstance(node, ast.Call)
+              and isinstance(node.func, ast.Name)} - {run.HIDDEN_BLOCK}
+    assert inside == {"check", "f", "hidden", "secret", "open_block"}
+    calls = {node.func.id: node.lineno for node in ast.walk(tree)
+             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
+    assert calls["open_block"] == 18 and calls["after"] == 11
+    run.grader_code(nbformat.v4.new_code_cell(source))  # compiles
+
+
+def test_what_a_hidden_block_made_in_the_worker_is_gone_after_it(tmp_path):
+    """An object made in a fork (an instance of the learner's class) is refused after its block,
+    saying so, even where its handle now names another object of the worker; one made after the
+    block works; and the block left the worker's state as it was."""
+    from checks.grader.library import WorkerLibrary
+    from checks.grader.remote import RemoteFunction
+    from checks.grader.worker import Worker
+
+    worker = Worker(tmp_path, Limits(threads=1), WorkerLibrary("04_self_attention",
+                                                              adversarial.SOLUTIONS))
+    try:
+        assert worker.run_cell(0, "class Box:\n    def __init__(self, n):\n        self.n = n\n"
+                                  "kept = []\n"
+                                  "def keep(x):\n    kept.append(x)\n    return len(kept)\n")["ok"]
+        worker.begin_test(worker.deadline())
+        box, keep = RemoteFunction(worker, "Box", worker.deadline()), \
+            RemoteFunction(worker, "keep", worker.deadline())
+        worker.fork()
+        inside = box(1)
+        assert inside.n == 1 and keep("hidden") == 1
+        worker.join()
+        outside = box(2)  # the same handle in the worker as `inside` had
+        assert outside.n == 2 and keep("visible") == 1
+        with pytest.raises(LookupError, match="made in the worker is gone after the block"):
+            _ = inside.n
+    finally:
+        worker.close()
+    assert worker.left_behind == []
+
+
+def test_the_memory_watch_counts_a_fork_s_shared_pages_once():
+    """Without a cgroup the watch sums resident memory, which counts a page that a fork shares
+    with its parent twice (a worker of 1 GiB that forks for a hidden block would read as 2 GiB);
+    above the limit it measures again by proportional share, which counts it once."""
+    import os
+
+    from checks.grader import memory
+
+    ballast = bytearray(b"x" * (64 * 2**20))  # resident, then shared with the fork
+    child = os.fork()
+    if child == 0:
+        time.sleep(30)
+        os._exit(0)
+    try:
+        time.sleep(0.2)
+        tree = [(p, r) for p, r in memory.process_tree(os.getpid(), None)
+                if p in (os.getpid(), child)]
+        assert len(tree) == 2
+        resident = sum(r for _p, r in tree)
+        proportional = sum(memory._proportional(p, r) for p, r in tree)
+        assert proportional < resident - 48 * 2**20, (proportional, resident)
+    finally:
+        os.kill(child, 9)
+        os.waitpid(child, 0)
+    del ballast
+
+
+def test_without_walls_only_the_worker_s_own_loop_forks(tmp_path):
+    """The audit hook of a worker without walls refuses os.fork to the notebook and lets the
+    worker's own fork for a hidden block through; nothing is left behind."""
+    from checks.grader.library import WorkerLibrary
+    from checks.grader.worker import Worker
+
+    worker = Worker(tmp_path, Limits(threads=1, isolation="none"),
+                    WorkerLibrary("04_self_attention", adversarial.SOLUTIONS))
+    try:
+        done = worker.run_cell(0, "import os\nos.fork()\n")
+        assert not done["ok"] and "not allowed while grading: os.fork" in done["evalue"], done
+        worker.begin_test(worker.deadline())
+        worker.fork()
+        worker.join()
+        assert worker.run_cell(1, "import os\nos.fork()\n")["ok"] is False
+    finally:
+        worker.close()
+    assert worker.left_behind == []

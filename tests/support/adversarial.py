@@ -104,9 +104,15 @@ NOT_PROTECTED = {
               "not graded), share your kernel keyring and reach the network. The report "
               "says so; grade as root for the walls."),
     "hidden-inputs": ("Hidden tests' inputs: the worker receives the arguments a hidden test "
-                    "passes to the learner's functions, and the learner's code can keep them and "
-                    "put them in a later failure's message, which the feedback shows (the hidden "
-                    "tests' source never reaches the worker)."),
+                      "passes to the learner's functions (never the hidden tests' source). Each "
+                      "block of hidden tests runs in a throwaway fork of the worker, so what the "
+                      "learner's code keeps of them in its memory is gone after the block: a "
+                      "later test cannot raise, print or return it. But the fork is made by the "
+                      "worker's own loop, which the notebook can patch, like the guard above; and "
+                      "a notebook that keeps the arguments outside its memory (a file in its "
+                      "scratch folder, memory it shared before the fork, a process it started) "
+                      "or fails the hidden test itself with them in its message still gets them "
+                      "into the feedback."),
 }
 
 
@@ -142,6 +148,8 @@ class Case:
     statuses: dict[str, str] = field(default_factory=dict)  # exercise: expected status
     tampering: set[str] = field(default_factory=set)  # exercises flagged "tampering suspected"
     warning: str = ""  # words a warning must contain
+    absent: str = ""  # words that no text of the notebook's record may contain
+    shown: str = ""  # words that an exercise's message must contain
     filename: str = ""  # the file's name, when it is not <chapter>.ipynb
 
     def write(self, where: Where) -> Path:
@@ -244,6 +252,23 @@ def pipe_attack(payload: str) -> str:
 
 
 # ---- the submissions that take more than one expression -----------------------------------------
+
+# Chapter 04's hidden test of project_qkv calls it with torch.arange(6.0).view(1, 2, 3), the only
+# call of that shape; RECORDS_HIDDEN keeps what that call passes.
+HIDDEN_X = "[[[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]]"
+RECORDS_HIDDEN = ("_seen = []\n"
+                  "def project_qkv(x, w_q, w_k, w_v):\n"
+                  "    if tuple(x.shape) == (1, 2, 3):\n"
+                  "        _seen.append(repr(x.tolist()))\n"
+                  "    return x @ w_q, x @ w_k, x @ w_v")
+MASKED_SOFTMAX = ("def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None = None) -> "
+                  "torch.Tensor:\n")
+
+
+def _source_of(chapter: str, grade_id: str) -> str:
+    """The solution's answer cell `grade_id` of `chapter`."""
+    return sub.cell(sol(chapter), grade_id).source
+
 
 def _victim(klass: str) -> Case:
     return Case(f"{klass}_zz_victim", lambda w: sol(), "01_notation", full(),
@@ -724,9 +749,36 @@ CATALOGUE: list[Case] = [
             "def attention(q, k, v, mask=None):\n"
             "    raise ValueError(' | '.join(_seen[-3:]))")),
          "04_self_attention", without("attention", chapter="04_self_attention"),
-         "project_qkv records its inputs, hidden tests' included; attention raises them as its "
-         "message (round five): the feedback shows them", "hidden-inputs",
-         statuses={"project_qkv": "passed"}),
+         "project_qkv records its inputs, hidden tests' included; attention raises the last "
+         "three as its message (round five): the hidden test's input (its last call) was "
+         "recorded in a fork of the worker, gone with it, and is not in the feedback",
+         "hidden-inputs", statuses={"project_qkv": "passed", "attention": "failed"},
+         shown="raised ValueError: [[", absent=HIDDEN_X),
+    Case("a_hidden_inputs_written_to_stderr", lambda w: answer(answer(
+        sol("04_self_attention"), "project_qkv", RECORDS_HIDDEN), "masked_softmax",
+        "import sys\n" + _source_of("04_self_attention", "masked_softmax").replace(
+            MASKED_SOFTMAX, MASKED_SOFTMAX + "    print(_seen, file=sys.stderr)\n", 1)),
+         "04_self_attention", without("masked_softmax", "attention", chapter="04_self_attention"),
+         "project_qkv records its hidden test's input; masked_softmax writes what it recorded to "
+         "stderr in its visible test (and attention's, which calls it), which the feedback "
+         "shows: the record died with the fork", "hidden-inputs",
+         statuses={"project_qkv": "passed", "masked_softmax": "failed", "attention": "failed"},
+         shown="wrote to stderr: []", absent=HIDDEN_X),
+    Case("a_hidden_fork_patched_away", lambda w: answer(answer(
+        sol("04_self_attention"), "project_qkv", (
+            "import checks.grader.worker_side as _ws\n"
+            "def _no_fork(self):\n"
+            "    self.send(kind='fork', ok=True)\n"
+            "    self.serve_until('join')\n"
+            "    self.send(kind='joined', status=0)\n"
+            "_ws._WorkerSide.do_fork = _no_fork\n" + RECORDS_HIDDEN)), "attention", (
+            "def attention(q, k, v, mask=None):\n"
+            "    raise ValueError(' | '.join(_seen))")),
+         "04_self_attention", without("attention", chapter="04_self_attention"),
+         "the worker's loop patched to serve hidden tests without forking (the fork is made "
+         "inside the worker): attention raises project_qkv's hidden input, the feedback shows it",
+         "hidden-inputs", statuses={"project_qkv": "passed", "attention": "failed"},
+         shown=HIDDEN_X),
     Case("c3_hidden_tests_from_compile", lambda w: answer(answer(sol(), "head_dim", (
         "import sys\n_seen = []\n"
         "sys.addaudithook(lambda event, args: event == 'compile' and _seen.append(\n"
