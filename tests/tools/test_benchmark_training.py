@@ -113,3 +113,15 @@ def test_run_reference_trains_and_evaluates_the_forward_it_is_given():
     train, valid = shakespeare.load()
     training_run.run_reference(s, train, valid, forward=counted)
     assert len(calls) == 2 + training_run.FINAL_EVAL_BATCHES
+
+
+def test_the_section_runs_as_a_module_without_a_warning():
+    """`python -m checks.tools.benchmark.training` (the command docs/facts.md quotes): the
+    package must not have imported the section already (runpy's RuntimeWarning on stderr)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "checks.tools.benchmark.training", "--help"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "usage:" in done.stdout
+    assert done.stderr == "", done.stderr

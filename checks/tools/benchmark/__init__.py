@@ -40,17 +40,20 @@ from __future__ import annotations
 
 from .common import FULL, QUICK, SECTIONS, Plan, benchmark_params
 from .decode_path import REFERENCE_STEP, VARIANTS, Variant
-from .suite import format_table, run
 
 __all__ = ["FULL", "QUICK", "REFERENCE_STEP", "SECTIONS", "VARIANTS", "Plan", "Variant",
            "benchmark_params", "format_table", "main", "run"]
 
 
 def __getattr__(name: str):
-    """`main` (the command line) lives in __main__.py and is imported only when asked for:
-    importing it here would make `python -m checks.tools.benchmark` find its module already
-    loaded (runpy warns about that)."""
+    """`main` (the command line, in __main__.py) and the suite (`run`, `format_table`, which
+    import every section) are imported only when asked for: importing them here would make
+    `python -m checks.tools.benchmark` or `python -m checks.tools.benchmark.training` find its
+    module already loaded (runpy warns about that)."""
     if name == "main":
         from .__main__ import main
         return main
+    if name in ("run", "format_table"):
+        from . import suite
+        return getattr(suite, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
