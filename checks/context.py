@@ -44,11 +44,16 @@ def _flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
 
 
+def quick_demos_asked() -> bool:
+    """Whether `LLAMA_COURSE_QUICK_DEMOS` asks for a learner's run with the grader's
+    demonstration sizes (a quick look through a release: chapter 14's training takes seconds
+    instead of minutes)."""
+    return _flag(QUICK_DEMOS_ENV)
+
+
 def quick_demos() -> bool:
-    """True under a grader, and where `LLAMA_COURSE_QUICK_DEMOS` asks for a learner's run with
-    the grader's demonstration sizes (a quick look through a release: chapter 14's training
-    takes seconds instead of minutes)."""
-    return grading() or _flag(QUICK_DEMOS_ENV)
+    """True under a grader, and where `LLAMA_COURSE_QUICK_DEMOS` asks for quick demonstrations."""
+    return grading() or quick_demos_asked()
 
 
 def demo_size(full: T, quick: T) -> T:

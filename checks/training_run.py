@@ -29,7 +29,7 @@ import torch
 
 from . import timing
 from .config import ModelConfig
-from .context import quick_demos
+from .context import quick_demos_asked
 from .environment import THREADS_ENV
 from .timing import default_kind as choose_device
 from .timing import seconds_text
@@ -110,7 +110,7 @@ def settings(kind: str) -> RunSettings:
 def run_kind(device: str, grading: bool) -> str:
     """Which settings a run uses: the grading run under a grader (or with
     `LLAMA_COURSE_QUICK_DEMOS`) whatever the device, the GPU's on CUDA or MPS, else the CPU's."""
-    if grading or quick_demos():
+    if grading or quick_demos_asked():
         return "grading"
     return "gpu" if device in ("cuda", "mps") else "cpu"
 

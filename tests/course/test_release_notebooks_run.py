@@ -101,11 +101,13 @@ def _is_test_cell(cell: dict) -> bool:
 # Every release notebook, as a learner runs it
 
 
-# Chapter 14 runs at the grader's demonstration sizes (still a learner's run: unstarted exercises
-# show their line and Run All goes on). Its full size is minutes of training and 21 ablation runs
-# on the one thread a kernel gets here, most of this file's time; the full default run is
-# tests/course/test_training_run.py's, held to the loss the chapter states.
-QUICK = {"14_training": {context.QUICK_DEMOS_ENV: "1"}}
+# Chapters 14-16 run at the grader's demonstration sizes (still a learner's run: unstarted
+# exercises show their line and Run All goes on). Chapter 14's full size is minutes of training
+# and 21 ablation runs on the one thread a kernel gets here, most of this file's time; its full
+# default run is tests/course/test_training_run.py's, held to the loss the chapter states.
+# Chapters 15 and 16 run at full size in tests/course/test_browser.py (Run All in JupyterLab).
+QUICK = {chapter: {context.QUICK_DEMOS_ENV: "1"}
+         for chapter in ("14_training", "15_serving", "16_speculative")}
 
 # The grader's runs use the chapter whose first exercise comes early (they stop there).
 GRADER_CHAPTER = "04_self_attention" if "04_self_attention" in CHAPTERS else CHAPTERS[0]
