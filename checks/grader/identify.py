@@ -193,6 +193,9 @@ class Submission:
     warnings: list[str] = field(default_factory=list)
     # the other notebooks of this student's chapter (refused): {"path", "has_work"}
     copies: list[dict] = field(default_factory=list)
+    # the instructor's word that chose it over the notebook at the standard place:
+    # "--use-copy" or "--use-copies"; None when it is the standard one
+    chosen: str | None = None
 
 
 @dataclass
@@ -216,6 +219,7 @@ class Found:
         result.student = submission.student
         result.warnings += [w for w in submission.warnings if w not in result.warnings]
         result.copies = [dict(c) for c in submission.copies]
+        result.chosen = submission.chosen
         if name_warnings(submission.path, result.chapter, self.source_dir):
             result.not_counted = _("graded as {chapter}, but its name says another chapter: not "
                                    "counted in the totals").format(chapter=result.chapter)
@@ -374,6 +378,7 @@ def _one_per_student_chapter(submissions: list[Submission], caps: Caps = Caps(),
         chosen = by_word or (_chosen_copy(group, standard, work) if use_copies else None)
         if chosen is not None:
             standard = [chosen]
+            chosen.chosen = "--use-copy" if by_word is not None else "--use-copies"
         for s in group:
             if len(standard) == 1 and s is standard[0]:
                 s.copies = [{"path": printable(os.fsdecode(o.path)), "has_work": work[o.path]}

@@ -157,6 +157,9 @@ class NotebookResult:
     # The other notebooks of this student's chapter, not graded (identify.find_submissions):
     # [{"path": ..., "has_work": bool}]; work beside an untouched notebook is flagged.
     copies: list[dict] = field(default_factory=list)
+    # The instructor's word that chose this notebook over the one at the standard place
+    # ("--use-copy" or "--use-copies"); None: the standard one was graded.
+    chosen: str | None = None
 
     def __post_init__(self):  # names from the disk and messages from the worker: escaped
         self.path, self.chapter = printable(self.path), printable(self.chapter)

@@ -240,6 +240,12 @@ def test_a_copy_with_work_beside_a_stub_is_flagged(the_class):
     assert chen[f"{CH04} graded file"].endswith(f"chen/{CH04}/{CH04}.ipynb")
     assert chen[f"{CH04} copy with work"].endswith(f"{CH04}-Copy1.ipynb")
     assert all(r[f"{CH04} copy with work"] == "" for r in rows if r["student"] != "chen")
+    # the stub graded because the instructor named it (--use-copy): no hint to --use-copies
+    named = [dict(r, chosen="--use-copy") if r.get("student") == "chen" else r for r in records]
+    text = summary_text(class_summary(named), named)
+    assert (f"chen's {CH04}: graded {CH04}.ipynb on your word (--use-copy), which has no work; "
+            f"{CH04}-Copy1.ipynb beside it has work") in text
+    assert "--use-copies grades it" not in text
 
 
 def _stub_and_copy(root: Path) -> tuple[Path, Path]:
@@ -260,7 +266,7 @@ def test_use_copies_grades_the_copy_on_the_instructor_s_word(tmp_path):
     (refusal,) = found.refused
     assert refusal.student == "chen" and "--use-copies grades it" in refusal.problem
     chosen = find_submissions([tmp_path / "submitted"], use_copies=True)
-    assert chosen.paths == [copy]
+    assert chosen.paths == [copy] and chosen.submissions[0].chosen == "--use-copies"
     assert chosen.submissions[0].copies == [{"path": str(stub), "has_work": False}]
     # work at the standard place: the flag changes nothing
     sub.write(sub.solution(sub.REPO / "solutions" / CH04 / f"{CH04}.ipynb"), stub)
@@ -288,7 +294,9 @@ def test_use_copy_grades_the_file_named_on_the_instructor_s_word(tmp_path):
                           (tmp_path / "submitted", copy)):  # absolute
         found = find_submissions([given], use_copy=[choice], use_copies=True)
         assert found.paths == [copy], (given, choice)
-    assert find_submissions([tmp_path], use_copy=[stub]).paths == [stub]
+    by_word = find_submissions([tmp_path], use_copy=[stub])
+    assert by_word.paths == [stub] and by_word.submissions[0].chosen == "--use-copy"
+    assert find_submissions([tmp_path]).submissions[0].chosen is None
 
 
 def test_a_use_copy_that_is_no_choice_is_refused_before_grading(tmp_path, capsys):

@@ -175,8 +175,13 @@ def copies_lines(records: list[dict]) -> list[str]:
     lines = []
     for record in counted(records):
         for copy in flagged_copies(record):
-            lines.append("  ! " + _("{student}'s {chapter}: graded {graded}, which has no work; "
-                                    "{copy} beside it has work (--use-copies grades it)").format(
+            if record.get("chosen") == "--use-copy":   # the instructor named the file graded
+                text = _("{student}'s {chapter}: graded {graded} on your word (--use-copy), "
+                         "which has no work; {copy} beside it has work")
+            else:
+                text = _("{student}'s {chapter}: graded {graded}, which has no work; {copy} "
+                         "beside it has work (--use-copies grades it)")
+            lines.append("  ! " + text.format(
                 student=record.get("student") or "?", chapter=record["chapter"],
                 graded=record["path"].rsplit("/", 1)[-1], copy=copy.rsplit("/", 1)[-1]))
     return lines
