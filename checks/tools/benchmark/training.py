@@ -22,7 +22,6 @@ import dataclasses
 import io
 import os
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +30,7 @@ from torch import nn
 from ...reference import training as tr
 from ...reference.rope import apply_rope
 from ... import timing, training_run
+from .common import SOLUTIONS
 
 
 class _Block(nn.Module):
@@ -204,11 +204,10 @@ def solutions_forward():
     borrowed as chapter 14 borrows a learner's: what the chapter's stated time is for."""
     from ...borrow import own_functions
 
-    solutions = Path(__file__).resolve().parents[3] / "solutions"
-    if not (solutions / "12_lm_head_logits").is_dir():
-        raise SystemExit(f"--forward solutions needs the course's solutions/ folder ({solutions})")
+    if not (SOLUTIONS / "12_lm_head_logits").is_dir():
+        raise SystemExit(f"--forward solutions needs the course's solutions/ folder ({SOLUTIONS})")
     with contextlib.redirect_stdout(io.StringIO()), _as_a_learner():
-        borrowed = own_functions({"model_forward": "12_lm_head_logits"}, root=solutions)
+        borrowed = own_functions({"model_forward": "12_lm_head_logits"}, root=SOLUTIONS)
     if borrowed.whose["model_forward"] != "yours":
         raise SystemExit("the solutions' model_forward did not pass its check: "
                          f"{borrowed.why['model_forward']}")
@@ -226,11 +225,10 @@ def run_default(kind: str = "cpu", *, threads: int | None = None, steps: int | N
     if steps is not None:
         s = dataclasses.replace(s, steps=steps, warmup_steps=min(s.warmup_steps, steps))
     train, valid = shakespeare.load()
+    model_forward = solutions_forward() if forward == "solutions" else None   # not timed
     with _threads(threads):
         start = time.perf_counter()
-        out = training_run.run_reference(
-            s, train, valid, device=device,
-            forward=solutions_forward() if forward == "solutions" else None)
+        out = training_run.run_reference(s, train, valid, device=device, forward=model_forward)
         wall = time.perf_counter() - start
         used = torch.get_num_threads()
     return {"kind": kind, "steps": s.steps, "device": device, "threads": used, "forward": forward,
